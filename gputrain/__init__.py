@@ -1,0 +1,25 @@
+"""gputrain: PyTorch-native training, fast on one GPU and scaled out on torch.distributed."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["Config", "Trainer", "__version__"]
+
+if TYPE_CHECKING:
+    from gputrain.config import Config
+    from gputrain.train.trainer import Trainer
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy so `import gputrain` (and `gputrain doctor`) stays cheap.
+    if name == "Trainer":
+        from gputrain.train.trainer import Trainer
+
+        return Trainer
+    if name == "Config":
+        from gputrain.config import Config
+
+        return Config
+    raise AttributeError(name)

@@ -1,0 +1,65 @@
+"""Choose the training device and say why, the way the doctor would explain it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import torch
+
+from gputrain.errors import ConfigError
+
+
+def explain_cuda_unavailable() -> str:
+    """One line on why `torch.cuda.is_available()` is False, with the fix."""
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return (f"torch {torch.__version__} is a CPU-only build; install a CUDA build "
+                "(pip install torch --index-url https://download.pytorch.org/whl/cu128)")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU; unset it or list the GPUs to use"
+    if shutil.which("nvidia-smi") is None and not os.path.exists("/proc/driver/nvidia/version"):
+        return "no NVIDIA driver found (no nvidia-smi, no /proc/driver/nvidia); install the NVIDIA driver"
+    return (f"the NVIDIA driver is present but CUDA did not initialise for torch {torch.__version__} "
+            f"(CUDA {torch.version.cuda}); run `gputrain doctor` for details")
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend and backend.is_available())
+
+
+def resolve_device(requested: str) -> tuple[torch.device, str]:
+    """Turn `train.device` into a device and a human reason for the choice.
+
+    Raises:
+        ConfigError: the device is unknown or not present on this machine.
+    """
+    if requested == "auto":
+        if torch.cuda.is_available():
+            name = torch.cuda.get_device_name(0)
+            return torch.device("cuda", 0), f"auto: CUDA GPU found ({name})"
+        if _mps_available():
+            return torch.device("mps"), "auto: Apple MPS found"
+        return torch.device("cpu"), f"auto: no GPU — {explain_cuda_unavailable()}"
+    if requested == "cpu":
+        return torch.device("cpu"), "requested"
+    if requested == "mps":
+        if not _mps_available():
+            raise ConfigError("train.device", "MPS is not available on this machine (it needs Apple silicon "
+                              "and a macOS build of torch)", requested, hint="use train.device=auto or cpu")
+        return torch.device("mps"), "requested"
+    if requested == "cuda" or requested.startswith("cuda:"):
+        index_text = requested.partition(":")[2] or "0"
+        if not index_text.isdigit():
+            raise ConfigError("train.device", "the CUDA index must be a number", requested,
+                              hint="e.g. cuda, cuda:0, cuda:1")
+        if not torch.cuda.is_available():
+            raise ConfigError("train.device", f"CUDA is not available: {explain_cuda_unavailable()}", requested)
+        index, count = int(index_text), torch.cuda.device_count()
+        if index >= count:
+            raise ConfigError("train.device", f"there are {count} visible CUDA device(s), numbered 0..{count - 1}",
+                              requested)
+        return torch.device("cuda", index), f"requested ({torch.cuda.get_device_name(index)})"
+    raise ConfigError("train.device", "unknown device", requested,
+                      hint="choose from auto, cpu, cuda, cuda:N, mps")
