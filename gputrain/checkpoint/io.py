@@ -1,0 +1,153 @@
+"""Checkpoints as directories `checkpoints/step-<N>/`, complete or absent.
+
+A checkpoint is written under a temporary name, every file fsynced, a `manifest.json` of
+SHA-256 checksums added, then the `COMMITTED` marker last, and only then renamed into place.
+Loading verifies the manifest before any state is used, and uses `weights_only=True`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model, save_model
+from torch import nn
+
+from gputrain.errors import RunError
+
+log = logging.getLogger("gputrain")
+
+MARKER = "COMMITTED"
+MANIFEST = "manifest.json"
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "state.pt"
+
+
+class CorruptCheckpoint(Exception):
+    """A checkpoint failed verification; the message says which file and why."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with path.open("rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step}"
+
+
+def save_checkpoint(root: Path, step: int, model: nn.Module, state: dict[str, Any]) -> Path:
+    """Write model weights (safetensors) and training state atomically; return the final path."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_dir_name(step)
+    tmp = root / f".{step_dir_name(step)}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_model(model, str(tmp / MODEL_FILE))
+    torch.save(state, tmp / STATE_FILE)
+    files = {name: {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
+             for name in (MODEL_FILE, STATE_FILE)}
+    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
+    for name in (MODEL_FILE, STATE_FILE, MANIFEST):
+        _fsync_file(tmp / name)
+    (tmp / MARKER).write_text(str(step))
+    _fsync_file(tmp / MARKER)
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving a step (after a resume): swap, never leave a half state
+        trash = root / f".{step_dir_name(step)}.old-{os.getpid()}"
+        final.rename(trash)
+        tmp.rename(final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    _fsync_dir(root)
+    return final
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise CorruptCheckpoint unless the marker is present and every file matches the manifest."""
+    if not (path / MARKER).is_file():
+        raise CorruptCheckpoint(f"{path}: incomplete (no {MARKER} marker)")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CorruptCheckpoint(f"{path}: {MANIFEST} is missing or unreadable") from None
+    for name in (MODEL_FILE, STATE_FILE):
+        file = path / name
+        if name not in files or not file.is_file():
+            raise CorruptCheckpoint(f"{path}: {name} is missing")
+        if file.stat().st_size != files[name].get("bytes") or _sha256(file) != files[name].get("sha256"):
+            raise CorruptCheckpoint(f"{path}: {name} does not match its checksum")
+
+
+def load_checkpoint(path: Path, model: nn.Module) -> dict[str, Any]:
+    """Verify, then load weights into `model` and return the training state (weights_only)."""
+    verify_checkpoint(path)
+    missing, unexpected = load_model(model, str(path / MODEL_FILE), strict=False)
+    if missing or unexpected:
+        raise RunError(f"checkpoint {path} does not fit this model: missing {sorted(missing)[:3]}, "
+                       f"unexpected {sorted(unexpected)[:3]}")
+    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+
+
+def _step_of(path: Path) -> int | None:
+    name = path.name
+    if not name.startswith("step-") or not name[5:].isdigit():
+        return None
+    return int(name[5:])
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Committed-looking checkpoint directories, newest first (not yet verified)."""
+    if not root.is_dir():
+        return []
+    found = [(s, p) for p in root.iterdir() if p.is_dir() and (s := _step_of(p)) is not None]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def find_resumable(root: Path) -> Path | None:
+    """The newest checkpoint that verifies. Damaged ones are skipped with a warning naming them;
+    if checkpoints exist but none verifies, stop rather than silently restart from step 0."""
+    candidates = list_checkpoints(root)
+    problems = []
+    for path in candidates:
+        try:
+            verify_checkpoint(path)
+            return path
+        except CorruptCheckpoint as err:
+            log.warning("skipping damaged checkpoint: %s", err)
+            problems.append(str(err))
+    if candidates:
+        raise RunError("no valid checkpoint to resume from: " + "; ".join(problems)
+                       + " (use checkpoint.resume=never to start over)")
+    return None
+
+
+def rotate_checkpoints(root: Path, keep_last: int, keep: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+    """Delete all but the newest `keep_last` checkpoints, sparing the steps in `keep` (the best)."""
+    for path in list_checkpoints(root)[keep_last:]:
+        if _step_of(path) not in keep:
+            shutil.rmtree(path, ignore_errors=True)

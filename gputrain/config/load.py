@@ -1,0 +1,218 @@
+"""Build a `Config` from a TOML file, a dict and `section.key=value` overrides, checking types.
+
+Every problem becomes a `ConfigError` naming the field, so the CLI can print one short line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+from gputrain.config.schema import SECTIONS, Config
+from gputrain.errors import ConfigError, UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else None
+
+
+def _type_name(annotation: Any) -> str:
+    origin = get_origin(annotation)
+    if annotation is bool:
+        return "true or false"
+    if annotation is int:
+        return "an integer"
+    if annotation is float:
+        return "a number"
+    if annotation is str:
+        return "a string"
+    if annotation is type(None):
+        return "unset"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(annotation))
+    if origin is list:
+        return f"a list of {_type_name(get_args(annotation)[0]).removeprefix('a ').removeprefix('an ')}s"
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(annotation) if a is not type(None))
+    return str(annotation)
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _coerce(value: Any, annotation: Any) -> Any:
+    """Return `value` as `annotation`, or raise _Mismatch. bool is never an int here."""
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        for option in get_args(annotation):
+            try:
+                return _coerce(value, option)
+            except _Mismatch:
+                continue
+        raise _Mismatch
+    if origin is Literal:
+        if value in get_args(annotation) and not isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise _Mismatch
+        (item_type,) = get_args(annotation)
+        return [_coerce(v, item_type) for v in value]
+    if annotation is type(None):
+        if value is None:
+            return None
+        raise _Mismatch
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _Mismatch
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        raise _Mismatch
+    raise TypeError(f"unsupported config annotation {annotation!r}")
+
+
+def _build_section(section: str, cls: type, values: Mapping[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in hints:
+            hint = _did_you_mean(key, names)
+            raise ConfigError(f"{section}.{key}", "unknown key",
+                              hint=(hint or f"keys of [{section}]: {', '.join(names)}"))
+        annotation = hints[key]
+        try:
+            kwargs[key] = _coerce(value, annotation)
+        except _Mismatch:
+            choices = get_origin(annotation) is Literal
+            raise ConfigError(f"{section}.{key}", ("unknown choice; choose from " if choices else "expected ")
+                              + (", ".join(map(str, get_args(annotation))) if choices else _type_name(annotation)),
+                              value, hint=_did_you_mean(str(value), map(str, get_args(annotation))) if choices
+                              else None) from None
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`section.key=value` -> (dotted key, value parsed as a TOML literal, else kept as a string)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or "." not in key or not key.replace(".", "").replace("_", "").isalnum():
+        raise UsageError(f"override {text!r} is not of the form section.key=value (e.g. train.epochs=5)")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def _nest(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    nested: dict[str, dict[str, Any]] = {}
+    for dotted, value in flat.items():
+        section, _, key = dotted.partition(".")
+        if isinstance(value, Mapping) and not key:
+            nested.setdefault(section, {}).update(value)
+        elif not key or "." in key:
+            raise ConfigError(dotted, "config keys are section.key, e.g. train.epochs")
+        else:
+            nested.setdefault(section, {})[key] = value
+    return nested
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a config file; a missing file or broken TOML names the file (and the line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"config file not found: {path}")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"config file {path} is not valid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"config file {path} is not UTF-8 text") from None
+
+
+def build_config(base: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
+    """Merge a nested mapping (as from TOML) with dotted overrides and validate the result."""
+    merged: dict[str, dict[str, Any]] = {}
+    for source in (base or {}, _nest(overrides or {})):
+        for section, values in source.items():
+            if section not in SECTIONS:
+                hint = _did_you_mean(section, SECTIONS)
+                raise ConfigError(section, "unknown section", hint=hint or f"sections: {', '.join(SECTIONS)}")
+            if not isinstance(values, Mapping):
+                raise ConfigError(section, "must be a table of keys, e.g. [train] epochs = 5")
+            merged.setdefault(section, {}).update(values)
+    config = Config(**{name: _build_section(name, cls, merged.get(name, {})) for name, cls in SECTIONS.items()})
+    from gputrain.config.validate import validate_config  # registries import torch: keep it late
+
+    validate_config(config)
+    return config
+
+
+def load_config(source: Config | Mapping[str, Any] | str | Path | None = None,
+                overrides: Iterable[str] | Mapping[str, Any] = ()) -> Config:
+    """Accept a Config, a mapping (nested or dotted keys), or a TOML path, plus overrides."""
+    if isinstance(overrides, Mapping):
+        override_map = dict(overrides)
+    else:
+        override_map = dict(parse_override(o) for o in overrides)
+    if isinstance(source, Config):
+        base: Mapping[str, Any] = config_to_dict(source)
+    elif isinstance(source, (str, Path)):
+        base = read_toml(source)
+    elif source is None:
+        base = {}
+    else:
+        base = _nest(source) if any("." in k for k in source) else dict(source)
+    return build_config(base, override_map)
+
+
+def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:
+    return {name: dataclasses.asdict(getattr(config, name)) for name in SECTIONS}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(value)
+
+
+def config_to_toml(config: Config) -> str:
+    """The fully resolved config as TOML (unset fields appear as comments)."""
+    lines: list[str] = []
+    for section, values in config_to_dict(config).items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            lines.append(f"# {key} = (unset)" if value is None else f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,290 @@
+"""The config: one dataclass per section, a docstring under every field.
+
+Types are checked when a config is loaded (see `load.py`); ranges and choices that the type
+cannot express are checked in each section's `__post_init__`, naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gputrain.errors import ConfigError
+
+Activation = Literal["relu", "leaky_relu", "gelu", "silu", "tanh", "sigmoid"]
+InitScheme = Literal["default", "constant", "normal", "trunc_normal", "xavier_uniform", "xavier_normal",
+                     "kaiming_uniform", "kaiming_normal", "orthogonal"]
+Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
+OptimizerName = Literal["sgd", "adam", "adamw", "rmsprop", "adagrad", "adadelta", "adamax", "nadam"]
+ScheduleName = Literal["constant", "step", "multistep", "exponential", "cosine", "warmup_cosine", "linear",
+                       "onecycle"]
+Task = Literal["auto", "classification", "regression", "lm"]
+
+
+def _positive(section: str, name: str, value: float | None, *, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{section}.{name}", "must be >= 0" if allow_zero else "must be > 0", value)
+
+
+def _fraction(section: str, name: str, value: float) -> None:
+    if not 0.0 <= value < 1.0:
+        raise ConfigError(f"{section}.{name}", "must be a fraction in [0, 1)", value)
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    name: str = "cnn"
+    """Model family from the registry (`gputrain config show` lists them): mlp, cnn, ..."""
+    activation: Activation = "relu"
+    """Hidden-layer activation: relu, leaky_relu, gelu, silu, tanh or sigmoid."""
+    init: InitScheme = "default"
+    """Weight init: default (torch's), constant, normal, trunc_normal, xavier_*, kaiming_*, orthogonal."""
+    dropout: float | None = None
+    """Dropout probability; unset keeps the model's own default (cnn: 0.25 after the convolutions, 0.5 before the head)."""
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 128])
+    """mlp: widths of the hidden layers."""
+    channels: list[int] = field(default_factory=lambda: [32, 64])
+    """cnn: output channels of the convolutions (3x3, padding 1; max-pool after the last)."""
+    hidden: int = 128
+    """cnn: width of the hidden linear layer."""
+
+    def __post_init__(self) -> None:
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise ConfigError("model.dropout", "must be in [0, 1)", self.dropout)
+        for name in ("hidden_sizes", "channels"):
+            if any(v <= 0 for v in getattr(self, name)):
+                raise ConfigError(f"model.{name}", "every size must be > 0", getattr(self, name))
+        if not self.channels:
+            raise ConfigError("model.channels", "needs at least one convolution", self.channels)
+        _positive("model", "hidden", self.hidden)
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    name: str = "digits"
+    """Data source from the registry: digits (bundled), csv, synthetic, ..."""
+    path: str | None = None
+    """File or folder to read (csv: the .csv file)."""
+    task: Task = "auto"
+    """What to learn: auto (from the data), classification, regression or lm (language modelling)."""
+    val_fraction: float = 0.1
+    """Share of the samples held out for validation (seeded split)."""
+    test_fraction: float = 0.2
+    """Share of the samples held out for the final test (seeded split)."""
+    num_workers: int | Literal["auto"] = "auto"
+    """DataLoader worker processes; auto: none for in-memory data, else from the CPU count."""
+    normalize: bool = True
+    """Standardise features/pixels with statistics from the training split only."""
+    label_column: str | None = None
+    """csv: name of the label column (default: the last column)."""
+    seq_len: int = 128
+    """Tokens per sample for language-modelling data."""
+    shape: list[int] = field(default_factory=lambda: [1, 28, 28])
+    """synthetic: shape of one sample, e.g. [3, 224, 224] for images or [32] for a table."""
+    num_samples: int = 2048
+    """synthetic: number of samples generated (seeded)."""
+    num_classes: int = 10
+    """synthetic: number of classes for classification."""
+    vocab_size: int = 256
+    """synthetic: vocabulary size of token data (task=lm)."""
+
+    def __post_init__(self) -> None:
+        _fraction("data", "val_fraction", self.val_fraction)
+        _fraction("data", "test_fraction", self.test_fraction)
+        if self.val_fraction + self.test_fraction >= 0.9:
+            raise ConfigError("data.val_fraction", "val_fraction + test_fraction must leave at least 10% "
+                              "for training", self.val_fraction + self.test_fraction)
+        if self.num_workers != "auto":
+            _positive("data", "num_workers", self.num_workers, allow_zero=True)
+        for name in ("seq_len", "num_samples", "num_classes", "vocab_size"):
+            _positive("data", name, getattr(self, name))
+        if not self.shape or any(v <= 0 for v in self.shape):
+            raise ConfigError("data.shape", "needs one or more sizes, each > 0", self.shape)
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    epochs: int = 20
+    """Passes over the training data."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (whichever of epochs and max_steps comes first)."""
+    batch_size: int = 64
+    """GLOBAL samples per optimizer step, summed over all devices and accumulation steps."""
+    grad_accum: int | Literal["auto"] = 1
+    """Micro-batches accumulated per optimizer step; auto: batch_size / micro_batch_size (or 1)."""
+    micro_batch_size: int | None = None
+    """Samples per device per forward pass; used by grad_accum=auto."""
+    clip_grad_norm: float | None = None
+    """Clip the global gradient L2 norm to this value."""
+    clip_grad_value: float | None = None
+    """Clamp every gradient element to [-value, value]."""
+    precision: Precision = "auto"
+    """auto (bf16 on GPUs that support it, fp16 on older CUDA GPUs, fp32 on CPU), fp32, tf32, bf16, fp16."""
+    compile: bool = False
+    """Apply torch.compile to the model."""
+    device: str = "auto"
+    """auto, cpu, cuda, cuda:N or mps."""
+    seed: int = 0
+    """Seed for the data split, shuffling, init and dropout."""
+    deterministic: bool = False
+    """Use deterministic algorithms (bitwise reproducible, sometimes slower)."""
+
+    def __post_init__(self) -> None:
+        _positive("train", "epochs", self.epochs)
+        _positive("train", "max_steps", self.max_steps)
+        _positive("train", "batch_size", self.batch_size)
+        _positive("train", "micro_batch_size", self.micro_batch_size)
+        if self.grad_accum != "auto":
+            _positive("train", "grad_accum", self.grad_accum)
+        _positive("train", "clip_grad_norm", self.clip_grad_norm)
+        _positive("train", "clip_grad_value", self.clip_grad_value)
+        _positive("train", "seed", self.seed, allow_zero=True)
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimConfig:
+    name: OptimizerName = "adamw"
+    """sgd, adam, adamw, rmsprop, adagrad, adadelta, adamax or nadam (fused/foreach kernels where available)."""
+    lr: float = 1e-3
+    """Peak learning rate (before linear scaling, see scale_lr)."""
+    weight_decay: float = 0.0
+    """Weight decay (decoupled for adamw)."""
+    momentum: float = 0.9
+    """sgd and rmsprop momentum."""
+    nesterov: bool = False
+    """sgd: Nesterov momentum."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """Adam-family betas [beta1, beta2]."""
+    eps: float = 1e-8
+    """Adam-family / rmsprop epsilon."""
+    schedule: ScheduleName = "constant"
+    """LR schedule over optimizer steps: constant, step, multistep, exponential, cosine, warmup_cosine, linear, onecycle."""
+    warmup_steps: int = 0
+    """Linear warm-up steps (warmup_cosine, and before any other schedule)."""
+    step_size: int = 1000
+    """step: multiply the LR by gamma every step_size optimizer steps."""
+    gamma: float = 0.1
+    """step, multistep, exponential: decay factor."""
+    milestones: list[int] = field(default_factory=list)
+    """multistep: optimizer steps at which the LR is multiplied by gamma."""
+    min_lr: float = 0.0
+    """cosine, warmup_cosine, linear: LR at the end of training."""
+    scale_lr: Literal["none", "linear"] = "none"
+    """linear: lr * batch_size / base_batch_size (the linear scaling rule)."""
+    base_batch_size: int = 256
+    """Reference batch size for scale_lr=linear."""
+
+    def __post_init__(self) -> None:
+        _positive("optim", "lr", self.lr)
+        _positive("optim", "weight_decay", self.weight_decay, allow_zero=True)
+        _positive("optim", "momentum", self.momentum, allow_zero=True)
+        _positive("optim", "eps", self.eps)
+        _positive("optim", "warmup_steps", self.warmup_steps, allow_zero=True)
+        _positive("optim", "step_size", self.step_size)
+        _positive("optim", "gamma", self.gamma)
+        _positive("optim", "min_lr", self.min_lr, allow_zero=True)
+        _positive("optim", "base_batch_size", self.base_batch_size)
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError("optim.betas", "must be two numbers in [0, 1), e.g. [0.9, 0.999]", self.betas)
+        if self.nesterov and self.name == "sgd" and self.momentum == 0:
+            raise ConfigError("optim.nesterov", "Nesterov needs optim.momentum > 0", self.nesterov)
+        if sorted(self.milestones) != self.milestones or any(m <= 0 for m in self.milestones):
+            raise ConfigError("optim.milestones", "must be increasing positive step numbers", self.milestones)
+
+
+@dataclass(kw_only=True, slots=True)
+class EvalConfig:
+    every_epochs: int = 1
+    """Validate every N epochs (0: only at the end)."""
+    metrics: list[str] | Literal["auto"] = "auto"
+    """Metrics to compute; auto: accuracy, precision, recall, f1, auroc, loss (classification), mse, mae (regression), loss, perplexity (lm)."""
+    early_stop_metric: str | None = None
+    """Stop when this validation metric (e.g. loss, accuracy) has not improved for `patience` evaluations."""
+    patience: int = 5
+    """Evaluations without improvement before early stopping."""
+    mode: Literal["auto", "min", "max"] = "auto"
+    """Whether the monitored metric should fall or rise; auto: min for loss/mse/mae/perplexity, else max."""
+
+    def __post_init__(self) -> None:
+        _positive("eval", "every_epochs", self.every_epochs, allow_zero=True)
+        _positive("eval", "patience", self.patience)
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    enabled: bool = True
+    """Write checkpoints under <run-dir>/checkpoints/."""
+    every_steps: int = 0
+    """Checkpoint every N optimizer steps (0: off)."""
+    every_epochs: int = 1
+    """Checkpoint at the end of every N epochs (0: off)."""
+    keep_last: int = 2
+    """Keep this many recent checkpoints (the best one is kept as well)."""
+    keep_best: bool = True
+    """Also keep the checkpoint with the best monitored validation metric."""
+    resume: str = "auto"
+    """auto: continue from the run directory's latest complete checkpoint; never; or a checkpoint PATH."""
+
+    def __post_init__(self) -> None:
+        _positive("checkpoint", "every_steps", self.every_steps, allow_zero=True)
+        _positive("checkpoint", "every_epochs", self.every_epochs, allow_zero=True)
+        _positive("checkpoint", "keep_last", self.keep_last)
+
+
+@dataclass(kw_only=True, slots=True)
+class LogConfig:
+    every_steps: int = 10
+    """Log loss, LR, grad norm and speed every N optimizer steps (the only steps that sync host and device)."""
+    tensorboard: bool = True
+    """Also write TensorBoard event files into the run directory."""
+    progress: Literal["auto", "bar", "plain", "none"] = "auto"
+    """auto: a progress bar in a terminal, plain lines otherwise."""
+
+    def __post_init__(self) -> None:
+        _positive("log", "every_steps", self.every_steps)
+
+
+@dataclass(kw_only=True, slots=True)
+class ParallelConfig:
+    strategy: Literal["auto", "none", "ddp", "fsdp", "tp", "pp", "hybrid"] = "auto"
+    """How to use several devices: auto, none, ddp, fsdp, tp, pp or hybrid."""
+    dp_replicate: int = 1
+    """Data-parallel replicas (hybrid); -1: the remaining ranks."""
+    dp_shard: int = -1
+    """Data-parallel shards (FSDP); -1: the remaining ranks."""
+    tp: int = 1
+    """Tensor-parallel degree."""
+    pp: int = 1
+    """Pipeline-parallel degree."""
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
+    """Pipeline schedule."""
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    """Recompute activations in the backward pass to save memory."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate", "dp_shard", "tp", "pp"):
+            value = getattr(self, name)
+            if value == 0 or value < -1:
+                raise ConfigError(f"parallel.{name}", "must be >= 1, or -1 for the remaining ranks", value)
+
+
+@dataclass(kw_only=True, slots=True)
+class Config:
+    """The whole run configuration, one field per section."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "optim": OptimConfig,
+    "eval": EvalConfig, "checkpoint": CheckpointConfig, "log": LogConfig, "parallel": ParallelConfig,
+}

@@ -1,0 +1,63 @@
+"""Checks that involve more than one field or a registry; run once the sections are built."""
+
+from __future__ import annotations
+
+import difflib
+
+from gputrain.config.schema import Config
+from gputrain.errors import ConfigError
+
+
+def _check_choice(field: str, value: str, choices: list[str]) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+        raise ConfigError(field, "unknown choice; choose from " + ", ".join(choices), value,
+                          hint=f"did you mean {close[0]!r}?" if close else None)
+
+
+def resolve_grad_accum(config: Config, dp_degree: int = 1) -> int:
+    """The number of micro-batches per optimizer step, checking that the global batch divides.
+
+    Raises:
+        ConfigError: naming train.batch_size and the field it does not divide by.
+    """
+    train = config.train
+    per_rank, rem = divmod(train.batch_size, dp_degree)
+    if rem:
+        raise ConfigError("train.batch_size", f"must divide evenly over the {dp_degree} data-parallel ranks",
+                          train.batch_size, hint=f"use a multiple of {dp_degree}")
+    if train.grad_accum == "auto":
+        micro = train.micro_batch_size
+        if micro is None or micro >= per_rank:
+            return 1
+        accum, rem = divmod(per_rank, micro)
+        if rem:
+            raise ConfigError("train.batch_size", f"with grad_accum=auto must be a multiple of "
+                              f"train.micro_batch_size ({micro}) × data-parallel ranks ({dp_degree})",
+                              train.batch_size)
+        return accum
+    if per_rank % train.grad_accum:
+        raise ConfigError("train.batch_size", f"is not divisible by train.grad_accum={train.grad_accum}"
+                          + (f" × {dp_degree} ranks" if dp_degree > 1 else ""), train.batch_size,
+                          hint="the micro-batch is batch_size / (ranks × grad_accum): make it a whole number")
+    if train.micro_batch_size is not None and train.micro_batch_size != per_rank // train.grad_accum:
+        raise ConfigError("train.micro_batch_size", f"disagrees with train.batch_size={train.batch_size} / "
+                          f"(ranks {dp_degree} × train.grad_accum {train.grad_accum}); set grad_accum=auto",
+                          train.micro_batch_size)
+    return train.grad_accum
+
+
+def validate_config(config: Config) -> None:
+    """Registry choices and cross-field rules. Raises ConfigError naming the field."""
+    from gputrain.data.registry import available_data
+    from gputrain.models.registry import available_models
+
+    _check_choice("model.name", config.model.name, available_models())
+    _check_choice("data.name", config.data.name, available_data())
+    resolve_grad_accum(config)
+    if config.train.clip_grad_norm is not None and config.train.clip_grad_value is not None:
+        raise ConfigError("train.clip_grad_value", "set either train.clip_grad_norm or train.clip_grad_value, "
+                          "not both", config.train.clip_grad_value)
+    if config.eval.early_stop_metric is not None and config.eval.every_epochs == 0:
+        raise ConfigError("eval.early_stop_metric", "needs validation during training: set eval.every_epochs >= 1",
+                          config.eval.early_stop_metric)

@@ -1,0 +1,37 @@
+"""What a model needs to know about the data: the task and the shape of one sample."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+TaskName = Literal["classification", "regression", "lm"]
+
+
+@dataclass(frozen=True, slots=True)
+class DataSpec:
+    task: TaskName
+    """classification (integer labels), regression (float targets) or lm (next-token prediction)."""
+    input_shape: tuple[int, ...]
+    """Shape of one input sample: (C, H, W) for images, (F,) for tables, (T,) for token windows."""
+    num_classes: int | None = None
+    """Number of classes (classification)."""
+    num_outputs: int | None = None
+    """Number of regression targets (regression)."""
+    vocab_size: int | None = None
+    """Vocabulary size (lm)."""
+
+    @property
+    def num_model_outputs(self) -> int:
+        """Width of the model's last layer for this task."""
+        if self.task == "classification":
+            assert self.num_classes is not None
+            return self.num_classes
+        if self.task == "regression":
+            return self.num_outputs or 1
+        assert self.vocab_size is not None
+        return self.vocab_size
+
+    @property
+    def is_image(self) -> bool:
+        return len(self.input_shape) == 3

@@ -1,0 +1,82 @@
+"""Who am I in the job: rank, world size, data-parallel coordinates, from torchrun's variables."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(slots=True)
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    dp_rank: int = 0
+    """This rank's index among the data-parallel replicas (what slice of each batch it reads)."""
+    dp_size: int = 1
+    """Number of data-parallel ranks the global batch is split over."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def env_world() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from torchrun's (or Slurm's) environment; (0, 1, 0) otherwise."""
+    if "WORLD_SIZE" in os.environ:
+        return int(os.environ.get("RANK", 0)), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    return 0, 1, 0
+
+
+def init_distributed(device: torch.device, timeout_s: float = 600.0) -> DistContext:
+    """Join the process group when launched with several ranks (nccl on CUDA, gloo on CPU)."""
+    rank, world, local_rank = env_world()
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return DistContext(rank=rank, world_size=world, local_rank=local_rank, dp_rank=rank, dp_size=world)
+
+
+def all_reduce_mean(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    if not ctx.enabled:
+        return value
+    value = value.clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value / ctx.world_size
+
+
+def grad_sync(model: torch.nn.Module, enabled: bool) -> contextlib.AbstractContextManager[None]:
+    """Skip the gradient all-reduce on non-final micro-batches of an accumulation."""
+    if enabled:
+        return contextlib.nullcontext()
+    no_sync = getattr(model, "no_sync", None)
+    if no_sync is not None:  # DDP
+        return no_sync()
+    setter = getattr(model, "set_requires_gradient_sync", None)
+    if setter is not None:  # FSDP2
+        return _fsdp_no_sync(model)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model: torch.nn.Module) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

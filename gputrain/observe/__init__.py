@@ -1,0 +1,1 @@
+"""Logging, metric sinks, terminal output and speed measurement."""

@@ -1,0 +1,95 @@
+"""What the user sees in the terminal: the device line, a progress bar (or plain lines), the
+per-epoch validation metrics and the final table."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.3e}"
+        return f"{value:.4f}"
+    return str(value)
+
+
+class RunConsole:
+    """Rank 0's terminal output. `mode`: bar, plain, none, or auto (bar in a terminal)."""
+
+    def __init__(self, mode: str, enabled: bool = True) -> None:
+        self.console = Console(file=sys.stdout, highlight=False)
+        if mode == "auto":
+            mode = "bar" if sys.stdout.isatty() else "plain"
+        self.mode = mode if enabled else "none"
+        self._progress: Progress | None = None
+        self._task: Any = None
+
+    def info(self, text: str) -> None:
+        if self.mode != "none":
+            self.console.print(text)
+
+    def start(self, total_steps: int, done: int) -> None:
+        if self.mode != "bar":
+            return
+        self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                                  console=self.console, transient=False)
+        self._progress.start()
+        self._task = self._progress.add_task("train", total=total_steps, completed=done, status="")
+
+    def advance(self, step: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step)
+
+    def logged(self, record: dict[str, Any], total_steps: int) -> None:
+        status = f"epoch {record['epoch'] + 1} loss {_fmt(record['loss'])}"
+        if self._progress is not None:
+            self._progress.update(self._task, status=status)
+        elif self.mode == "plain":
+            speed = record.get("samples_per_s")
+            self.console.print(f"step {record['step']}/{total_steps} {status} lr {_fmt(record['lr'])}"
+                               + (f" grad_norm {_fmt(record['grad_norm'])}" if record.get("grad_norm") is not None
+                                  else "") + (f" {speed:,.0f} samples/s" if speed else ""))
+
+    def evaluated(self, split: str, epoch: int | None, metrics: dict[str, float]) -> None:
+        where = f"{split} epoch {epoch + 1}" if epoch is not None else split
+        text = f"{where}: " + "  ".join(f"{k} {_fmt(v)}" for k, v in metrics.items())
+        if self._progress is not None:
+            self._progress.console.print(text)
+        else:
+            self.info(text)
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def final_table(self, summary: dict[str, Any], run_dir: str) -> None:
+        if self.mode == "none":
+            return
+        table = Table(title=f"gputrain: {summary['status']}", show_header=True)
+        table.add_column("result")
+        table.add_column("value", justify="right")
+        for split in ("test", "val"):
+            for key, value in (summary.get(split) or {}).items():
+                table.add_row(f"{split} {key}", _fmt(value))
+            if summary.get(split):
+                break
+        train = summary["train"]
+        table.add_row("train loss", _fmt(train["loss"]) if train["loss"] is not None else "-")
+        table.add_row("samples/s", f"{train['samples_per_s']:,.0f}" if train["samples_per_s"] else "-")
+        if train.get("tokens_per_s"):
+            table.add_row("tokens/s", f"{train['tokens_per_s']:,.0f}")
+        if train.get("mfu") is not None:
+            table.add_row("MFU", f"{100 * train['mfu']:.1f}%")
+        table.add_row("steps", str(summary["global_step"]))
+        table.add_row("wall time", f"{summary['wall_s']:.1f} s")
+        table.add_row("device", f"{summary['device']} ({summary['precision']})")
+        self.console.print(table)
+        self.console.print(f"run directory: {run_dir}")

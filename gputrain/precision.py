@@ -1,0 +1,76 @@
+"""Mixed precision as one small object: the autocast context plus, for fp16 only, a GradScaler.
+
+bf16 has fp32's exponent range, so it never needs loss scaling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from gputrain.errors import ConfigError
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_precision(requested: str, device: torch.device) -> tuple[str, str]:
+    """(precision, reason). auto: bf16 where the GPU supports it, fp16 on older CUDA GPUs, else fp32."""
+    if requested != "auto":
+        if requested in ("fp16", "tf32") and device.type == "cpu":
+            raise ConfigError("train.precision", f"{requested} is a GPU mode; on CPU use fp32 or bf16", requested)
+        if requested == "tf32" and device.type != "cuda":
+            raise ConfigError("train.precision", "tf32 needs an NVIDIA GPU (Ampere or newer)", requested)
+        return requested, "requested"
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bf16", "auto: the GPU supports bf16"
+        return "fp16", "auto: this GPU has no fast bf16, fp16 with loss scaling"
+    if device.type == "mps":
+        return "fp16", "auto: MPS"
+    return "fp32", "auto: CPU"
+
+
+class Precision:
+    """Autocast + optional GradScaler with the hooks the training step needs."""
+
+    def __init__(self, mode: str, device: torch.device) -> None:
+        self.mode = mode
+        self.device = device
+        self.autocast_dtype = _AUTOCAST_DTYPES.get(mode)
+        self.scaler = torch.amp.GradScaler(device.type) if mode == "fp16" and device.type == "cuda" else None
+        if device.type == "cuda":
+            # tf32 speeds up fp32 matmuls on Ampere+; it is also what the fp32 islands of bf16 runs use.
+            torch.backends.cuda.matmul.allow_tf32 = mode != "fp32"
+            torch.backends.cudnn.allow_tf32 = mode != "fp32"
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        if self.autocast_dtype is None:
+            yield
+            return
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+            yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Bring gradients back to their true scale before clipping or measuring them."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is None:
+            optimizer.step()
+            return
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+    def state_dict(self) -> dict:
+        return self.scaler.state_dict() if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)

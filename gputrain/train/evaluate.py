@@ -1,0 +1,91 @@
+"""Evaluation over a split: loss plus the task's torchmetrics, computed on the device."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from gputrain.errors import ConfigError
+from gputrain.train.tasks import DEFAULT_METRICS, LossFn
+
+_KNOWN = {"classification": {"accuracy", "precision", "recall", "f1", "auroc", "loss"},
+          "regression": {"mse", "mae", "loss"}, "lm": {"loss", "perplexity"}}
+
+
+def resolve_metrics(requested: list[str] | str, task: str) -> list[str]:
+    if requested == "auto":
+        return list(DEFAULT_METRICS[task])
+    unknown = [m for m in requested if m not in _KNOWN[task]]
+    if unknown:
+        raise ConfigError("eval.metrics", f"{', '.join(unknown)} not available for {task}; choose from "
+                          + ", ".join(sorted(_KNOWN[task])), requested)
+    return list(requested)
+
+
+def _build_metrics(names: list[str], task: str, num_classes: int | None, device: torch.device) -> dict[str, Any]:
+    import torchmetrics.classification as C
+    import torchmetrics.regression as R
+
+    builders: dict[str, Callable[[], Any]] = {}
+    if task == "classification":
+        assert num_classes is not None
+        k = num_classes
+        builders = {
+            "accuracy": lambda: C.MulticlassAccuracy(num_classes=k, average="micro"),
+            "precision": lambda: C.MulticlassPrecision(num_classes=k, average="macro"),
+            "recall": lambda: C.MulticlassRecall(num_classes=k, average="macro"),
+            "f1": lambda: C.MulticlassF1Score(num_classes=k, average="macro"),
+            "auroc": lambda: C.MulticlassAUROC(num_classes=k, average="macro"),
+        }
+    elif task == "regression":
+        builders = {"mse": R.MeanSquaredError, "mae": R.MeanAbsoluteError}
+    return {name: builders[name]().to(device) for name in names if name in builders}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable[Any], *, task: str, metric_names: list[str],
+             loss_fn: LossFn | None, num_classes: int | None, device: torch.device,
+             autocast: Callable[[], Any], step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None
+             ) -> dict[str, float]:
+    """Mean loss over samples and the requested metrics. One host sync, at the end."""
+    was_training = model.training
+    model.eval()
+    metrics = _build_metrics(metric_names, task, num_classes, device)
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    count = 0
+    for batch in batches:
+        with autocast():
+            if step_fn is not None:
+                loss = step_fn(model, batch)
+                outputs = targets = None
+            else:
+                inputs, targets = batch[0], batch[1]
+                outputs = model(inputs)
+                loss = loss_fn(outputs, targets) if loss_fn is not None else None
+        size = len(batch[0]) if isinstance(batch, (list, tuple)) else 1
+        if loss is not None:
+            loss_sum += loss.detach().double() * size
+        count += size
+        if outputs is None or targets is None:
+            continue
+        outputs = outputs.float()
+        for name, metric in metrics.items():
+            if name == "auroc":
+                metric.update(outputs.softmax(dim=-1), targets)
+            elif task == "regression":
+                metric.update(outputs.view_as(targets) if outputs.numel() == targets.numel() else outputs, targets)
+            else:
+                metric.update(outputs, targets)
+    model.train(was_training)
+    results: dict[str, float] = {name: float(metric.compute()) for name, metric in metrics.items()}
+    if count and ("loss" in metric_names or "perplexity" in metric_names):
+        mean_loss = float(loss_sum) / count
+        if "loss" in metric_names:
+            results["loss"] = mean_loss
+        if "perplexity" in metric_names:
+            results["perplexity"] = math.exp(min(mean_loss, 700.0))
+    return {name: results[name] for name in metric_names if name in results}

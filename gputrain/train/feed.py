@@ -1,0 +1,117 @@
+"""Turn a Dataset or DataLoader into the micro-batches of each optimizer step, on the device.
+
+In-memory tensor data is indexed a whole batch at a time (no per-sample collate) and, when small,
+placed on the GPU once so no step copies from the host. Other datasets go through a DataLoader
+driven by the `BatchPlan`; a user's own DataLoader is used as given, its batches as micro-batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from gputrain.data.tensors import TensorData
+from gputrain.train.batches import BatchPlan, PlanBatchSampler
+
+# In-memory data up to this size lives on the GPU for the whole run.
+_DEVICE_RESIDENT_BYTES = 2 << 30
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move tensors in (nested) tuples/lists/dicts; non_blocking so pinned copies overlap compute."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True) if batch.device != device else batch
+    if isinstance(batch, (list, tuple)):
+        moved = [to_device(b, device) for b in batch]
+        return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def auto_num_workers(requested: int | str, dataset: Dataset) -> int:
+    if requested != "auto":
+        return int(requested)
+    if isinstance(dataset, TensorData):
+        return 0  # indexing tensors in the main process beats any worker round-trip
+    return max(0, min(8, (os.cpu_count() or 1) - 1))
+
+
+class BatchFeed:
+    """Yields, per optimizer step, the list of this rank's micro-batches already on the device."""
+
+    def __init__(self, data: Dataset | DataLoader, plan: BatchPlan | None, device: torch.device,
+                 num_workers: int | str = "auto") -> None:
+        self.device = device
+        self.plan = plan
+        self.loader: DataLoader | None = None
+        self.tensors: TensorData | None = None
+        if isinstance(data, DataLoader):
+            self.loader = data
+        elif isinstance(data, TensorData):
+            resident = device.type == "cuda" and data.nbytes <= _DEVICE_RESIDENT_BYTES
+            self.tensors = data.to(device) if resident else data
+        else:
+            assert plan is not None
+            workers = auto_num_workers(num_workers, data)
+            self.sampler = PlanBatchSampler(plan)
+            self.loader = DataLoader(
+                data, batch_sampler=self.sampler, num_workers=workers, pin_memory=device.type == "cuda",
+                persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
+                # own generator: worker seeding must not draw from the global RNG the model uses
+                generator=torch.Generator().manual_seed(plan.seed),
+            )
+
+    @property
+    def user_loader(self) -> bool:
+        return self.plan is None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        if self.plan is not None:
+            return self.plan.steps_per_epoch
+        assert self.loader is not None
+        return len(self.loader) // self.grad_accum
+
+    grad_accum: int = 1  # set by the trainer for user loaders
+
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[list[Any]]:
+        if self.tensors is not None:
+            assert self.plan is not None
+            for step in self.plan.micro_batches(epoch, start_step):
+                yield [to_device(self.tensors.batch(idx.to(self.tensors.inputs.device)), self.device) for idx in step]
+            return
+        assert self.loader is not None
+        if self.plan is not None:
+            self.sampler.set_epoch(epoch, start_step)
+            batches = iter(self.loader)
+        else:
+            sampler = getattr(self.loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)  # type: ignore[union-attr]
+            # a user loader cannot seek: replay and drop the micro-batches already trained on
+            batches = itertools.islice(iter(self.loader), start_step * self.grad_accum, None)
+        for _ in range(self.steps_per_epoch - start_step):
+            group = list(itertools.islice(batches, self.grad_accum if self.plan is None else self.plan.grad_accum))
+            if not group:
+                return
+            yield [to_device(b, self.device) for b in group]
+
+
+def eval_batches(data: Dataset | DataLoader, batch_size: int, device: torch.device) -> Iterator[Any]:
+    """Every sample once, in order."""
+    if isinstance(data, DataLoader):
+        for batch in data:
+            yield to_device(batch, device)
+        return
+    if isinstance(data, TensorData):
+        for start in range(0, len(data), batch_size):
+            yield to_device((data.inputs[start:start + batch_size], data.targets[start:start + batch_size]), device)
+        return
+    for batch in DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=0):
+        yield to_device(batch, device)

@@ -1,0 +1,34 @@
+"""Ctrl-C / SIGTERM: finish the current step, checkpoint, exit 130. A second signal exits at once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+_HANDLED = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
+
+
+class StopRequest:
+    """Set by a signal; the loop polls `requested` between steps (a plain bool: no cost)."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested is not None:  # second signal: stop now
+            self.uninstall()
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in _HANDLED:  # SIGUSR1 is what Slurm sends before pre-empting (--signal=USR1@90)
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()

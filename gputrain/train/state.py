@@ -1,0 +1,65 @@
+"""The loop's own state (counters, best metric) and every RNG, in checkpointable form."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass(slots=True)
+class LoopState:
+    global_step: int = 0
+    """Optimizer steps taken."""
+    epoch: int = 0
+    """Current epoch (0-based)."""
+    step_in_epoch: int = 0
+    """Optimizer steps already taken in the current epoch: where the data resumes."""
+    samples_seen: int = 0
+    train_time_s: float = 0.0
+    """Seconds spent in training steps (evaluation and checkpointing excluded)."""
+    best_metric: float | None = None
+    best_step: int | None = None
+    evals_without_improvement: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LoopState":
+        return cls(**data)
+
+
+def capture_rng() -> dict[str, Any]:
+    """Every RNG the training can draw from, as tensors and plain values (weights_only-loadable)."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np_state = state["numpy"]
+    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)

@@ -1,0 +1,65 @@
+"""One optimizer step: accumulate micro-batches, clip, step. No host-device sync in here.
+
+fit → train_step → forward_backward: the whole hot path is these two functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from gputrain.distributed.context import grad_sync
+from gputrain.precision import Precision
+
+ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
+
+
+@dataclass(slots=True)
+class StepParts:
+    model: nn.Module
+    """The module the step calls (compiled / DDP-wrapped as configured)."""
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    precision: Precision
+    compute_loss: ComputeLoss
+    clip_grad_norm: float | None = None
+    clip_grad_value: float | None = None
+
+
+def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: bool) -> torch.Tensor:
+    """Forward and backward one micro-batch; the loss is scaled by 1/accumulation so the summed
+    gradients equal those of the whole batch. Returns the unscaled loss, detached, on the device."""
+    with grad_sync(parts.model, sync_grads):
+        with parts.precision.autocast():
+            loss = parts.compute_loss(parts.model, batch)
+        parts.precision.backward(loss * scale if scale != 1.0 else loss)
+    return loss.detach()
+
+
+def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bool
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Returns (mean loss over the micro-batches, grad norm or None) as device tensors."""
+    n = len(micro_batches)
+    loss_sum: torch.Tensor | None = None
+    for i, batch in enumerate(micro_batches):
+        loss = forward_backward(parts, batch, 1.0 / n, sync_grads=i == n - 1)
+        loss_sum = loss if loss_sum is None else loss_sum + loss
+    assert loss_sum is not None
+    grad_norm = None
+    params = [p for p in parts.model.parameters() if p.grad is not None]
+    if parts.clip_grad_norm is not None or parts.clip_grad_value is not None or measure_grad_norm:
+        parts.precision.unscale(parts.optimizer)
+        if parts.clip_grad_value is not None:
+            torch.nn.utils.clip_grad_value_(params, parts.clip_grad_value)
+        if parts.clip_grad_norm is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, parts.clip_grad_norm)
+        elif measure_grad_norm:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    parts.precision.step(parts.optimizer)
+    parts.optimizer.zero_grad(set_to_none=True)
+    parts.scheduler.step()
+    return loss_sum / n, grad_norm

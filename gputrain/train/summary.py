@@ -1,0 +1,54 @@
+"""summary.json: the result of a run, in the shape DESIGN.md promises."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from gputrain.train.trainer import Trainer
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak device memory on CUDA; on CPU the process's peak resident set size."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB
+
+
+def build_summary(trainer: "Trainer", status: str, wall_s: float, test: dict[str, float]) -> dict[str, Any]:
+    state = trainer.state
+    last_loss = getattr(trainer, "last_loss", None)
+    train_time = state.train_time_s
+    samples_per_s = state.samples_seen / train_time if train_time > 0 else None
+    tokens_per_s = None
+    if trainer.task == "lm" and trainer.spec is not None and samples_per_s is not None:
+        tokens_per_s = samples_per_s * trainer.spec.input_shape[0]
+    return {
+        "status": status,
+        "device": str(trainer.device),
+        "precision": trainer.precision_mode,
+        "world_size": trainer.dist.world_size,
+        "global_step": state.global_step,
+        "epochs_completed": state.epoch,
+        "wall_s": wall_s,
+        "train": {
+            "loss": None if last_loss is None else float(last_loss),
+            "samples_per_s": samples_per_s,
+            "tokens_per_s": tokens_per_s,
+            "step_time_s": train_time / state.global_step if state.global_step else None,
+            "flops_per_step": None,
+            "achieved_flops": None,
+            "mfu": None,
+            "mfu_peak_source": None,
+            "peak_memory_bytes": peak_memory_bytes(trainer.device),
+            "time_breakdown": None,
+        },
+        "val": getattr(trainer, "val_metrics", {}),
+        "test": test,
+        "best": {"metric": state.best_metric, "step": state.best_step},
+    }
