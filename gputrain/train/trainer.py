@@ -148,18 +148,23 @@ class Trainer:
             raise RunError("batches are not (inputs, targets): pass step_fn(model, batch) -> loss to the Trainer")
         inputs, targets = batch[0], batch[1]
         outputs = model(inputs)
-        if self.loss_fn is None:
+        if self.task is None:
             self._learn_task(outputs, targets)
         return self.loss_fn(outputs, targets)  # type: ignore[misc]
 
     def _learn_task(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
-        """For user models: pick the loss and metrics from the first batch (shapes only, no sync)."""
-        task = self.task or infer_task(outputs, targets)
+        """For user models: the metrics (and, without a loss_fn, the loss) from the first batch's
+        shapes and dtypes; no host sync."""
+        task = infer_task(outputs, targets)
         if task is None:
+            if self.loss_fn is not None:
+                self.task = "custom"  # train with the user's loss; evaluation reports that loss only
+                return
             raise RunError(f"cannot tell the task from outputs {tuple(outputs.shape)} and targets "
                            f"{tuple(targets.shape)}: pass loss_fn= or step_fn= to the Trainer")
         self.task = task
-        self.loss_fn = default_loss(task)
+        if self.loss_fn is None:
+            self.loss_fn = default_loss(task)
         if task == "classification" and self.num_classes is None:
             self.num_classes = outputs.shape[-1]
 
