@@ -82,6 +82,8 @@ class Trainer:
         self.loss_fn, self.step_fn = loss_fn, step_fn
         self.spec = spec
         self.task = spec.task if spec is not None else None
+        if self.task is not None and loss_fn is None and step_fn is None:
+            self.loss_fn = default_loss(self.task)
         self.num_classes = spec.num_classes if spec is not None else None
         self.val_data, self.test_data = val_data, test_data
         model_name, data_name = names or (type(model).__name__.lower(), type(train_data).__name__.lower())
