@@ -50,6 +50,8 @@ class ModelConfig:
     """cnn: output channels of the convolutions (3x3, padding 1; max-pool after the last)."""
     hidden: int = 128
     """cnn: width of the hidden linear layer."""
+    base_width: int = 64
+    """resnet*: channels of the stem and first stage, doubling per stage (64 in the published models)."""
     preset: GPTPreset | None = None
     """gpt: size preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m or gpt2-1.5b; unset: 6 layers, 6 heads, d_model 384."""
     n_layer: int | None = None
@@ -74,6 +76,7 @@ class ModelConfig:
         if not self.channels:
             raise ConfigError("model.channels", "needs at least one convolution", self.channels)
         _positive("model", "hidden", self.hidden)
+        _positive("model", "base_width", self.base_width)
         for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size"):
             _positive("model", name, getattr(self, name))
         d_model, n_head = gpt_size(self, "d_model"), gpt_size(self, "n_head")
