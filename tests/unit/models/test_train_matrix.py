@@ -8,20 +8,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from gputrain import Trainer
 from tests.unit.data.files import write_image_folder, write_mnist, write_text, write_tokens
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    # tiny models gain nothing from intra-op threads, and on a busy 2-core machine their spinning
-    # makes each small convolution ~50x slower
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
