@@ -83,7 +83,7 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """Token ids [B, T] -> next-token logits [B, T, vocab_size]."""
 
-    def __init__(self, shape: GPTShape, gpt2_init: bool = True) -> None:
+    def __init__(self, shape: GPTShape) -> None:
         super().__init__()
         self.shape = shape
         self.wte = nn.Embedding(shape.vocab_size, shape.d_model)
@@ -93,8 +93,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(shape.d_model, bias=shape.bias)
         self.lm_head = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one matrix embeds and un-embeds
-        if gpt2_init:
-            self._init_gpt2()
+        self._init_gpt2()
 
     @torch.no_grad()
     def _init_gpt2(self) -> None:
@@ -148,5 +147,6 @@ def resolve_gpt_shape(config: ModelConfig, spec: DataSpec) -> GPTShape:
 
 @register_model("gpt")
 def build_gpt(config: ModelConfig, spec: DataSpec) -> GPT:
-    # model.init=default means GPT-2's own init; other schemes are applied afterwards by build_model
-    return GPT(resolve_gpt_shape(config, spec), gpt2_init=config.init == "default")
+    # model.init=default is GPT-2's init; another scheme is applied on top by build_model to the linear
+    # layers (the tied output layer included), while the position embedding keeps GPT-2's N(0, 0.02)
+    return GPT(resolve_gpt_shape(config, spec))

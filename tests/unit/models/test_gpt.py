@@ -60,6 +60,14 @@ def test_gpt2_init_scales_the_residual_projections() -> None:
     assert model.blocks[0].attn.c_attn.bias.abs().max().item() == 0.0
 
 
+def test_another_init_scheme_replaces_the_linear_weights() -> None:
+    torch.manual_seed(0)
+    model = _build(_lm(vocab=512), **{"model.preset": "tiny", "model.init": "xavier_uniform"})
+    fc = model.blocks[0].mlp.c_fc.weight  # [256, 64]: xavier's std with gelu's (relu) gain is sqrt(2)·sqrt(2/320)
+    assert fc.std().item() == pytest.approx(math.sqrt(2) * math.sqrt(2 / 320), rel=0.05)
+    assert model.wpe.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
 def test_sizes_activation_and_dropout_come_from_the_config() -> None:
     model = _build(_lm(), **{"model.n_layer": 3, "model.n_head": 2, "model.d_model": 32, "model.dropout": 0.1,
                             "model.bias": False, "model.vocab_size": 64})
