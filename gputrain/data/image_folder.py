@@ -29,6 +29,17 @@ _VAL_NAMES = ("val", "valid", "validation")
 _STATS_SAMPLES = 256
 
 
+class ImageDecodeError(DataError):
+    """An image file Pillow cannot decode. Stays one short line when a DataLoader worker raised it."""
+
+    def __init__(self, text: str) -> None:
+        if text.startswith(f"Caught {type(self).__name__}"):
+            # torch re-raises a worker's error as type(header + traceback): keep our line, say which worker
+            where = text.split("\n", 1)[0].removeprefix(f"Caught {type(self).__name__} ").rstrip(".")
+            text = f"{text.rstrip().rsplit(type(self).__name__ + ': ', 1)[-1]} ({where})"
+        super().__init__(text)
+
+
 def decode_image(path: str, size: tuple[int, int]) -> torch.Tensor:
     """One image file -> float32 [3, H, W] in [0, 1]: shorter side resized to fit, centre crop.
 
@@ -49,7 +60,7 @@ def decode_image(path: str, size: tuple[int, int]) -> torch.Tensor:
             left, top = (resized[0] - width) // 2, (resized[1] - height) // 2
             array = np.asarray(img.crop((left, top, left + width, top + height)), dtype=np.uint8)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-        raise DataError(f"{path}: cannot decode image: {err}") from None
+        raise ImageDecodeError(f"{path}: cannot decode image: {err}") from None
     return torch.from_numpy(array.copy()).permute(2, 0, 1).float().div_(255.0)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +92,10 @@ def test_corrupt_image_names_its_file(tmp_path: Path) -> None:
     index = bundle.train.files.index(str(broken))
     with pytest.raises(DataError, match=rf"^{broken}: cannot decode image: "):
         bundle.train[index]
+    # decoded in a DataLoader worker, the error still reaches the user as one line naming the file
+    with pytest.raises(DataError) as err:
+        list(DataLoader(bundle.train, batch_size=2, num_workers=1))
+    assert re.fullmatch(rf"{broken}: cannot decode image: [^\n]+ \(in DataLoader worker process 0\)", str(err.value))
 
 
 def test_decodes_in_dataloader_workers(tmp_path: Path) -> None:
