@@ -20,10 +20,17 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from gputrain.checkpoint import find_resumable, load_checkpoint, rotate_checkpoints, save_checkpoint
+from gputrain.checkpoint.sharded import (
+    ShardedSaver,
+    is_sharded_checkpoint,
+    load_portable_checkpoint,
+    save_final_weights,
+)
 from gputrain.config import Config, config_to_toml, load_config, resolve_grad_accum
 from gputrain.data.spec import DataSpec
 from gputrain.data.tensors import TensorData
 from gputrain.distributed import DistContext, all_reduce_mean, init_distributed, parallelize
+from gputrain.distributed.parallelize import choose_strategy, describe_choice, pp_group, setup_parallel
 from gputrain.env.device import resolve_device
 from gputrain.errors import ConfigError, GputrainError, Interrupted, RunError, UsageError
 from gputrain.observe.console import RunConsole
@@ -72,12 +79,17 @@ class Trainer:
         cfg = self.config
         self.device, device_reason = resolve_device(cfg.train.device)
         self.precision_mode, precision_reason = resolve_precision(cfg.train.precision, self.device)
-        self.dist: DistContext = init_distributed(self.device)
+        self.dist: DistContext = init_distributed(self.device, cfg.parallel.timeout_s)
+        if self.dist.enabled and self.device.type == "cuda":
+            self.device = torch.device("cuda", self.dist.local_rank)  # one GPU per rank
+        self.parallel_choice = choose_strategy(cfg, model, self.dist, self.device)
+        setup_parallel(self.dist, self.parallel_choice, cfg, self.device)
         setup_logging(self.dist.rank, self.dist.world_size)
         self.grad_accum = resolve_grad_accum(cfg, self.dist.dp_size)
         self.console = RunConsole(cfg.log.progress, enabled=self.dist.is_main)
         self.console.info(f"device: {self.device} ({device_reason}); precision {self.precision_mode} "
                           f"({precision_reason})")
+        self.console.info(describe_choice(self.parallel_choice, self.dist))
         self.model = model.to(self.device)
         self.loss_fn, self.step_fn = loss_fn, step_fn
         self.spec = spec
@@ -115,14 +127,18 @@ class Trainer:
         elif self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True
         self.precision = Precision(self.precision_mode, self.device)
+        # parallelize before the optimizer: FSDP/TP replace the parameters, PP keeps only this rank's stage
+        par = parallelize(self.model, self.dist, cfg, self.device, self.precision_mode, self.parallel_choice)
+        self.model, self.step_model, self.pipeline = par.model, par.step_model, par.pipeline
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim, self.global_batch, self.device)
         self.scheduler = build_schedule(self.optimizer, cfg.optim, self.total_steps)
-        self.step_model = parallelize(self.model, self.dist, cfg, self.device)
         self.parts = StepParts(model=self.step_model, optimizer=self.optimizer, scheduler=self.scheduler,
                                precision=self.precision, compute_loss=self._compute_loss,
-                               clip_grad_norm=cfg.train.clip_grad_norm, clip_grad_value=cfg.train.clip_grad_value)
+                               clip_grad_norm=cfg.train.clip_grad_norm, clip_grad_value=cfg.train.clip_grad_value,
+                               pipeline=self.pipeline, pp_group=pp_group(self.dist))
         self.state = LoopState()
         self.stop = StopRequest()
+        self.saver = ShardedSaver(self.dist, cfg.checkpoint.async_save)
 
     # ----------------------------------------------------------------- building from a config
     @classmethod
@@ -182,10 +198,13 @@ class Trainer:
         from gputrain.checkpoint import CorruptCheckpoint
 
         try:
-            saved = load_checkpoint(path, self.model)
+            if self.dist.enabled or is_sharded_checkpoint(path):  # any format onto any layout, by name
+                saved = load_portable_checkpoint(path, self.model, self.optimizer)
+            else:
+                saved = load_checkpoint(path, self.model)
+                self.optimizer.load_state_dict(saved["optimizer"])
         except CorruptCheckpoint as err:
             raise RunError(f"cannot resume: {err}") from None
-        self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
         self.precision.load_state_dict(saved["precision"])
         self.state = LoopState.from_dict(saved["loop"])
@@ -197,14 +216,19 @@ class Trainer:
                 self.loss_fn = default_loss(self.task)
 
     def _save(self) -> Path | None:
-        if not self.config.checkpoint.enabled or not self.dist.is_main:
+        if not self.config.checkpoint.enabled or not (self.dist.is_main or self.dist.enabled):
             return None
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+        state = {"scheduler": self.scheduler.state_dict(),
                  "precision": self.precision.state_dict(), "loop": self.state.to_dict(), "rng": capture_rng(),
                  "task": self.task, "num_classes": self.num_classes}
         root = self.run_dir / "checkpoints"
-        path = save_checkpoint(root, self.state.global_step, self.model, state)
         keep = {self.state.best_step} if self.config.checkpoint.keep_best and self.state.best_step else set()
+        if self.dist.enabled:  # every rank writes its shards; rank 0 commits and rotates
+            return self.saver.save(root, self.state.global_step, self.model, self.optimizer, state,
+                                   on_commit=lambda: rotate_checkpoints(root, self.config.checkpoint.keep_last, keep))
+        state["optimizer"] = self.optimizer.state_dict()
+        state["param_names"] = [name for name, _ in self.model.named_parameters()]  # lets a multi-rank job resume it
+        path = save_checkpoint(root, self.state.global_step, self.model, state)
         rotate_checkpoints(root, self.config.checkpoint.keep_last, keep)
         return path
 
@@ -270,12 +294,11 @@ class Trainer:
             self._log_eval(sinks, "test", test)
         sinks.close()
         summary = build_summary(self, status, time.perf_counter() - started, test)
+        if status != "failed":  # collective when the weights are sharded; rank 0 writes
+            self.saver.wait()
+            save_final_weights(self.run_dir / "model.safetensors", self.model, self.dist, self.pipeline is not None)
         if self.dist.is_main:
             write_json(self.run_dir / "summary.json", summary)
-            if status != "failed":
-                from safetensors.torch import save_model
-
-                save_model(self.model, str(self.run_dir / "model.safetensors"))
             self.console.final_table(summary, str(self.run_dir))
         if error is not None:
             raise RunError(f"training failed at {error} (traceback in {self.run_dir / 'error.log'})")
