@@ -7,6 +7,7 @@ import datetime
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -63,9 +64,24 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0) -> DistCont
             # nccl only notices a dead peer through its watchdog: make it abort the job instead of hanging
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
+        timeout = datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, timeout=timeout, store=_restart_store(world, timeout), rank=rank,
+                                world_size=world,
                                 device_id=torch.device("cuda", local_rank) if device.type == "cuda" else None)
     return DistContext(rank=rank, world_size=world, local_rank=local_rank, dp_rank=rank, dp_size=world)
+
+
+def _restart_store(world: int, timeout: datetime.timedelta) -> dist.Store | None:
+    """After a torchrun restart, a fresh key space in torchrun's store; None otherwise (the default).
+
+    torchrun keeps one TCP store across restarts; the failed attempt's keys (each rank's address)
+    would send the new ranks to connect to dead ones."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                         timeout=timeout)
+    return dist.PrefixStore(f"gputrain/attempt_{attempt}", base)
 
 
 def all_reduce_mean(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
@@ -96,6 +112,15 @@ def _fsdp_no_sync(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
+def agree_on_path(path: Path, ctx: DistContext) -> Path:
+    """Rank 0's choice of a path, on every rank (default run directories carry a timestamp)."""
+    if not ctx.enabled:
+        return path
+    box = [str(path)]
+    dist.broadcast_object_list(box, src=0)
+    return Path(box[0])
 
 
 def shutdown_distributed() -> None:

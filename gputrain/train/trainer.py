@@ -30,6 +30,8 @@ from gputrain.config import Config, config_to_toml, load_config, resolve_grad_ac
 from gputrain.data.spec import DataSpec
 from gputrain.data.tensors import TensorData
 from gputrain.distributed import DistContext, all_reduce_mean, init_distributed, parallelize
+from gputrain.distributed.context import agree_on_path
+from gputrain.distributed.faults import install_test_fault
 from gputrain.distributed.parallelize import choose_strategy, describe_choice, pp_group, setup_parallel
 from gputrain.env.device import resolve_device
 from gputrain.errors import ConfigError, GputrainError, Interrupted, RunError, UsageError
@@ -98,6 +100,8 @@ class Trainer:
         self.val_data, self.test_data = val_data, test_data
         model_name, data_name = names or (type(model).__name__.lower(), type(train_data).__name__.lower())
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(model_name, data_name)
+        self.run_dir = agree_on_path(self.run_dir, self.dist)  # rank 0's timestamp, for every rank's shards
+        install_test_fault(model, self.dist.rank)  # no-op unless GPUTRAIN_TEST_FAULT is set (tests only)
         self._check_resume_path()
 
         if isinstance(train_data, DataLoader):
@@ -282,8 +286,9 @@ class Trainer:
         except Exception as exc:  # a crash inside the user's model or data: keep the evidence
             error = f"step {self.state.global_step + 1}" + (f" (rank {self.dist.rank})" if self.dist.enabled
                                                               else "") + f": {type(exc).__name__}: {exc}"
-            if self.dist.is_main:
-                write_text(self.run_dir / "error.log", traceback.format_exc())
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            log_name = "error.log" if self.dist.is_main else f"error-rank{self.dist.rank}.log"
+            write_text(self.run_dir / log_name, traceback.format_exc())
             status = "failed"
         finally:
             self.console.stop()
@@ -301,7 +306,7 @@ class Trainer:
             write_json(self.run_dir / "summary.json", summary)
             self.console.final_table(summary, str(self.run_dir))
         if error is not None:
-            raise RunError(f"training failed at {error} (traceback in {self.run_dir / 'error.log'})")
+            raise RunError(f"training failed at {error} (traceback in {self.run_dir / log_name})")
         return summary
 
     def _open_run_dir(self, resumed: bool) -> Sinks:
@@ -385,6 +390,7 @@ class Trainer:
 
     def _step_record(self, loss: torch.Tensor, grad_norm: torch.Tensor | None, samples_per_s: float) -> dict[str, Any]:
         loss_value = all_reduce_mean(loss.float(), self.dist).item()
+        self.last_loss = torch.tensor(loss_value)  # the summary reports the global mean, not rank 0's share
         record: dict[str, Any] = {
             "step": self.state.global_step, "epoch": self.state.epoch, "loss": loss_value,
             "lr": self.optimizer.param_groups[0]["lr"],
