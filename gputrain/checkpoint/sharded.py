@@ -95,8 +95,10 @@ class ShardedSaver:
 
         payload = {"model": model_sd, "optim": optim_sd}
         if self.async_save:
-            if self._gloo is None and dist.get_backend() != "gloo":
-                self._gloo = dist.new_group(backend="gloo")  # background writes coordinate over CPU
+            if self._gloo is None:
+                # the background write runs its own collectives: on the training group they would
+                # interleave with the step's and mismatch; and it coordinates over CPU (gloo)
+                self._gloo = dist.new_group(backend="gloo")
             future = dcp.async_save(payload, checkpoint_id=str(tmp), process_group=self._gloo)
             self._pending = (future, commit)  # type: ignore[assignment]
         else:

@@ -74,38 +74,52 @@ def _apply_compile(model: nn.Module) -> None:
 
 
 def parallelize(model: nn.Module, ctx: DistContext, config: Config, device: torch.device,
-                precision: str = "fp32", choice: StrategyChoice | None = None) -> Parallelized:
-    """Apply the chosen parallelisms in the fixed order; unchanged on one process with strategy none."""
+                precision: str = "fp32", choice: StrategyChoice | None = None, grad_accum: int = 1) -> Parallelized:
+    """Apply the chosen parallelisms in the fixed order; unchanged on one process with strategy none.
+
+    With pipeline parallelism each of this rank's stage modules goes through the same order.
+    """
     choice = choice or StrategyChoice(config.parallel.strategy, config.parallel.activation_checkpointing)
     dims, mesh = ctx.dims, ctx.mesh
     pipeline = None
     if dims is not None and dims.pp_enabled:
         from gputrain.distributed.pp import apply_pp
 
-        model, pipeline = apply_pp(model, mesh["pp"], config, device)  # type: ignore[index]
+        model, pipeline = apply_pp(model, mesh["pp"], config, device, grad_accum)  # type: ignore[index]
+    chunks = pipeline.chunks if pipeline is not None else [model]
+    for i, chunk in enumerate(chunks):
+        chunks[i] = _apply_in_order(chunk, dims, mesh, choice, config, device, precision)
+    if pipeline is not None:
+        from gputrain.distributed.pp import PipelineForward
+
+        pipeline.bind(chunks)
+        return Parallelized(model=model, step_model=PipelineForward(pipeline), pipeline=pipeline)
+    return Parallelized(model=model, step_model=chunks[0])
+
+
+def _apply_in_order(model: nn.Module, dims: ParallelDims | None, mesh: Any, choice: StrategyChoice, config: Config,
+                    device: torch.device, precision: str) -> nn.Module:
+    """TP → activation checkpointing → compile → FSDP/DDP on one module; returns what to call."""
     if dims is not None and dims.tp_enabled:
         from gputrain.distributed.tp import apply_tp
 
-        apply_tp(model, mesh["tp"])  # type: ignore[index]
+        apply_tp(model, mesh["tp"])
     if choice.activation_checkpointing != "none":
         from gputrain.distributed.ac import apply_ac
 
         model = apply_ac(model, choice.activation_checkpointing)  # type: ignore[arg-type]
     if config.train.compile:
         _apply_compile(model)
-    step_model = model
     if dims is not None and dims.fsdp_enabled:
         from gputrain.distributed.fsdp import apply_fsdp
 
-        dp_mesh = mesh["dp_replicate", "dp_shard"] if dims.dp_replicate > 1 else mesh["dp_shard"]  # type: ignore[index]
+        dp_mesh = mesh["dp_replicate", "dp_shard"] if dims.dp_replicate > 1 else mesh["dp_shard"]
         apply_fsdp(model, dp_mesh, precision, config.parallel.cpu_offload)
     elif dims is not None and dims.ddp_enabled:
         from gputrain.distributed.ddp import apply_ddp
 
-        step_model = apply_ddp(model, mesh["dp_replicate"], device)  # type: ignore[index]
-    if pipeline is not None:
-        pipeline.bind(step_model)
-    return Parallelized(model=model, step_model=step_model, pipeline=pipeline)
+        return apply_ddp(model, mesh["dp_replicate"], device)
+    return model
 
 
 def describe_choice(choice: StrategyChoice, ctx: DistContext) -> str:

@@ -132,8 +132,11 @@ class Trainer:
             torch.backends.cudnn.benchmark = True
         self.precision = Precision(self.precision_mode, self.device)
         # parallelize before the optimizer: FSDP/TP replace the parameters, PP keeps only this rank's stage
-        par = parallelize(self.model, self.dist, cfg, self.device, self.precision_mode, self.parallel_choice)
+        par = parallelize(self.model, self.dist, cfg, self.device, self.precision_mode, self.parallel_choice,
+                          self.grad_accum)
         self.model, self.step_model, self.pipeline = par.model, par.step_model, par.pipeline
+        if self.pipeline is not None:
+            self.pipeline.loss_fn = self._pipeline_loss
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim, self.global_batch, self.device)
         self.scheduler = build_schedule(self.optimizer, cfg.optim, self.total_steps)
         self.parts = StepParts(model=self.step_model, optimizer=self.optimizer, scheduler=self.scheduler,
@@ -168,6 +171,14 @@ class Trainer:
             raise RunError("batches are not (inputs, targets): pass step_fn(model, batch) -> loss to the Trainer")
         inputs, targets = batch[0], batch[1]
         outputs = model(inputs)
+        if self.loss_fn is None:
+            self._learn_task(outputs, targets)
+        return self.loss_fn(outputs, targets)  # type: ignore[misc]
+
+    def _pipeline_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Loss of one micro-batch on the last pipeline stage (the schedule runs the forward itself)."""
+        if self.step_fn is not None:
+            raise RunError("step_fn cannot be used with pipeline parallelism: pass loss_fn(outputs, targets)")
         if self.loss_fn is None:
             self._learn_task(outputs, targets)
         return self.loss_fn(outputs, targets)  # type: ignore[misc]
