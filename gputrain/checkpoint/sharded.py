@@ -145,7 +145,8 @@ def load_portable_checkpoint(path: Path, model: nn.Module, optimizer: torch.opti
     if is_sharded_checkpoint(path):
         model_sd, optim_sd = get_state_dict(model, optimizer)
         payload = {"model": model_sd, "optim": optim_sd}
-        dcp.load(payload, checkpoint_id=str(path))  # reads just the slices this rank holds
+        # reads just the slices this rank holds; on one process, all of them
+        dcp.load(payload, checkpoint_id=str(path), no_dist=not dist.is_initialized())
         set_state_dict(model, optimizer, model_state_dict=payload["model"], optim_state_dict=payload["optim"])
     else:
         _load_single_process_checkpoint(path, model, optimizer)

@@ -43,14 +43,14 @@ class StrategyChoice:
 
 
 def choose_strategy(config: Config, model: nn.Module, ctx: DistContext, device: torch.device,
-                    example_input: Any = None) -> StrategyChoice:
+                    train_data: Any = None) -> StrategyChoice:
     """The configured strategy, or for `auto` the one the memory estimate picks (see auto.py)."""
     par = config.parallel
     if par.strategy != "auto":
         return StrategyChoice(par.strategy, par.activation_checkpointing)
-    from gputrain.distributed.auto import choose_auto
+    from gputrain.distributed.auto import choose_auto, example_input
 
-    return choose_auto(config, model, ctx.world_size, device, example_input)
+    return choose_auto(config, model, ctx.world_size, device, example_input(train_data))
 
 
 def setup_parallel(ctx: DistContext, choice: StrategyChoice, config: Config, device: torch.device) -> ParallelDims:

@@ -84,7 +84,7 @@ class Trainer:
         self.dist: DistContext = init_distributed(self.device, cfg.parallel.timeout_s)
         if self.dist.enabled and self.device.type == "cuda":
             self.device = torch.device("cuda", self.dist.local_rank)  # one GPU per rank
-        self.parallel_choice = choose_strategy(cfg, model, self.dist, self.device)
+        self.parallel_choice = choose_strategy(cfg, model, self.dist, self.device, train_data)
         setup_parallel(self.dist, self.parallel_choice, cfg, self.device)
         setup_logging(self.dist.rank, self.dist.world_size)
         self.grad_accum = resolve_grad_accum(cfg, self.dist.dp_size)
