@@ -30,8 +30,13 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     if args.nproc_per_node is not None and "WORLD_SIZE" not in os.environ:  # the launcher, not a rank
         return _launch(args, config)
+    from gputrain.distributed import shutdown_distributed
+
     trainer = Trainer.from_config(config, run_dir=args.run_dir)
-    summary = trainer.fit()
+    try:
+        summary = trainer.fit()
+    finally:
+        shutdown_distributed()
     return 0 if summary["status"] in ("completed", "stopped_early") else 1
 
 
