@@ -261,7 +261,7 @@ class ParallelConfig:
     pp: int = 1
     """Pipeline-parallel degree."""
     pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
-    """Pipeline schedule."""
+    """Pipeline schedule: gpipe, 1f1b or interleaved_1f1b; the micro-batches are train.grad_accum."""
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     """Recompute activations in the backward pass to save memory: none, full (whole blocks) or selective (keep matmul outputs)."""
     cpu_offload: bool = False
