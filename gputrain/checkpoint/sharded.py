@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -146,7 +147,9 @@ def load_portable_checkpoint(path: Path, model: nn.Module, optimizer: torch.opti
         model_sd, optim_sd = get_state_dict(model, optimizer)
         payload = {"model": model_sd, "optim": optim_sd}
         # reads just the slices this rank holds; on one process, all of them
-        dcp.load(payload, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+        with warnings.catch_warnings():  # DCP warns that one process is one process
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(payload, checkpoint_id=str(path), no_dist=not dist.is_initialized())
         set_state_dict(model, optimizer, model_state_dict=payload["model"], optim_state_dict=payload["optim"])
     else:
         _load_single_process_checkpoint(path, model, optimizer)
