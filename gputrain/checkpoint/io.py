@@ -95,7 +95,8 @@ def verify_checkpoint(path: Path) -> None:
         files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError):
         raise CorruptCheckpoint(f"{path}: {MANIFEST} is missing or unreadable") from None
-    for name in (MODEL_FILE, STATE_FILE):
+    # a sharded (DCP) checkpoint lists its own shard files; a one-process one has exactly these two
+    for name in (files if manifest.get("format") == "dcp" else (MODEL_FILE, STATE_FILE)):
         file = path / name
         if name not in files or not file.is_file():
             raise CorruptCheckpoint(f"{path}: {name} is missing")

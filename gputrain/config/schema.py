@@ -262,6 +262,8 @@ class CheckpointConfig:
     """Also keep the checkpoint with the best monitored validation metric."""
     resume: str = "auto"
     """auto: continue from the run directory's latest complete checkpoint; never; or a checkpoint PATH."""
+    async_save: bool = False
+    """Several ranks: write sharded checkpoints in the background while training continues."""
 
     def __post_init__(self) -> None:
         _positive("checkpoint", "every_steps", self.every_steps, allow_zero=True)
@@ -295,11 +297,16 @@ class ParallelConfig:
     pp: int = 1
     """Pipeline-parallel degree."""
     pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
-    """Pipeline schedule."""
+    """Pipeline schedule: gpipe, 1f1b or interleaved_1f1b; the micro-batches are train.grad_accum."""
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
-    """Recompute activations in the backward pass to save memory."""
+    """Recompute activations in the backward pass to save memory: none, full (whole blocks) or selective (keep matmul outputs)."""
+    cpu_offload: bool = False
+    """fsdp: keep sharded parameters, gradients and optimizer state in CPU memory (slower, fits larger models)."""
+    timeout_s: float = 600.0
+    """Seconds any collective may wait for its peers before the job fails (a dead rank never hangs the others)."""
 
     def __post_init__(self) -> None:
+        _positive("parallel", "timeout_s", self.timeout_s)
         for name in ("dp_replicate", "dp_shard", "tp", "pp"):
             value = getattr(self, name)
             if value == 0 or value < -1:

@@ -7,9 +7,16 @@ import datetime
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from gputrain.distributed.parallel_dims import ParallelDims
 
 
 @dataclass(slots=True)
@@ -21,6 +28,10 @@ class DistContext:
     """This rank's index among the data-parallel replicas (what slice of each batch it reads)."""
     dp_size: int = 1
     """Number of data-parallel ranks the global batch is split over."""
+    dims: ParallelDims | None = None
+    """Degrees of each parallelism (set by parallelize.setup_parallel)."""
+    mesh: DeviceMesh | None = None
+    """The named world mesh (pp, dp_replicate, dp_shard, tp, and flattened dp); None on one process."""
 
     @property
     def is_main(self) -> bool:
@@ -33,18 +44,44 @@ class DistContext:
 
 def env_world() -> tuple[int, int, int]:
     """(rank, world_size, local_rank) from torchrun's (or Slurm's) environment; (0, 1, 0) otherwise."""
+    from gputrain.distributed.slurm import export_slurm_env
+
+    export_slurm_env()  # srun without torchrun: translate SLURM_PROCID/NTASKS/LOCALID into torchrun's names
     if "WORLD_SIZE" in os.environ:
         return int(os.environ.get("RANK", 0)), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
     return 0, 1, 0
 
 
 def init_distributed(device: torch.device, timeout_s: float = 600.0) -> DistContext:
-    """Join the process group when launched with several ranks (nccl on CUDA, gloo on CPU)."""
+    """Join the process group when launched with several ranks (nccl on CUDA, gloo on CPU).
+
+    `timeout_s` bounds every collective: a rank whose peer died fails after it instead of hanging.
+    """
     rank, world, local_rank = env_world()
     if world > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(local_rank)
+            # nccl only notices a dead peer through its watchdog: make it abort the job instead of hanging
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, timeout=timeout, store=_restart_store(world, timeout), rank=rank,
+                                world_size=world,
+                                device_id=torch.device("cuda", local_rank) if device.type == "cuda" else None)
     return DistContext(rank=rank, world_size=world, local_rank=local_rank, dp_rank=rank, dp_size=world)
+
+
+def _restart_store(world: int, timeout: datetime.timedelta) -> dist.Store | None:
+    """After a torchrun restart, a fresh key space in torchrun's store; None otherwise (the default).
+
+    torchrun keeps one TCP store across restarts; the failed attempt's keys (each rank's address)
+    would send the new ranks to connect to dead ones."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                         timeout=timeout)
+    return dist.PrefixStore(f"gputrain/attempt_{attempt}", base)
 
 
 def all_reduce_mean(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
@@ -75,6 +112,15 @@ def _fsdp_no_sync(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
+def agree_on_path(path: Path, ctx: DistContext) -> Path:
+    """Rank 0's choice of a path, on every rank (default run directories carry a timestamp)."""
+    if not ctx.enabled:
+        return path
+    box = [str(path)]
+    dist.broadcast_object_list(box, src=0)
+    return Path(box[0])
 
 
 def shutdown_distributed() -> None:

@@ -1,24 +1,138 @@
-"""Apply parallelism to a model in one fixed place. Model code knows nothing of it."""
+"""Apply parallelism to a model in one fixed place. Model code knows nothing of it.
+
+Order (torchtitan's): tensor parallel → activation checkpointing → compile → FSDP/DDP. TP first
+because it rewrites the parameters into DTensors the others then wrap; AC before compile so the
+compiler sees the recomputation; data parallelism last so it shards/replicates what is finally run.
+Pipeline parallelism cuts the model into this rank's stage before any of them.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from gputrain.config.schema import Config
+from gputrain.distributed.blocks import find_blocks
 from gputrain.distributed.context import DistContext
+from gputrain.distributed.parallel_dims import ParallelDims, dims_for_strategy
+
+if TYPE_CHECKING:
+    from gputrain.distributed.pp import PipelineRunner
 
 
-def parallelize(model: nn.Module, ctx: DistContext, config: Config, device: torch.device) -> nn.Module:
-    """Wrap for the job's world size: unchanged on one process, DDP across several ranks.
+@dataclass(slots=True)
+class Parallelized:
+    model: nn.Module
+    """The module that holds this rank's parameters (state dicts and the optimizer use it)."""
+    step_model: nn.Module
+    """The module the training step calls (DDP-wrapped, compiled, ... as configured)."""
+    pipeline: "PipelineRunner | None" = None
+    """Pipeline schedule driving forward and backward when pipeline parallelism is on."""
 
-    Returns the module the training step calls (the caller keeps the unwrapped one for state dicts).
+
+@dataclass(slots=True)
+class StrategyChoice:
+    strategy: str
+    """none, ddp, fsdp, tp, pp or hybrid (auto resolved)."""
+    activation_checkpointing: str
+    reason: str | None = None
+    """For auto: the numbers behind the choice, printed at start."""
+
+
+def choose_strategy(config: Config, model: nn.Module, ctx: DistContext, device: torch.device,
+                    train_data: Any = None) -> StrategyChoice:
+    """The configured strategy, or for `auto` the one the memory estimate picks (see auto.py)."""
+    par = config.parallel
+    if par.strategy != "auto":
+        return StrategyChoice(par.strategy, par.activation_checkpointing)
+    from gputrain.distributed.auto import choose_auto, example_input
+
+    return choose_auto(config, model, ctx.world_size, device, example_input(train_data))
+
+
+def setup_parallel(ctx: DistContext, choice: StrategyChoice, config: Config, device: torch.device) -> ParallelDims:
+    """Resolve the degrees, build the device mesh and set this rank's data-parallel coordinates."""
+    dims = dims_for_strategy(choice.strategy, config.parallel, ctx.world_size)  # type: ignore[arg-type]
+    ctx.dims = dims
+    ctx.dp_rank, ctx.dp_size = dims.dp_rank(ctx.rank), dims.dp_size
+    if ctx.enabled:
+        ctx.mesh = dims.build_mesh(device.type)
+    return dims
+
+
+def _apply_compile(model: nn.Module) -> None:
+    """Compile block by block in place: FSDP hooks between blocks stay outside the graphs, and
+    state-dict keys keep their names (no `_orig_mod.` prefix)."""
+    blocks = find_blocks(model)
+    for _, block in blocks:
+        block.compile()
+    if not blocks:
+        model.compile()
+
+
+def parallelize(model: nn.Module, ctx: DistContext, config: Config, device: torch.device,
+                precision: str = "fp32", choice: StrategyChoice | None = None, grad_accum: int = 1) -> Parallelized:
+    """Apply the chosen parallelisms in the fixed order; unchanged on one process with strategy none.
+
+    With pipeline parallelism each of this rank's stage modules goes through the same order.
     """
-    if config.train.compile:
-        model = torch.compile(model)  # type: ignore[assignment]
-    if not ctx.enabled or config.parallel.strategy == "none":
-        return model
-    from torch.nn.parallel import DistributedDataParallel
+    choice = choice or StrategyChoice(config.parallel.strategy, config.parallel.activation_checkpointing)
+    dims, mesh = ctx.dims, ctx.mesh
+    pipeline = None
+    if dims is not None and dims.pp_enabled:
+        from gputrain.distributed.pp import apply_pp
 
-    device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+        model, pipeline = apply_pp(model, mesh["pp"], config, device, grad_accum)  # type: ignore[index]
+    chunks = pipeline.chunks if pipeline is not None else [model]
+    for i, chunk in enumerate(chunks):
+        chunks[i] = _apply_in_order(chunk, dims, mesh, choice, config, device, precision)
+    if pipeline is not None:
+        from gputrain.distributed.pp import PipelineForward
+
+        pipeline.bind(chunks)
+        return Parallelized(model=model, step_model=PipelineForward(pipeline), pipeline=pipeline)
+    return Parallelized(model=model, step_model=chunks[0])
+
+
+def _apply_in_order(model: nn.Module, dims: ParallelDims | None, mesh: Any, choice: StrategyChoice, config: Config,
+                    device: torch.device, precision: str) -> nn.Module:
+    """TP → activation checkpointing → compile → FSDP/DDP on one module; returns what to call."""
+    if dims is not None and dims.tp_enabled:
+        from gputrain.distributed.tp import apply_tp
+
+        apply_tp(model, mesh["tp"])
+    if choice.activation_checkpointing != "none":
+        from gputrain.distributed.ac import apply_ac
+
+        model = apply_ac(model, choice.activation_checkpointing)  # type: ignore[arg-type]
+    if config.train.compile:
+        _apply_compile(model)
+    if dims is not None and dims.fsdp_enabled:
+        from gputrain.distributed.fsdp import apply_fsdp
+
+        dp_mesh = mesh["dp_replicate", "dp_shard"] if dims.dp_replicate > 1 else mesh["dp_shard"]
+        apply_fsdp(model, dp_mesh, precision, config.parallel.cpu_offload)
+    elif dims is not None and dims.ddp_enabled:
+        from gputrain.distributed.ddp import apply_ddp
+
+        return apply_ddp(model, mesh["dp_replicate"], device)
+    return model
+
+
+def describe_choice(choice: StrategyChoice, ctx: DistContext) -> str:
+    """One line for the console: the strategy, the mesh, and for auto the numbers behind it."""
+    mesh = ctx.dims.describe() if ctx.dims is not None else "one process"
+    line = f"parallel: {choice.strategy} on {ctx.world_size} rank(s) ({mesh})"
+    if choice.activation_checkpointing != "none":
+        line += f", activation checkpointing {choice.activation_checkpointing}"
+    return line + (f"\n  {choice.reason}" if choice.reason else "")
+
+
+def pp_group(ctx: DistContext) -> Any:
+    """The pipeline's process group, or None without pipeline parallelism."""
+    if ctx.dims is None or not ctx.dims.pp_enabled or ctx.mesh is None:
+        return None
+    return ctx.mesh["pp"].get_group()

@@ -27,23 +27,27 @@ def resolve_metrics(requested: list[str] | str, task: str) -> list[str]:
 
 
 def _build_metrics(names: list[str], task: str, num_classes: int | None, device: torch.device) -> dict[str, Any]:
+    if not set(names) - {"loss", "perplexity"}:
+        return {}  # computed here without torchmetrics, whose import alone takes seconds
     import torchmetrics.classification as C
     import torchmetrics.regression as R
 
-    builders: dict[str, Callable[[], Any]] = {}
+    builders: dict[str, Callable[..., Any]] = {}
     if task == "classification":
         assert num_classes is not None
         k = num_classes
         builders = {
-            "accuracy": lambda: C.MulticlassAccuracy(num_classes=k, average="micro"),
-            "precision": lambda: C.MulticlassPrecision(num_classes=k, average="macro"),
-            "recall": lambda: C.MulticlassRecall(num_classes=k, average="macro"),
-            "f1": lambda: C.MulticlassF1Score(num_classes=k, average="macro"),
-            "auroc": lambda: C.MulticlassAUROC(num_classes=k, average="macro"),
+            "accuracy": lambda **kw: C.MulticlassAccuracy(num_classes=k, average="micro", **kw),
+            "precision": lambda **kw: C.MulticlassPrecision(num_classes=k, average="macro", **kw),
+            "recall": lambda **kw: C.MulticlassRecall(num_classes=k, average="macro", **kw),
+            "f1": lambda **kw: C.MulticlassF1Score(num_classes=k, average="macro", **kw),
+            "auroc": lambda **kw: C.MulticlassAUROC(num_classes=k, average="macro", **kw),
         }
     elif task == "regression":
         builders = {"mse": R.MeanSquaredError, "mae": R.MeanAbsoluteError}
-    return {name: builders[name]().to(device) for name in names if name in builders}
+    # every rank evaluates the whole split identically (FSDP/TP/PP need all ranks in each forward anyway),
+    # so there is nothing to sync: syncing would only gather duplicates.
+    return {name: builders[name](sync_on_compute=False).to(device) for name in names if name in builders}
 
 
 @torch.no_grad()

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from gputrain.distributed.context import grad_sync
+from gputrain.distributed.grad_norm import grad_norm_and_clip
 from gputrain.precision import Precision
 
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
@@ -28,6 +29,10 @@ class StepParts:
     compute_loss: ComputeLoss
     clip_grad_norm: float | None = None
     clip_grad_value: float | None = None
+    pipeline: Any = None
+    """A `distributed.pp.PipelineRunner` when pipeline parallelism drives forward and backward."""
+    pp_group: Any = None
+    """The pipeline's process group: stages add up their gradient norms over it."""
 
 
 def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: bool) -> torch.Tensor:
@@ -45,7 +50,9 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
     """Returns (mean loss over the micro-batches, grad norm or None) as device tensors."""
     n = len(micro_batches)
     loss_sum: torch.Tensor | None = None
-    for i, batch in enumerate(micro_batches):
+    if parts.pipeline is not None:  # the schedule runs every micro-batch through the stages itself
+        loss_sum = parts.pipeline.step(micro_batches) * n
+    for i, batch in enumerate(micro_batches if parts.pipeline is None else []):
         loss = forward_backward(parts, batch, 1.0 / n, sync_grads=i == n - 1)
         loss_sum = loss if loss_sum is None else loss_sum + loss
     assert loss_sum is not None
@@ -55,10 +62,8 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
         parts.precision.unscale(parts.optimizer)
         if parts.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(params, parts.clip_grad_value)
-        if parts.clip_grad_norm is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, parts.clip_grad_norm)
-        elif measure_grad_norm:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if parts.clip_grad_norm is not None or measure_grad_norm:
+            grad_norm = grad_norm_and_clip(params, parts.clip_grad_norm, parts.pp_group)
     parts.precision.step(parts.optimizer)
     parts.optimizer.zero_grad(set_to_none=True)
     parts.scheduler.step()

@@ -20,10 +20,19 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from gputrain.checkpoint import find_resumable, load_checkpoint, rotate_checkpoints, save_checkpoint
+from gputrain.checkpoint.sharded import (
+    ShardedSaver,
+    is_sharded_checkpoint,
+    load_portable_checkpoint,
+    save_final_weights,
+)
 from gputrain.config import Config, config_to_toml, load_config, resolve_grad_accum
 from gputrain.data.spec import DataSpec
 from gputrain.data.tensors import TensorData
 from gputrain.distributed import DistContext, all_reduce_mean, init_distributed, parallelize
+from gputrain.distributed.context import agree_on_path
+from gputrain.distributed.faults import install_test_fault
+from gputrain.distributed.parallelize import choose_strategy, describe_choice, pp_group, setup_parallel
 from gputrain.env.device import resolve_device
 from gputrain.errors import ConfigError, GputrainError, Interrupted, RunError, UsageError
 from gputrain.observe.console import RunConsole
@@ -72,12 +81,17 @@ class Trainer:
         cfg = self.config
         self.device, device_reason = resolve_device(cfg.train.device)
         self.precision_mode, precision_reason = resolve_precision(cfg.train.precision, self.device)
-        self.dist: DistContext = init_distributed(self.device)
+        self.dist: DistContext = init_distributed(self.device, cfg.parallel.timeout_s)
+        if self.dist.enabled and self.device.type == "cuda":
+            self.device = torch.device("cuda", self.dist.local_rank)  # one GPU per rank
+        self.parallel_choice = choose_strategy(cfg, model, self.dist, self.device, train_data)
+        setup_parallel(self.dist, self.parallel_choice, cfg, self.device)
         setup_logging(self.dist.rank, self.dist.world_size)
         self.grad_accum = resolve_grad_accum(cfg, self.dist.dp_size)
         self.console = RunConsole(cfg.log.progress, enabled=self.dist.is_main)
         self.console.info(f"device: {self.device} ({device_reason}); precision {self.precision_mode} "
                           f"({precision_reason})")
+        self.console.info(describe_choice(self.parallel_choice, self.dist))
         self.model = model.to(self.device)
         self.loss_fn, self.step_fn = loss_fn, step_fn
         self.spec = spec
@@ -88,6 +102,8 @@ class Trainer:
         self.val_data, self.test_data = val_data, test_data
         model_name, data_name = names or (type(model).__name__.lower(), type(train_data).__name__.lower())
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(model_name, data_name)
+        self.run_dir = agree_on_path(self.run_dir, self.dist)  # rank 0's timestamp, for every rank's shards
+        install_test_fault(model, self.dist.rank)  # no-op unless GPUTRAIN_TEST_FAULT is set (tests only)
         self._check_resume_path()
 
         if isinstance(train_data, DataLoader):
@@ -117,14 +133,21 @@ class Trainer:
         elif self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True
         self.precision = Precision(self.precision_mode, self.device)
+        # parallelize before the optimizer: FSDP/TP replace the parameters, PP keeps only this rank's stage
+        par = parallelize(self.model, self.dist, cfg, self.device, self.precision_mode, self.parallel_choice,
+                          self.grad_accum)
+        self.model, self.step_model, self.pipeline = par.model, par.step_model, par.pipeline
+        if self.pipeline is not None:
+            self.pipeline.loss_fn = self._pipeline_loss
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim, self.global_batch, self.device)
         self.scheduler = build_schedule(self.optimizer, cfg.optim, self.total_steps)
-        self.step_model = parallelize(self.model, self.dist, cfg, self.device)
         self.parts = StepParts(model=self.step_model, optimizer=self.optimizer, scheduler=self.scheduler,
                                precision=self.precision, compute_loss=self._compute_loss,
-                               clip_grad_norm=cfg.train.clip_grad_norm, clip_grad_value=cfg.train.clip_grad_value)
+                               clip_grad_norm=cfg.train.clip_grad_norm, clip_grad_value=cfg.train.clip_grad_value,
+                               pipeline=self.pipeline, pp_group=pp_group(self.dist))
         self.state = LoopState()
         self.stop = StopRequest()
+        self.saver = ShardedSaver(self.dist, cfg.checkpoint.async_save)
 
     # ----------------------------------------------------------------- building from a config
     @classmethod
@@ -151,6 +174,14 @@ class Trainer:
         inputs, targets = batch[0], batch[1]
         outputs = model(inputs)
         if self.task is None:
+            self._learn_task(outputs, targets)
+        return self.loss_fn(outputs, targets)  # type: ignore[misc]
+
+    def _pipeline_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Loss of one micro-batch on the last pipeline stage (the schedule runs the forward itself)."""
+        if self.step_fn is not None:
+            raise RunError("step_fn cannot be used with pipeline parallelism: pass loss_fn(outputs, targets)")
+        if self.loss_fn is None:
             self._learn_task(outputs, targets)
         return self.loss_fn(outputs, targets)  # type: ignore[misc]
 
@@ -189,10 +220,13 @@ class Trainer:
         from gputrain.checkpoint import CorruptCheckpoint
 
         try:
-            saved = load_checkpoint(path, self.model)
+            if self.dist.enabled or is_sharded_checkpoint(path):  # any format onto any layout, by name
+                saved = load_portable_checkpoint(path, self.model, self.optimizer)
+            else:
+                saved = load_checkpoint(path, self.model)
+                self.optimizer.load_state_dict(saved["optimizer"])
         except CorruptCheckpoint as err:
             raise RunError(f"cannot resume: {err}") from None
-        self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
         self.precision.load_state_dict(saved["precision"])
         self.state = LoopState.from_dict(saved["loop"])
@@ -204,14 +238,19 @@ class Trainer:
                 self.loss_fn = default_loss(self.task)
 
     def _save(self) -> Path | None:
-        if not self.config.checkpoint.enabled or not self.dist.is_main:
+        if not self.config.checkpoint.enabled or not (self.dist.is_main or self.dist.enabled):
             return None
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+        state = {"scheduler": self.scheduler.state_dict(),
                  "precision": self.precision.state_dict(), "loop": self.state.to_dict(), "rng": capture_rng(),
                  "task": self.task, "num_classes": self.num_classes}
         root = self.run_dir / "checkpoints"
-        path = save_checkpoint(root, self.state.global_step, self.model, state)
         keep = {self.state.best_step} if self.config.checkpoint.keep_best and self.state.best_step else set()
+        if self.dist.enabled:  # every rank writes its shards; rank 0 commits and rotates
+            return self.saver.save(root, self.state.global_step, self.model, self.optimizer, state,
+                                   on_commit=lambda: rotate_checkpoints(root, self.config.checkpoint.keep_last, keep))
+        state["optimizer"] = self.optimizer.state_dict()
+        state["param_names"] = [name for name, _ in self.model.named_parameters()]  # lets a multi-rank job resume it
+        path = save_checkpoint(root, self.state.global_step, self.model, state)
         rotate_checkpoints(root, self.config.checkpoint.keep_last, keep)
         return path
 
@@ -265,8 +304,9 @@ class Trainer:
         except Exception as exc:  # a crash inside the user's model or data: keep the evidence
             error = f"step {self.state.global_step + 1}" + (f" (rank {self.dist.rank})" if self.dist.enabled
                                                               else "") + f": {type(exc).__name__}: {exc}"
-            if self.dist.is_main:
-                write_text(self.run_dir / "error.log", traceback.format_exc())
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            log_name = "error.log" if self.dist.is_main else f"error-rank{self.dist.rank}.log"
+            write_text(self.run_dir / log_name, traceback.format_exc())
             status = "failed"
         finally:
             self.console.stop()
@@ -277,15 +317,14 @@ class Trainer:
             self._log_eval(sinks, "test", test)
         sinks.close()
         summary = build_summary(self, status, time.perf_counter() - started, test)
+        if status != "failed":  # collective when the weights are sharded; rank 0 writes
+            self.saver.wait()
+            save_final_weights(self.run_dir / "model.safetensors", self.model, self.dist, self.pipeline is not None)
         if self.dist.is_main:
             write_json(self.run_dir / "summary.json", summary)
-            if status != "failed":
-                from safetensors.torch import save_model
-
-                save_model(self.model, str(self.run_dir / "model.safetensors"))
             self.console.final_table(summary, str(self.run_dir))
         if error is not None:
-            raise RunError(f"training failed at {error} (traceback in {self.run_dir / 'error.log'})")
+            raise RunError(f"training failed at {error} (traceback in {self.run_dir / log_name})")
         return summary
 
     def _open_run_dir(self, resumed: bool) -> Sinks:
@@ -369,6 +408,7 @@ class Trainer:
 
     def _step_record(self, loss: torch.Tensor, grad_norm: torch.Tensor | None, samples_per_s: float) -> dict[str, Any]:
         loss_value = all_reduce_mean(loss.float(), self.dist).item()
+        self.last_loss = torch.tensor(loss_value)  # the summary reports the global mean, not rank 0's share
         record: dict[str, Any] = {
             "step": self.state.global_step, "epoch": self.state.epoch, "loss": loss_value,
             "lr": self.optimizer.param_groups[0]["lr"],

@@ -1,0 +1,179 @@
+"""parallel.strategy=auto: pick the cheapest layout whose estimated memory per rank fits the device.
+
+Estimate per rank (bytes): weights (fp32 master copy), gradients (fp32), optimizer state (by
+optimizer: Adam-family 2 fp32 tensors per parameter, SGD with momentum 1, ...), and activations
+saved for the backward pass at the micro-batch, measured by a forward pass on the meta device
+(no memory, no compute). Candidates, cheapest first: one device; DDP (every rank holds a
+replica); FSDP (weights, gradients and optimizer state divided by the ranks); then FSDP (or one
+device) with selective, then full, activation checkpointing. The first that fits within 85% of
+the device's memory wins (the rest is the CUDA context, the allocator's slack, temporaries).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from gputrain.distributed.blocks import find_blocks
+
+if TYPE_CHECKING:
+    from gputrain.config.schema import Config
+    from gputrain.distributed.parallelize import StrategyChoice
+
+USABLE_FRACTION = 0.85
+# Share of the activations still held with checkpointing: selective keeps the matmul outputs (about
+# half of a transformer block's saved bytes); full keeps only each block's input.
+_AC_KEEP = {"none": 1.0, "selective": 0.5, "full": 0.15}
+_OPTIM_STATES = {"adam": 2, "adamw": 2, "nadam": 2, "adamax": 2, "adadelta": 2, "adagrad": 1, "rmsprop": 1,
+                 "sgd": 0}
+GIB = 1024**3
+
+
+def optimizer_states_per_param(name: str, momentum: float = 0.0) -> int:
+    """fp32 tensors of optimizer state per parameter."""
+    extra = 1 if name in ("sgd", "rmsprop") and momentum > 0 else 0
+    return _OPTIM_STATES.get(name, 2) + extra
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    num_params: int
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    """Saved for backward at one micro-batch, on one rank, without checkpointing."""
+    micro_batch: int
+
+    @property
+    def state_bytes(self) -> int:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+    def per_rank(self, strategy: str, world_size: int, ac: str = "none") -> float:
+        states = self.state_bytes / world_size if strategy == "fsdp" else self.state_bytes
+        return states + self.activation_bytes * _AC_KEEP[ac]
+
+
+def activation_bytes(model: nn.Module, sample: torch.Tensor, micro_batch: int) -> int:
+    """Bytes the forward pass saves for backward at `micro_batch`, measured on the meta device.
+
+    The model's parameters are swapped for meta tensors with `functional_call`, so nothing is
+    copied or computed; parameters saved by matmuls are not counted (they are the weights)."""
+    meta = {name: torch.empty_like(t, device="meta", requires_grad=t.requires_grad)
+            for name, t in [*model.named_parameters(), *model.named_buffers()]}
+    param_ids = {id(t) for t in meta.values()}
+    seen: set[int] = set()
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        base = t._base if t._base is not None else t
+        if id(t) not in seen and id(base) not in param_ids:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+        return t
+
+    batch = torch.empty((micro_batch, *sample.shape), dtype=sample.dtype, device="meta")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        torch.func.functional_call(model, meta, (batch,))
+    return total
+
+
+def estimate_memory(model: nn.Module, sample: torch.Tensor | None, micro_batch: int, optimizer: str,
+                    momentum: float = 0.0, precision: str = "fp32") -> MemoryEstimate:
+    """Weights, gradients, optimizer state and activations of `model` at `micro_batch` samples."""
+    n = sum(p.numel() for p in model.parameters())
+    acts = activation_bytes(model, sample, micro_batch) if sample is not None else 0
+    if precision in ("bf16", "fp16"):
+        acts //= 2  # autocast saves most activations in half precision
+    return MemoryEstimate(num_params=n, weights_bytes=4 * n, grads_bytes=4 * n,
+                          optimizer_bytes=4 * n * optimizer_states_per_param(optimizer, momentum),
+                          activation_bytes=acts, micro_batch=micro_batch)
+
+
+def decide(est: MemoryEstimate, world_size: int, device_bytes: int) -> tuple[str, str, bool]:
+    """(strategy, activation_checkpointing, fits) — the first candidate within the usable memory."""
+    budget = device_bytes * USABLE_FRACTION
+    if world_size == 1:
+        candidates = [("none", "none"), ("none", "selective"), ("none", "full")]
+    else:
+        candidates = [("ddp", "none"), ("fsdp", "none"), ("fsdp", "selective"), ("fsdp", "full")]
+    for strategy, ac in candidates:
+        if est.per_rank(strategy, world_size, ac) <= budget:
+            return strategy, ac, True
+    return (*candidates[-1], False)
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def explain(est: MemoryEstimate, world_size: int, device_bytes: int, strategy: str, ac: str, fits: bool,
+            optimizer: str) -> str:
+    """The numbers behind the choice, in one line."""
+    gib = format_bytes
+    shard = f" (÷{world_size} sharded)" if strategy == "fsdp" else ""
+    line = (f"auto: {format_count(est.num_params)} parameters; per rank: weights {gib(est.weights_bytes)}, gradients "
+            f"{gib(est.grads_bytes)}, {optimizer} state {gib(est.optimizer_bytes)}{shard}, activations "
+            f"{gib(est.activation_bytes * _AC_KEEP[ac])} at micro-batch {est.micro_batch}"
+            f"{f' with {ac} checkpointing' if ac != 'none' else ''} = "
+            f"{gib(est.per_rank(strategy, world_size, ac))} of {gib(device_bytes * USABLE_FRACTION)} usable "
+            f"({gib(device_bytes)} device)")
+    if strategy == "fsdp" and fits:
+        line += f"; a DDP replica would need {gib(est.per_rank('ddp', world_size))}"
+    if not fits:
+        line += ("; DOES NOT FIT even so: use more ranks, a smaller train.micro_batch_size, "
+                 "parallel.cpu_offload=true or train.precision=bf16")
+    return line
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """Memory one rank can use: the GPU's, or on CPU the RAM shared by this node's ranks."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return ram // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def example_input(data: Any) -> torch.Tensor | None:
+    """One sample's input from a Dataset or DataLoader (shape and dtype only matter), or None."""
+    try:
+        if isinstance(data, torch.utils.data.DataLoader):
+            data = data.dataset
+        sample = data[0]
+        x = sample[0] if isinstance(sample, (list, tuple)) else sample
+        return x if isinstance(x, torch.Tensor) else None
+    except Exception:  # noqa: BLE001 — an unusual dataset: estimate without activations
+        return None
+
+
+def choose_auto(config: Config, model: nn.Module, world_size: int, device: torch.device,
+                sample: torch.Tensor | None) -> StrategyChoice:
+    """Resolve parallel.strategy=auto for this model, job and device."""
+    from gputrain.distributed.parallelize import StrategyChoice
+
+    per_rank_batch = max(1, config.train.batch_size // world_size)
+    accum = config.train.grad_accum if isinstance(config.train.grad_accum, int) else 1
+    micro = config.train.micro_batch_size or max(1, per_rank_batch // accum)
+    precision = config.train.precision if config.train.precision != "auto" else (
+        "bf16" if device.type == "cuda" else "fp32")
+    est = estimate_memory(model, sample, micro, config.optim.name, config.optim.momentum, precision)
+    device_bytes = device_memory_bytes(device)
+    strategy, ac, fits = decide(est, world_size, device_bytes)
+    if config.parallel.activation_checkpointing != "none":  # an explicit setting wins
+        ac = config.parallel.activation_checkpointing
+    return StrategyChoice(strategy, ac, explain(est, world_size, device_bytes, strategy, ac, fits, config.optim.name))

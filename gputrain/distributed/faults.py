@@ -1,0 +1,44 @@
+"""A test-only fault: make one rank die or raise at a chosen forward pass, to test failure handling.
+
+Off unless GPUTRAIN_TEST_FAULT is set, and then only a forward pre-hook is added (nothing in the
+step itself). Format: "rank=1,forward=5,action=exit|raise[,once=/path/marker]". `exit` ends the
+process at once (as a kill would); `raise` raises an exception inside the forward. With `once`,
+the fault fires only while the marker file does not exist (it is created first), so a restarted
+job runs through.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torch import nn
+
+ENV = "GPUTRAIN_TEST_FAULT"
+
+
+def install_test_fault(model: nn.Module, rank: int) -> None:
+    spec = os.environ.get(ENV)
+    if not spec:
+        return
+    fields = dict(item.split("=", 1) for item in spec.split(","))
+    if int(fields["rank"]) != rank:
+        return
+    at, action, once = int(fields["forward"]), fields.get("action", "exit"), fields.get("once")
+    calls = 0
+
+    def hook(module: nn.Module, args: object) -> None:
+        nonlocal calls
+        calls += 1
+        if calls != at or not module.training:
+            return
+        if once is not None:
+            marker = Path(once)
+            if marker.exists():
+                return
+            marker.touch()
+        if action == "exit":
+            os._exit(17)
+        raise RuntimeError(f"test fault injected at forward {at}")
+
+    model.register_forward_pre_hook(hook)

@@ -1,0 +1,32 @@
+"""The global gradient norm whatever the parallelism: sharded (DTensor) gradients are reduced over
+their mesh, and pipeline stages add their squared norms so every stage clips by the same value."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+
+def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float | None,
+                       pp_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """L2 norm of all gradients (a device tensor, no host sync); clip to `max_norm` when given."""
+    with_grad = [p for p in params if p.grad is not None]
+    # sharded (DTensor) and plain gradients cannot meet in one kernel: norm each kind, then combine
+    sharded = [p for p in with_grad if isinstance(p.grad, DTensor)]
+    plain = [p for p in with_grad if not isinstance(p.grad, DTensor)]
+    norms = []
+    if sharded:  # FSDP/TP: each rank holds a partial norm of its shards
+        norms.append(torch.nn.utils.get_total_norm([p.grad for p in sharded]).full_tensor())
+    if plain or not sharded:
+        norms.append(torch.nn.utils.get_total_norm([p.grad for p in plain]))
+    norm = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
+    if pp_group is not None:  # each stage only sees its own layers' gradients
+        squared = norm ** 2
+        dist.all_reduce(squared, group=pp_group)
+        norm = squared.sqrt()
+    if max_norm is not None:
+        for group in (sharded, plain):
+            if group:
+                torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
+    return norm

@@ -1,0 +1,72 @@
+"""`gputrain train --nproc-per-node N ...`: start torchrun ourselves, with `-m gputrain train ...`.
+
+The launcher process only validates the config (bad input fails here, before any rank starts),
+fixes the run directory (every rank, and every restart, must use the same one so that
+checkpoint.resume=auto finds the checkpoints), and hands the rest to torchrun's agent, which
+restarts all ranks up to --max-restarts times when one fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from gputrain.errors import RunError, UsageError
+
+@dataclass(slots=True)
+class LaunchOptions:
+    nproc_per_node: int
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    max_restarts: int = 0
+
+    def check(self) -> None:
+        if self.nproc_per_node < 1:
+            raise UsageError(f"--nproc-per-node must be >= 1, not {self.nproc_per_node}")
+        if self.nnodes < 1:
+            raise UsageError(f"--nnodes must be >= 1, not {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise UsageError(f"--node-rank must be in 0..{self.nnodes - 1}, not {self.node_rank}")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise UsageError("--nnodes > 1 needs --rdzv-endpoint host:port (the same on every node: node 0's "
+                             "address and a free port)")
+        if self.rdzv_endpoint and ":" not in self.rdzv_endpoint:
+            raise UsageError(f"--rdzv-endpoint must be host:port, not {self.rdzv_endpoint!r}")
+        if self.max_restarts < 0:
+            raise UsageError(f"--max-restarts must be >= 0, not {self.max_restarts}")
+
+
+def torchrun_args(opts: LaunchOptions, child_argv: list[str]) -> list[str]:
+    """Arguments for torch.distributed.run: the launch topology, then `-m gputrain <child_argv>`."""
+    args = [f"--nproc-per-node={opts.nproc_per_node}", f"--max-restarts={opts.max_restarts}"]
+    if opts.nnodes == 1 and not opts.rdzv_endpoint:
+        args.append("--standalone")  # a free local port, no endpoint to agree on
+    else:
+        args += [f"--nnodes={opts.nnodes}", f"--node-rank={opts.node_rank}", "--rdzv-backend=c10d",
+                 f"--rdzv-endpoint={opts.rdzv_endpoint}"]
+    return [*args, "-m", "gputrain", *child_argv]
+
+
+def launch(opts: LaunchOptions, child_argv: list[str]) -> int:
+    """Run torchrun's agent in this process; return 0, or raise RunError naming the failed rank(s)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    opts.check()
+    # CPU threads per rank: share the cores (torchrun would set 1 and print a warning banner)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // opts.nproc_per_node)))
+    args = get_args_parser().parse_args(torchrun_args(opts, child_argv))
+    try:
+        run(args)
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        others = sorted(r for r in err.failures if r != rank)
+        code = failure.exitcode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        tail = f"; ranks {others} stopped too" if others else ""
+        retries = f" after {opts.max_restarts} restart(s)" if opts.max_restarts else ""
+        raise RunError(f"rank {rank} failed first: it {how}{retries}{tail} (its message is above)") from None
+    sys.stdout.flush()
+    return 0

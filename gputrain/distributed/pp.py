@@ -1,0 +1,186 @@
+"""Pipeline parallelism with torch.distributed.pipelining: the model is cut into stages by layers,
+each pp rank holds its stage(s), and a schedule (gpipe, 1f1b, interleaved_1f1b) streams the
+micro-batches of one optimizer step through them. The micro-batches are the accumulation:
+`train.grad_accum` of them per step, so the optimisation is the same as without pipelining.
+
+Models: an nn.Sequential (mlp, cnn), cut between its parameter-holding layers. Each rank keeps a
+copy of the model in which the layers it does not own are replaced by nn.Identity: parameter
+names stay those of the whole model, so checkpoints move between pipelined and other layouts.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from gputrain.config.schema import Config
+from gputrain.errors import ConfigError
+
+_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+
+
+def layer_units(model: nn.Sequential) -> list[list[int]]:
+    """Child indices grouped into units a stage boundary may not cut: each parameter-holding layer
+    with the parameter-free layers after it (activations, dropout); leading ones join the first."""
+    units: list[list[int]] = []
+    pending: list[int] = []
+    for i, child in enumerate(model):
+        if any(True for _ in child.parameters()):
+            units.append(pending + [i])
+            pending = []
+        elif units:
+            units[-1].append(i)
+        else:
+            pending.append(i)
+    if pending and units:
+        units[-1].extend(pending)
+    return units
+
+
+def split_units(num_units: int, num_stages: int) -> list[range]:
+    """Contiguous, balanced ranges of units per stage (earlier stages take the remainder)."""
+    base, extra = divmod(num_units, num_stages)
+    bounds, start = [], 0
+    for s in range(num_stages):
+        size = base + (1 if s < extra else 0)
+        bounds.append(range(start, start + size))
+        start += size
+    return bounds
+
+
+class PipelineRunner:
+    """This rank's stage modules and the schedule that drives them for one optimizer step."""
+
+    def __init__(self, holder: nn.Module, chunks: list[nn.Module], stage_ids: list[int], num_stages: int,
+                 mesh: DeviceMesh, schedule: str, n_microbatches: int, device: torch.device) -> None:
+        self.holder = holder
+        self.chunks = chunks
+        """This rank's stage modules, in stage order (parallelize wraps them for TP/AC/compile/DP)."""
+        self.stage_ids = stage_ids
+        self.num_stages = num_stages
+        self.group = mesh.get_group()
+        self.pp_rank = mesh.get_local_rank()
+        self.pp_size = mesh.size()
+        self.schedule_name = schedule
+        self.n_microbatches = n_microbatches
+        self.device = device
+        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        """Set by the trainer: loss of one micro-batch's outputs against its targets (last stage)."""
+        self._schedule: Any = None
+
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def has_last(self) -> bool:
+        return self.num_stages - 1 in self.stage_ids
+
+    def bind(self, chunks: list[nn.Module]) -> None:
+        """Build the stages over the final (wrapped) chunks, and the schedule."""
+        self.chunks = chunks
+        stages = [PipelineStage(chunk, sid, self.num_stages, self.device, group=self.group)
+                  for chunk, sid in zip(chunks, self.stage_ids)]
+        cls = _SCHEDULES[self.schedule_name]
+        loss = lambda out, tgt: self.loss_fn(out, tgt)  # noqa: E731 — the trainer sets loss_fn later
+        if self.schedule_name == "interleaved_1f1b":
+            self._schedule = cls(stages, n_microbatches=self.n_microbatches, loss_fn=loss, scale_grads=True)
+        else:
+            self._schedule = cls(stages[0], n_microbatches=self.n_microbatches, loss_fn=loss, scale_grads=True)
+
+    def _last_rank(self) -> int:
+        return dist.get_global_rank(self.group, (self.num_stages - 1) % self.pp_size)
+
+    def step(self, micro_batches: list[Any]) -> torch.Tensor:
+        """Forward and backward all micro-batches; returns the mean loss (the same on every pp rank)."""
+        inputs = torch.cat([b[0] for b in micro_batches])
+        targets = torch.cat([b[1] for b in micro_batches])
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.has_first else ()
+        if self.has_last:
+            self._schedule.step(*args, target=targets, losses=losses)
+            loss = torch.stack([x.detach().float() for x in losses]).mean()
+        else:
+            self._schedule.step(*args)
+            loss = torch.zeros((), device=self.device)
+        # the loss exists on the last stage only; share it so logging and summaries see it everywhere
+        dist.broadcast(loss, src=self._last_rank(), group=self.group)
+        return loss
+
+    @torch.no_grad()
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Evaluation forward of any batch size, by plain point-to-point sends (the training schedule's
+        buffers are sized for the training micro-batch). Returns the outputs on every pp rank."""
+        x = inputs
+        for sid in range(self.num_stages):
+            owner = sid % self.pp_size
+            if owner == self.pp_rank:
+                x = self.chunks[self.stage_ids.index(sid)](x)
+            x = self._broadcast_tensor(x if owner == self.pp_rank else None, owner)
+        return x
+
+    def _broadcast_tensor(self, value: torch.Tensor | None, owner: int) -> torch.Tensor:
+        src = dist.get_global_rank(self.group, owner)
+        meta = [None if value is None else (tuple(value.shape), value.dtype)]
+        dist.broadcast_object_list(meta, src=src, group=self.group)
+        shape, dtype = meta[0]  # type: ignore[misc]
+        out = value.contiguous() if value is not None else torch.empty(shape, dtype=dtype, device=self.device)
+        dist.broadcast(out, src=src, group=self.group)
+        return out
+
+
+class PipelineForward(nn.Module):
+    """Makes the pipeline callable like a model, for evaluation."""
+
+    def __init__(self, runner: PipelineRunner) -> None:
+        super().__init__()
+        self.runner = runner
+        self.holder = runner.holder
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.runner.forward(inputs)
+
+
+def apply_pp(model: nn.Module, mesh: DeviceMesh, config: Config, device: torch.device,
+             n_microbatches: int) -> tuple[nn.Module, PipelineRunner]:
+    """Cut `model` into stages; return this rank's holder module (parameters, state dict) and runner.
+
+    Raises:
+        ConfigError: the model cannot be cut (not a Sequential, too few layers) or the schedule needs
+            more micro-batches.
+    """
+    pp, schedule = mesh.size(), config.parallel.pp_schedule
+    if not isinstance(model, nn.Sequential):
+        raise ConfigError("parallel.pp", f"pipeline parallelism cuts nn.Sequential models (mlp, cnn) between "
+                          f"layers; {type(model).__name__} is not one", pp,
+                          hint="use parallel.strategy=fsdp or tp for this model")
+    virtual = 2 if schedule == "interleaved_1f1b" else 1
+    num_stages = pp * virtual
+    units = layer_units(model)
+    if len(units) < num_stages:
+        raise ConfigError("parallel.pp", f"the model has {len(units)} layers with parameters, fewer than the "
+                          f"{num_stages} pipeline stages ({pp} ranks × {virtual} with {schedule})", pp)
+    if schedule != "gpipe" and n_microbatches < pp:
+        raise ConfigError("train.grad_accum", f"the {schedule} schedule needs at least parallel.pp={pp} "
+                          f"micro-batches per step", n_microbatches, hint=f"set train.grad_accum={pp} or more")
+    if schedule == "interleaved_1f1b" and n_microbatches % pp:
+        raise ConfigError("train.grad_accum", f"interleaved_1f1b needs a multiple of parallel.pp={pp} "
+                          f"micro-batches per step", n_microbatches)
+    holder = copy.deepcopy(model)
+    ranges = split_units(len(units), num_stages)
+    pp_rank = mesh.get_local_rank()
+    stage_ids = [s for s in range(num_stages) if s % pp == pp_rank]  # interleaved: stages r, r+pp, ...
+    owned = {i for s in stage_ids for u in ranges[s] for i in units[u]}
+    for i in range(len(holder)):
+        if i not in owned:
+            holder[i] = nn.Identity()  # keeps the numbering, hence the parameter names
+    chunks: list[nn.Module] = [nn.Sequential(*(holder[i] for u in ranges[s] for i in units[u])) for s in stage_ids]
+    runner = PipelineRunner(holder, chunks, stage_ids, num_stages, mesh, schedule, n_microbatches, device)
+    return holder, runner
