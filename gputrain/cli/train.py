@@ -50,4 +50,6 @@ def _launch(args: argparse.Namespace, config: object) -> int:
     child = ["train", *(["--config", args.config] if args.config else []), "--run-dir", run_dir, *args.overrides]
     opts = LaunchOptions(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
                          rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts)
-    return launch(opts, child)
+    from pathlib import Path
+
+    return launch(opts, child, Path(run_dir))

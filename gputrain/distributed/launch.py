@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from gputrain.errors import RunError, UsageError
 
@@ -49,7 +51,22 @@ def torchrun_args(opts: LaunchOptions, child_argv: list[str]) -> list[str]:
     return [*args, "-m", "gputrain", *child_argv]
 
 
-def launch(opts: LaunchOptions, child_argv: list[str]) -> int:
+def first_failed_rank(run_dir: Path | None, since: float) -> int | None:
+    """The rank whose error log appeared first in this launch. A rank that raises writes its log
+    before its connections close, so a peer that fails because of it always writes later; exit
+    order is no guide (the first to raise spends time writing, its peers exit at once)."""
+    if run_dir is None or not run_dir.is_dir():
+        return None
+    found = []
+    for path in run_dir.glob("error*.log"):
+        stem = path.stem.removeprefix("error").removeprefix("-rank")
+        rank = 0 if stem == "" else int(stem) if stem.isdigit() else None
+        if rank is not None and path.stat().st_mtime >= since:
+            found.append((path.stat().st_mtime_ns, rank))
+    return min(found)[1] if found else None
+
+
+def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = None) -> int:
     """Run torchrun's agent in this process; return 0, or raise RunError naming the failed rank(s)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -58,10 +75,14 @@ def launch(opts: LaunchOptions, child_argv: list[str]) -> int:
     # CPU threads per rank: share the cores (torchrun would set 1 and print a warning banner)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // opts.nproc_per_node)))
     args = get_args_parser().parse_args(torchrun_args(opts, child_argv))
+    started = time.time() - 1.0  # file-system timestamps may be coarse
     try:
         run(args)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
+        logged = first_failed_rank(run_dir, started)
+        if logged is not None and logged in err.failures:
+            rank, failure = logged, err.failures[logged]
         others = sorted(r for r in err.failures if r != rank)
         code = failure.exitcode
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
