@@ -241,9 +241,12 @@ class LogConfig:
     """Also write TensorBoard event files into the run directory."""
     progress: Literal["auto", "bar", "plain", "none"] = "auto"
     """auto: a progress bar in a terminal, plain lines otherwise."""
+    breakdown_every: int = 25
+    """Time every N-th step's parts (data, copy, forward+backward, optimizer, comm) with device events; 0: off."""
 
     def __post_init__(self) -> None:
         _positive("log", "every_steps", self.every_steps)
+        _positive("log", "breakdown_every", self.breakdown_every, allow_zero=True)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gputrain.data.tensors import TensorData
+from gputrain.observe.breakdown import StepTimer
 from gputrain.train.batches import BatchPlan, PlanBatchSampler
 
 # In-memory data up to this size lives on the GPU for the whole run.
@@ -49,6 +50,7 @@ class BatchFeed:
                  num_workers: int | str = "auto") -> None:
         self.device = device
         self.plan = plan
+        self.timer = StepTimer(device, every=0)  # the trainer puts its sampling timer here
         self.loader: DataLoader | None = None
         self.tensors: TensorData | None = None
         if isinstance(data, DataLoader):
@@ -84,7 +86,11 @@ class BatchFeed:
         if self.tensors is not None:
             assert self.plan is not None
             for step in self.plan.micro_batches(epoch, start_step):
-                yield [to_device(self.tensors.batch(idx.to(self.tensors.inputs.device)), self.device) for idx in step]
+                host = [self.tensors.batch(idx.to(self.tensors.inputs.device)) for idx in step]
+                self.timer.mark("data")
+                moved = [to_device(b, self.device) for b in host]
+                self.timer.mark("h2d")
+                yield moved
             return
         assert self.loader is not None
         if self.plan is not None:
@@ -100,7 +106,10 @@ class BatchFeed:
             group = list(itertools.islice(batches, self.grad_accum if self.plan is None else self.plan.grad_accum))
             if not group:
                 return
-            yield [to_device(b, self.device) for b in group]
+            self.timer.mark("data")
+            moved = [to_device(b, self.device) for b in group]
+            self.timer.mark("h2d")
+            yield moved
 
 
 def eval_batches(data: Dataset | DataLoader, batch_size: int, device: torch.device) -> Iterator[Any]:

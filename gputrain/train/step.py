@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from gputrain.distributed.context import grad_sync
+from gputrain.observe.breakdown import StepTimer
 from gputrain.precision import Precision
 
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
@@ -28,6 +29,8 @@ class StepParts:
     compute_loss: ComputeLoss
     clip_grad_norm: float | None = None
     clip_grad_value: float | None = None
+    timer: StepTimer | None = None
+    """Marks the step's parts on sampled steps (a no-op call on the others)."""
 
 
 def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: bool) -> torch.Tensor:
@@ -49,6 +52,8 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
         loss = forward_backward(parts, batch, 1.0 / n, sync_grads=i == n - 1)
         loss_sum = loss if loss_sum is None else loss_sum + loss
     assert loss_sum is not None
+    if parts.timer is not None:
+        parts.timer.mark("forward_backward")
     grad_norm = None
     params = [p for p in parts.model.parameters() if p.grad is not None]
     if parts.clip_grad_norm is not None or parts.clip_grad_value is not None or measure_grad_norm:
@@ -62,4 +67,6 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
     parts.precision.step(parts.optimizer)
     parts.optimizer.zero_grad(set_to_none=True)
     parts.scheduler.step()
+    if parts.timer is not None:
+        parts.timer.mark("optimizer")
     return loss_sum / n, grad_norm
