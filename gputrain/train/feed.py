@@ -85,11 +85,15 @@ class BatchFeed:
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[list[Any]]:
         if self.tensors is not None:
             assert self.plan is not None
+            tensors, timer = self.tensors, self.timer
+            # data already on the training device (CPU runs, small data on the GPU) needs no copy
+            resident = tensors.inputs.device == self.device and tensors.targets.device == self.device
+            index_device = tensors.inputs.device
             for step in self.plan.micro_batches(epoch, start_step):
-                host = [self.tensors.batch(idx.to(self.tensors.inputs.device)) for idx in step]
-                self.timer.mark("data")
-                moved = [to_device(b, self.device) for b in host]
-                self.timer.mark("h2d")
+                host = [tensors.batch(idx if index_device.type == "cpu" else idx.to(index_device)) for idx in step]
+                timer.mark("data")
+                moved = host if resident else [to_device(b, self.device) for b in host]
+                timer.mark("h2d")
                 yield moved
             return
         assert self.loader is not None

@@ -55,8 +55,8 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
     if parts.timer is not None:
         parts.timer.mark("forward_backward")
     grad_norm = None
-    params = [p for p in parts.model.parameters() if p.grad is not None]
     if parts.clip_grad_norm is not None or parts.clip_grad_value is not None or measure_grad_norm:
+        params = [p for p in parts.model.parameters() if p.grad is not None]
         parts.precision.unscale(parts.optimizer)
         if parts.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(params, parts.clip_grad_value)
@@ -69,4 +69,4 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
     parts.scheduler.step()
     if parts.timer is not None:
         parts.timer.mark("optimizer")
-    return loss_sum / n, grad_norm
+    return (loss_sum if n == 1 else loss_sum / n), grad_norm
