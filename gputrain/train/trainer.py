@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from gputrain.checkpoint import find_resumable, load_checkpoint, rotate_checkpoints, save_checkpoint
 from gputrain.config import Config, config_to_toml, load_config, resolve_grad_accum
+from gputrain.data.augment import apply_channels_last, build_batch_transform
 from gputrain.data.spec import DataSpec
 from gputrain.data.tensors import TensorData
 from gputrain.distributed import DistContext, all_reduce_mean, init_distributed, parallelize
@@ -80,6 +81,7 @@ class Trainer:
         self.console.info(f"device: {self.device} ({device_reason}); precision {self.precision_mode} "
                           f"({precision_reason})")
         self.model = model.to(self.device)
+        channels_last = apply_channels_last(self.model, self.device)  # conv nets on CUDA
         self.loss_fn, self.step_fn = loss_fn, step_fn
         self.spec = spec
         self.task = spec.task if spec is not None else None
@@ -102,6 +104,9 @@ class Trainer:
                                   cfg.train.batch_size)
         self.feed = BatchFeed(train_data, self.plan, self.device, cfg.data.num_workers)
         self.feed.grad_accum = self.grad_accum
+        self.feed.transform = build_batch_transform(cfg.data.augment, channels_last)
+        if cfg.train.cuda_graphs and self.device.type != "cuda":
+            self.console.info(f"train.cuda_graphs: ignored on {self.device.type} (CUDA graphs need a CUDA device)")
         if self.feed.steps_per_epoch == 0:
             raise ConfigError("train.grad_accum", "the DataLoader has fewer batches than one accumulation",
                               self.grad_accum)
