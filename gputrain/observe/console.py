@@ -43,7 +43,7 @@ def speed_rows(train: dict[str, Any]) -> list[tuple[str, str]]:
     if split:
         short = {"forward_backward": "fwd+bwd", "optimizer": "optim"}
         rows.append(("time split", " ".join(f"{short.get(k, k)} {100 * v:.0f}%" for k, v in split.items()
-                                            if v >= 0.005)))
+                                            if v is not None and v >= 0.005)))
     if train.get("peak_memory_bytes"):
         rows.append(("peak memory", _si(train["peak_memory_bytes"], "B")))
     return rows

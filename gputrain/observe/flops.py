@@ -6,8 +6,9 @@ addmm, convolutions, attention); element-wise ops and the optimizer are not coun
 usual convention for MFU. A model whose ops torch cannot count just gets a lower figure.
 
 For GPT-like models the analytic count of torchtitan (6·N + 12·L·H·Q·T per token) is given
-beside it. A model is GPT-like when it (or its `config`/`cfg` attribute) has the attributes
-`n_layer`, `n_head`, `d_model` and `seq_len`.
+beside it. A model is GPT-like when it (or its `config`, `cfg` or `shape` attribute) has the
+integer attributes `n_layer`, `n_head`, `d_model` and `seq_len` (gputrain's own GPT keeps them
+in `model.shape`).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class GptDims:
 
 
 def _attr(model: nn.Module, name: str) -> int | None:
-    for holder in (model, getattr(model, "config", None), getattr(model, "cfg", None)):
+    for holder in (model, *(getattr(model, name, None) for name in ("config", "cfg", "shape"))):
         value = getattr(holder, name, None) if holder is not None else None
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -91,7 +92,7 @@ def gpt_dims(model: nn.Module, seq_len: int | None = None) -> GptDims | None:
 
     Args:
         model: the unwrapped model; read are `n_layer`, `n_head`, `d_model` and `seq_len` on it or
-            on its `config` / `cfg` attribute.
+            on its `config` / `cfg` / `shape` attribute.
         seq_len: tokens per training sample, when the data says so (else the model's `seq_len`).
     """
     n_layer, n_head, d_model = _attr(model, "n_layer"), _attr(model, "n_head"), _attr(model, "d_model")

@@ -93,12 +93,17 @@ class SpeedMeter:
             fields[f"{prefix}mfu_formula"] = formula_rate / peak if peak else None
         return fields
 
+    def _breakdown(self, values: dict[str, float] | None) -> dict[str, float | None] | None:
+        if values is None or self.world_size == 1:
+            return values  # type: ignore[return-value]
+        return {**values, "comm": None}  # inside forward_backward under DDP, not measured apart
+
     def record_fields(self, steps: int, seconds: float) -> dict[str, Any]:
         """Speed figures for a metrics.jsonl row covering `steps` steps in `seconds`."""
         fields: dict[str, Any] = {"step_time_s": seconds / steps if steps else None}
         fields.update(self._rates(steps, seconds))
         fields["peak_memory_bytes"] = device_peak_memory_bytes(self.device)
-        fractions = self.timer.fractions()
+        fractions = self._breakdown(self.timer.fractions())
         if fractions is not None:
             fields.update({f"time_{c}": fractions[c] for c in CATEGORIES})
         return fields
@@ -115,7 +120,7 @@ class SpeedMeter:
             "flops_per_step_formula": self.formula_flops_per_step,
             "mfu_formula": rates.get("mfu_formula"),
             "host_peak_rss_bytes": host_peak_rss_bytes(),
-            "time_breakdown": self.timer.fractions(),
-            "time_breakdown_s": self.timer.mean_seconds(),
+            "time_breakdown": self._breakdown(self.timer.fractions()),
+            "time_breakdown_s": self._breakdown(self.timer.mean_seconds()),
             "time_breakdown_steps": self.timer.sampled_steps,
         }
