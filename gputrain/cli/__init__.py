@@ -27,30 +27,39 @@ def register_subcommand(name: str, module: str, help_text: str) -> None:
     SUBCOMMANDS[name] = (module, help_text)
 
 
-def _build_parser(name: str | None) -> argparse.ArgumentParser:
+def _top_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gputrain",
         description="Train neural networks fast on GPUs: doctor → bench → train → profile → report.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for cmd, (module_name, help_text) in SUBCOMMANDS.items():
-        cmd_parser = sub.add_parser(cmd, help=help_text, description=help_text,
-                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-        if cmd == name:  # only the chosen subcommand's module is imported
-            importlib.import_module(module_name).add_arguments(cmd_parser)
+    for cmd, (_, help_text) in SUBCOMMANDS.items():
+        sub.add_parser(cmd, help=help_text)
+    return parser
+
+
+def _command_parser(name: str) -> argparse.ArgumentParser:
+    help_text = SUBCOMMANDS[name][1]
+    parser = argparse.ArgumentParser(prog=f"gputrain {name}", description=help_text,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    importlib.import_module(SUBCOMMANDS[name][0]).add_arguments(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    name = args_list[0] if args_list and args_list[0] in SUBCOMMANDS else None
-    parser = _build_parser(name)
-    if name is None:
-        if args_list and not args_list[0].startswith("-"):
+    if not args_list or args_list[0] not in SUBCOMMANDS:
+        parser = _top_parser()
+        if args_list and args_list[0] in ("-h", "--help"):
+            parser.print_help()
+            return 0
+        if args_list:
             parser.error(f"unknown command {args_list[0]!r}; choose from {', '.join(SUBCOMMANDS)}")
         parser.print_help()
-        return 0 if args_list else 2
-    args = parser.parse_args(args_list)
+        return 2
+    name = args_list[0]
+    # intermixed: options may come before, between or after the section.key=value overrides
+    args = _command_parser(name).parse_intermixed_args(args_list[1:])
     module = importlib.import_module(SUBCOMMANDS[name][0])
     try:
         return int(module.run(args) or 0)

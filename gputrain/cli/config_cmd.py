@@ -12,27 +12,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
 
 
-def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
+def _show(value: object) -> str:
+    return "unset" if value is None else repr(value)
 
+
+def run(args: argparse.Namespace) -> int:
     from gputrain.config import config_to_dict, config_to_toml, load_config
     from gputrain.config.docs import describe_fields
 
     config = load_config(args.config, args.overrides)
-    console = Console(highlight=False)
     if args.toml:
         print(config_to_toml(config), end="")
         return 0
+    from gputrain.data import available_data
+    from gputrain.models import available_models
+
+    choices = {"model.name": available_models(), "data.name": available_data()}
     values = config_to_dict(config)
-    table = Table(show_header=True, header_style="bold", show_lines=False)
-    for column in ("key", "value", "default", "meaning"):
-        table.add_column(column, overflow="fold")
+    section_now = ""
+    lines = []
     for row in describe_fields():
         section, key = row["key"].split(".")
+        if section != section_now:
+            lines.append(f"\n[{section}]")
+            section_now = section
         value = values[section][key]
-        shown = "unset" if value is None else repr(value)
-        default = "unset" if row["default"] is None else repr(row["default"])
-        table.add_row(row["key"], shown if value == row["default"] else f"[bold]{shown}[/]", default, row["doc"])
-    console.print(table)
+        changed = "" if value == row["default"] else f"   (default {_show(row['default'])})"
+        lines.append(f"  {row['key']} = {_show(value)}{changed}")
+        lines.append(f"      {row['doc']}")
+        if row["key"] in choices:
+            lines.append(f"      choices: {', '.join(choices[row['key']])}")
+    print("\n".join(lines).lstrip("\n"))
     return 0

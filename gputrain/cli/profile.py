@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from gputrain.config.docs import fields_help_text
 from gputrain.errors import UsageError
 
 
@@ -16,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=10, help="ops to list by device and by host time")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="config overrides, as for gputrain train")
+    parser.epilog = fields_help_text()
 
 
 def _fmt_us(us: float) -> str:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gputrain.config.presets import GPTPreset, gpt_size
 from gputrain.errors import ConfigError
 
-Activation = Literal["relu", "leaky_relu", "gelu", "silu", "tanh", "sigmoid"]
+Activation = Literal["auto", "relu", "leaky_relu", "gelu", "silu", "tanh", "sigmoid"]
 InitScheme = Literal["default", "constant", "normal", "trunc_normal", "xavier_uniform", "xavier_normal",
                      "kaiming_uniform", "kaiming_normal", "orthogonal"]
 Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
@@ -37,18 +38,34 @@ def _fraction(section: str, name: str, value: float) -> None:
 class ModelConfig:
     name: str = "cnn"
     """Model family from the registry (`gputrain config show` lists them): mlp, cnn, ..."""
-    activation: Activation = "relu"
-    """Hidden-layer activation: relu, leaky_relu, gelu, silu, tanh or sigmoid."""
+    activation: Activation = "auto"
+    """Hidden-layer activation: auto (gelu for gpt, relu for the others), relu, leaky_relu, gelu, silu, tanh or sigmoid."""
     init: InitScheme = "default"
     """Weight init: default (torch's), constant, normal, trunc_normal, xavier_*, kaiming_*, orthogonal."""
     dropout: float | None = None
-    """Dropout probability; unset keeps the model's own default (cnn: 0.25 after the convolutions, 0.5 before the head)."""
+    """Dropout probability; unset keeps the model's own default (cnn: 0.25 after the convolutions, 0.5 before the head; mlp, resnet, gpt: 0)."""
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 128])
     """mlp: widths of the hidden layers."""
     channels: list[int] = field(default_factory=lambda: [32, 64])
     """cnn: output channels of the convolutions (3x3, padding 1; max-pool after the last)."""
     hidden: int = 128
     """cnn: width of the hidden linear layer."""
+    base_width: int = 64
+    """resnet*: channels of the stem and first stage, doubling per stage (64 in the published models)."""
+    preset: GPTPreset | None = None
+    """gpt: size preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m or gpt2-1.5b; unset: 6 layers, 6 heads, d_model 384."""
+    n_layer: int | None = None
+    """gpt: transformer blocks (overrides the preset's)."""
+    n_head: int | None = None
+    """gpt: attention heads; must divide d_model (overrides the preset's)."""
+    d_model: int | None = None
+    """gpt: embedding width (overrides the preset's)."""
+    seq_len: int | None = None
+    """gpt: context length, the number of learned positions; unset: the preset's (1024 for gpt2-*), else data.seq_len."""
+    vocab_size: int | None = None
+    """gpt: vocabulary size; unset: the data's. Larger is allowed (e.g. 50304 pads GPT-2's 50257 for speed)."""
+    bias: bool = True
+    """gpt: biases in the linear layers and layer norms (GPT-2 has them)."""
 
     def __post_init__(self) -> None:
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
@@ -59,14 +76,24 @@ class ModelConfig:
         if not self.channels:
             raise ConfigError("model.channels", "needs at least one convolution", self.channels)
         _positive("model", "hidden", self.hidden)
+        _positive("model", "base_width", self.base_width)
+        for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size"):
+            _positive("model", name, getattr(self, name))
+        d_model, n_head = gpt_size(self, "d_model"), gpt_size(self, "n_head")
+        if d_model is not None and n_head is not None and d_model % n_head:
+            raise ConfigError("model.n_head" if self.n_head is not None else "model.d_model",
+                              f"d_model ({d_model}) must be a multiple of n_head ({n_head})",
+                              self.n_head if self.n_head is not None else self.d_model)
 
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
     name: str = "digits"
-    """Data source from the registry: digits (bundled), csv, synthetic, ..."""
+    """Data source from the registry: digits (bundled), mnist, image_folder, csv, text, tokens, synthetic."""
     path: str | None = None
-    """File or folder to read (csv: the .csv file)."""
+    """File or folder to read: csv/text: the file; mnist: the folder of IDX files; image_folder: the folder of class folders; tokens: the train .bin file (or a folder with train.bin and val.bin)."""
+    val_path: str | None = None
+    """tokens: a separate validation .bin file (unset: val.bin beside the train file, else a val_fraction split)."""
     task: Task = "auto"
     """What to learn: auto (from the data), classification, regression or lm (language modelling)."""
     val_fraction: float = 0.1
@@ -80,15 +107,19 @@ class DataConfig:
     label_column: str | None = None
     """csv: name of the label column (default: the last column)."""
     seq_len: int = 128
-    """Tokens per sample for language-modelling data."""
+    """Tokens per sample for language-modelling data (text, tokens, synthetic with task=lm); at most the model's context."""
+    image_size: int | list[int] = 224
+    """image_folder: size every image is resized (shorter side) and centre-cropped to: an int for square, or [H, W]."""
+    max_eval_samples: int | None = None
+    """tokens, image_folder: use at most this many samples of the val and test splits (evenly spaced, fixed), so evaluation stays quick on large data."""
     shape: list[int] = field(default_factory=lambda: [1, 28, 28])
     """synthetic: shape of one sample, e.g. [3, 224, 224] for images or [32] for a table."""
     num_samples: int = 2048
     """synthetic: number of samples generated (seeded)."""
     num_classes: int = 10
     """synthetic: number of classes for classification."""
-    vocab_size: int = 256
-    """synthetic: vocabulary size of token data (task=lm)."""
+    vocab_size: int | None = None
+    """Vocabulary size of token data: synthetic (unset: 256); tokens (unset: largest id in the file + 1, which reads the whole file once)."""
     augment: list[str] = field(default_factory=list)
     """On-device augmentation of training image batches: any of "crop" (random crop, zero padding H/8) and "flip" (horizontal)."""
 
@@ -103,8 +134,13 @@ class DataConfig:
                               "for training", self.val_fraction + self.test_fraction)
         if self.num_workers != "auto":
             _positive("data", "num_workers", self.num_workers, allow_zero=True)
-        for name in ("seq_len", "num_samples", "num_classes", "vocab_size"):
+        for name in ("seq_len", "num_samples", "num_classes", "vocab_size", "max_eval_samples"):
             _positive("data", name, getattr(self, name))
+        size = [self.image_size] if isinstance(self.image_size, int) else self.image_size
+        if len(size) not in (1, 2) or any(v <= 0 for v in size):
+            raise ConfigError("data.image_size", "must be a size > 0 or [height, width]", self.image_size)
+        if self.vocab_size is not None and self.vocab_size > 65536 and self.name == "tokens":
+            raise ConfigError("data.vocab_size", "token files hold uint16 ids, so at most 65536", self.vocab_size)
         if not self.shape or any(v <= 0 for v in self.shape):
             raise ConfigError("data.shape", "needs one or more sizes, each > 0", self.shape)
 

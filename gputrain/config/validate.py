@@ -55,6 +55,10 @@ def validate_config(config: Config) -> None:
     _check_choice("model.name", config.model.name, available_models())
     _check_choice("data.name", config.data.name, available_data())
     resolve_grad_accum(config)
+    if config.model.name == "gpt":
+        from gputrain.config.presets import check_gpt_context
+
+        check_gpt_context(config.model, config.data.seq_len)
     if config.train.clip_grad_norm is not None and config.train.clip_grad_value is not None:
         raise ConfigError("train.clip_grad_value", "set either train.clip_grad_norm or train.clip_grad_value, "
                           "not both", config.train.clip_grad_value)

@@ -24,7 +24,8 @@ class DataBundle:
 
 DataBuilder = Callable[[DataConfig, int], DataBundle]
 _SOURCES: dict[str, DataBuilder] = {}
-_SOURCE_MODULES = ["gputrain.data.digits", "gputrain.data.csv_table", "gputrain.data.synthetic"]
+_SOURCE_MODULES = ["gputrain.data.digits", "gputrain.data.csv_table", "gputrain.data.synthetic", "gputrain.data.mnist",
+                   "gputrain.data.image_folder", "gputrain.data.text", "gputrain.data.tokens"]
 
 
 def register_data(name: str) -> Callable[[DataBuilder], DataBuilder]:

@@ -31,8 +31,9 @@ def synthetic_tokens(num_samples: int, seq_len: int, vocab_size: int, generator:
 def build_synthetic(config: DataConfig, seed: int) -> DataBundle:
     generator = torch.Generator().manual_seed(seed + 1)
     if config.task == "lm":
-        tokens = synthetic_tokens(config.num_samples, config.seq_len, config.vocab_size, generator)
-        spec = DataSpec(task="lm", input_shape=(config.seq_len,), vocab_size=config.vocab_size)
+        vocab_size = config.vocab_size or 256
+        tokens = synthetic_tokens(config.num_samples, config.seq_len, vocab_size, generator)
+        spec = DataSpec(task="lm", input_shape=(config.seq_len,), vocab_size=vocab_size)
         return split_tensors(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(), spec, config, seed)
     shape = tuple(config.shape)
     inputs = torch.randn(config.num_samples, *shape, generator=generator)

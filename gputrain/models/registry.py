@@ -16,7 +16,7 @@ from gputrain.data.spec import DataSpec
 
 ModelBuilder = Callable[[ModelConfig, DataSpec], nn.Module]
 _MODELS: dict[str, ModelBuilder] = {}
-_FAMILY_MODULES = ["gputrain.models.mlp", "gputrain.models.cnn"]
+_FAMILY_MODULES = ["gputrain.models.mlp", "gputrain.models.cnn", "gputrain.models.resnet", "gputrain.models.gpt"]
 
 
 def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:

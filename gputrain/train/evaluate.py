@@ -13,12 +13,12 @@ from gputrain.errors import ConfigError
 from gputrain.train.tasks import DEFAULT_METRICS, LossFn
 
 _KNOWN = {"classification": {"accuracy", "precision", "recall", "f1", "auroc", "loss"},
-          "regression": {"mse", "mae", "loss"}, "lm": {"loss", "perplexity"}}
+          "regression": {"mse", "mae", "loss"}, "lm": {"loss", "perplexity"}, "custom": {"loss"}}
 
 
 def resolve_metrics(requested: list[str] | str, task: str) -> list[str]:
     if requested == "auto":
-        return list(DEFAULT_METRICS[task])
+        return list(DEFAULT_METRICS.get(task, ["loss"]))
     unknown = [m for m in requested if m not in _KNOWN[task]]
     if unknown:
         raise ConfigError("eval.metrics", f"{', '.join(unknown)} not available for {task}; choose from "

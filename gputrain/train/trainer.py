@@ -85,6 +85,8 @@ class Trainer:
         self.loss_fn, self.step_fn = loss_fn, step_fn
         self.spec = spec
         self.task = spec.task if spec is not None else None
+        if self.task is not None and loss_fn is None and step_fn is None:
+            self.loss_fn = default_loss(self.task)
         self.num_classes = spec.num_classes if spec is not None else None
         self.val_data, self.test_data = val_data, test_data
         model_name, data_name = names or (type(model).__name__.lower(), type(train_data).__name__.lower())
@@ -158,18 +160,23 @@ class Trainer:
             raise RunError("batches are not (inputs, targets): pass step_fn(model, batch) -> loss to the Trainer")
         inputs, targets = batch[0], batch[1]
         outputs = model(inputs)
-        if self.loss_fn is None:
+        if self.task is None:
             self._learn_task(outputs, targets)
         return self.loss_fn(outputs, targets)  # type: ignore[misc]
 
     def _learn_task(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
-        """For user models: pick the loss and metrics from the first batch (shapes only, no sync)."""
-        task = self.task or infer_task(outputs, targets)
+        """For user models: the metrics (and, without a loss_fn, the loss) from the first batch's
+        shapes and dtypes; no host sync."""
+        task = infer_task(outputs, targets)
         if task is None:
+            if self.loss_fn is not None:
+                self.task = "custom"  # train with the user's loss; evaluation reports that loss only
+                return
             raise RunError(f"cannot tell the task from outputs {tuple(outputs.shape)} and targets "
                            f"{tuple(targets.shape)}: pass loss_fn= or step_fn= to the Trainer")
         self.task = task
-        self.loss_fn = default_loss(task)
+        if self.loss_fn is None:
+            self.loss_fn = default_loss(task)
         if task == "classification" and self.num_classes is None:
             self.num_classes = outputs.shape[-1]
 

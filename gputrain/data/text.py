@@ -1,0 +1,68 @@
+"""Character-level language modelling from one UTF-8 `.txt` file (the nanoGPT Shakespeare setup).
+
+The vocabulary is the sorted set of characters in the file. The text is cut into consecutive
+windows of `data.seq_len + 1` characters (stride `seq_len`): x is the first `seq_len`, y the same
+shifted by one. The split is contiguous — train, then val, then test, in file order — so the
+held-out text is text the model has not seen, not windows interleaved with training ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from gputrain.config.schema import DataConfig
+from gputrain.data.registry import DataBundle, register_data
+from gputrain.data.spec import DataSpec
+from gputrain.data.tensors import TensorData
+from gputrain.errors import ConfigError, DataError
+
+
+def contiguous_split(num_windows: int, val_fraction: float, test_fraction: float) -> tuple[range, range, range]:
+    """Window index ranges (train, val, test) in order, sized by the fractions."""
+    n_val, n_test = round(num_windows * val_fraction), round(num_windows * test_fraction)
+    n_train = num_windows - n_val - n_test
+    return range(0, n_train), range(n_train, n_train + n_val), range(n_train + n_val, num_windows)
+
+
+def read_text(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text (byte {err.start}); data.name=text reads UTF-8 .txt files") from None
+    if not text:
+        raise DataError(f"{path}: the file is empty")
+    return text
+
+
+def char_windows(text: str, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """(x [N, seq_len], y [N, seq_len] as int64 ids, vocabulary) for the consecutive windows of `text`."""
+    vocab = sorted(set(text))
+    index = {ch: i for i, ch in enumerate(vocab)}
+    ids = torch.tensor([index[ch] for ch in text], dtype=torch.long)
+    num_windows = (len(ids) - 1) // seq_len
+    used = num_windows * seq_len
+    return ids[:used].view(num_windows, seq_len), ids[1:used + 1].view(num_windows, seq_len), vocab
+
+
+@register_data("text")
+def build_text(config: DataConfig, seed: int) -> DataBundle:
+    if config.path is None:
+        raise ConfigError("data.path", "data.name=text needs the path of a UTF-8 .txt file")
+    path = Path(config.path)
+    if not path.is_file():
+        raise DataError(f"data.path: no such file: {path}")
+    if config.task not in ("auto", "lm"):
+        raise ConfigError("data.task", "text data is for language modelling (lm)", config.task)
+    x, y, vocab = char_windows(read_text(path), config.seq_len)
+    train, val, test = contiguous_split(len(x), config.val_fraction, config.test_fraction)
+    if len(train) == 0:
+        raise DataError(f"{path}: too short for data.seq_len={config.seq_len}: {len(x)} windows of "
+                        f"{config.seq_len + 1} characters leave none for training; use a smaller data.seq_len")
+    spec = DataSpec(task="lm", input_shape=(config.seq_len,), vocab_size=len(vocab))
+
+    def part(r: range) -> TensorData | None:
+        return TensorData(x[r.start:r.stop], y[r.start:r.stop]) if len(r) else None
+
+    return DataBundle(train=part(train), val=part(val), test=part(test), spec=spec)  # type: ignore[arg-type]

@@ -1,0 +1,121 @@
+"""Pre-tokenised data: a flat binary of uint16 token ids (the nanoGPT `train.bin`/`val.bin` format).
+
+The file is memory-mapped, never read whole. Sample i is the window of `seq_len + 1` tokens
+starting at token i·seq_len (x = its first seq_len, y = shifted by one): fixed per index, so the
+trainer's seeded batch order alone decides what a step sees and a resumed run is exact.
+Validation comes from `data.val_path` (or `val.bin` beside `train.bin`), else from a contiguous
+`data.val_fraction` (and `test_fraction`) at the end of the file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from gputrain.config.schema import DataConfig
+from gputrain.data.registry import DataBundle, register_data
+from gputrain.data.spec import DataSpec
+from gputrain.data.text import contiguous_split
+from gputrain.errors import ConfigError, DataError
+
+_SCAN_CHUNK = 1 << 26  # tokens per chunk when looking for the largest id
+
+
+class TokenWindows(Dataset):
+    """Windows `first + i·step` (i < count) of a token file, as (x, y) int64 [seq_len] pairs."""
+
+    def __init__(self, path: Path, seq_len: int, first: int, count: int, step: int = 1) -> None:
+        self.path, self.seq_len, self.first, self.count, self.step = path, seq_len, first, count, step
+        self._tokens: np.memmap | None = None
+        self._pid = -1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def _map(self) -> np.memmap:
+        # one map per process: opened lazily so DataLoader workers never pickle the mapping itself
+        if self._tokens is None or self._pid != os.getpid():
+            self._tokens, self._pid = np.memmap(self.path, dtype=np.uint16, mode="r"), os.getpid()
+        return self._tokens
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        start = (self.first + index * self.step) * self.seq_len
+        window = torch.from_numpy(self._map()[start:start + self.seq_len + 1].astype(np.int64))
+        return window[:-1], window[1:]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tokens": None}
+
+    def capped(self, limit: int | None) -> "TokenWindows":
+        """At most `limit` windows, evenly spread over this split (fixed, so evaluations compare)."""
+        if limit is None or self.count <= limit:
+            return self
+        step = self.count // limit
+        return TokenWindows(self.path, self.seq_len, self.first, limit, self.step * step)
+
+
+def count_tokens(path: Path, seq_len: int) -> int:
+    """Tokens in a uint16 file, after checking it exists, has an even size and holds one window.
+
+    Raises:
+        DataError: naming the file.
+    """
+    if not path.is_file():
+        raise DataError(f"{path}: no such token file (flat uint16 ids, e.g. nanoGPT's prepare.py writes train.bin "
+                        "and val.bin)")
+    size = path.stat().st_size
+    if size % 2:
+        raise DataError(f"{path}: odd byte count ({size}): not a flat array of uint16 token ids")
+    if size // 2 < seq_len + 1:
+        raise DataError(f"{path}: {size // 2} tokens, fewer than one window of data.seq_len + 1 = {seq_len + 1}")
+    return size // 2
+
+
+def largest_token(path: Path) -> int:
+    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    return max(int(tokens[i:i + _SCAN_CHUNK].max()) for i in range(0, len(tokens), _SCAN_CHUNK))
+
+
+def _token_files(config: DataConfig) -> tuple[Path, Path | None]:
+    if config.path is None:
+        raise ConfigError("data.path", "data.name=tokens needs a uint16 token file (or a folder with train.bin)")
+    path = Path(config.path)
+    val = Path(config.val_path) if config.val_path is not None else None
+    if path.is_dir():
+        path, val = path / "train.bin", val or (path / "val.bin" if (path / "val.bin").is_file() else None)
+    elif val is None and path.name == "train.bin" and (path.parent / "val.bin").is_file():
+        val = path.parent / "val.bin"
+    return path, val
+
+
+@register_data("tokens")
+def build_tokens(config: DataConfig, seed: int) -> DataBundle:
+    if config.task not in ("auto", "lm"):
+        raise ConfigError("data.task", "token data is for language modelling (lm)", config.task)
+    path, val_path = _token_files(config)
+    T = config.seq_len
+    windows = (count_tokens(path, T) - 1) // T
+    test: TokenWindows | None = None
+    if val_path is not None:
+        train = TokenWindows(path, T, 0, windows)
+        val: TokenWindows | None = TokenWindows(val_path, T, 0, (count_tokens(val_path, T) - 1) // T)
+    else:
+        tr, va, te = contiguous_split(windows, config.val_fraction, config.test_fraction)
+        if len(tr) == 0:
+            raise DataError(f"{path}: {windows} windows of data.seq_len + 1 tokens leave none for training")
+        train = TokenWindows(path, T, tr.start, len(tr))
+        val = TokenWindows(path, T, va.start, len(va)) if len(va) else None
+        test = TokenWindows(path, T, te.start, len(te)) if len(te) else None
+    vocab_size = config.vocab_size
+    if vocab_size is None:
+        vocab_size = 1 + max(largest_token(p) for p in (path, val_path) if p is not None)
+    spec = DataSpec(task="lm", input_shape=(T,), vocab_size=vocab_size)
+    cap = config.max_eval_samples
+    return DataBundle(train=train, val=val.capped(cap) if val else None, test=test.capped(cap) if test else None,
+                      spec=spec)

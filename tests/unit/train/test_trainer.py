@@ -1,0 +1,122 @@
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from gputrain import Trainer
+from tests.unit.train.helpers import TINY, make_trainer, step_rows
+
+SUMMARY_KEYS = {"status", "device", "precision", "world_size", "global_step", "epochs_completed", "wall_s", "train",
+                "val", "test"}
+TRAIN_KEYS = {"loss", "samples_per_s", "tokens_per_s", "flops_per_step", "achieved_flops", "mfu", "mfu_peak_source",
+              "peak_memory_bytes", "time_breakdown"}
+
+
+def _blobs(n=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 3, (n,), generator=g)
+    x = torch.randn(n, 5, generator=g) + 3 * F.one_hot(y, 5).float()
+    return x, y
+
+
+def test_python_api_with_any_module_and_dataset(tmp_path):
+    x, y = _blobs()
+    model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3))
+    trainer = Trainer(model, TensorDataset(x, y), loss_fn=F.cross_entropy, val_data=TensorDataset(x[:64], y[:64]),
+                      test_data=TensorDataset(x[64:128], y[64:128]),
+                      config={**TINY, "train.epochs": 5, "train.batch_size": 32, "optim.lr": 1e-2},
+                      run_dir=tmp_path / "api")
+    summary = trainer.fit()
+    assert SUMMARY_KEYS <= set(summary) and TRAIN_KEYS <= set(summary["train"])
+    assert summary["status"] == "completed" and summary["global_step"] == 5 * (256 // 32)
+    assert summary["test"]["accuracy"] > 0.9 and set(summary["test"]) == {"accuracy", "precision", "recall", "f1",
+                                                                          "auroc", "loss"}
+    assert json.loads((tmp_path / "api" / "summary.json").read_text())["global_step"] == summary["global_step"]
+
+
+def test_dataloader_batches_are_micro_batches_and_task_is_inferred(tmp_path):
+    x, y = _blobs()
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+    model = nn.Linear(5, 3)
+    trainer = Trainer(model, loader, val_data=DataLoader(TensorDataset(x, y), batch_size=64),
+                      config={**TINY, "train.epochs": 2, "train.grad_accum": 2}, run_dir=tmp_path / "dl")
+    summary = trainer.fit()
+    assert summary["global_step"] == 2 * (256 // 16 // 2) and trainer.global_batch == 32
+    assert trainer.task == "classification" and "accuracy" in summary["val"]
+
+
+def test_step_fn_for_any_batch_structure(tmp_path):
+    x, y = _blobs()
+    data = [{"features": x[i], "label": y[i]} for i in range(len(x))]
+    model = nn.Linear(5, 3)
+
+    def step_fn(model, batch):
+        return F.cross_entropy(model(batch["features"]), batch["label"])
+
+    summary = Trainer(model, data, step_fn=step_fn, config={**TINY, "train.epochs": 1, "train.batch_size": 32},
+                      run_dir=tmp_path / "sf").fit()
+    assert summary["global_step"] == 8 and summary["train"]["loss"] is not None
+
+
+def test_regression_metrics(tmp_path):
+    x = torch.randn(200, 4)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [0.0]])
+    summary = Trainer(nn.Linear(4, 1), TensorDataset(x, y), val_data=TensorDataset(x[:50], y[:50]),
+                      config={**TINY, "train.epochs": 30, "train.batch_size": 20, "optim.lr": 0.05},
+                      run_dir=tmp_path / "reg").fit()
+    assert set(summary["val"]) == {"mse", "mae", "loss"} and summary["val"]["mse"] < 0.01
+
+
+def test_config_from_toml_path(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[train]\nepochs = 1\nbatch_size = 32\n[log]\nprogress = "none"\ntensorboard = false\n')
+    x, y = _blobs(64)
+    trainer = Trainer(nn.Linear(5, 3), TensorDataset(x, y), loss_fn=F.cross_entropy, config=str(path),
+                      run_dir=tmp_path / "t")
+    assert trainer.config.train.batch_size == 32 and trainer.fit()["global_step"] == 2
+
+
+def test_early_stopping_on_a_monitored_metric(tmp_path):
+    trainer = make_trainer(tmp_path / "es", **{"train.epochs": 50, "optim.lr": 1e-7, "eval.early_stop_metric":
+                                                 "accuracy", "eval.patience": 2})
+    summary = trainer.fit()
+    assert summary["status"] == "stopped_early" and summary["epochs_completed"] < 50
+
+
+def test_checkpoints_keep_last_k_and_the_best(tmp_path):
+    run_dir = tmp_path / "ck"
+    trainer = make_trainer(run_dir, **{"train.epochs": 4, "checkpoint.keep_last": 1, "checkpoint.every_epochs": 1})
+    trainer.fit()
+    kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    best = f"step-{trainer.state.best_step}"
+    assert f"step-{trainer.state.global_step}" in kept and best in kept and len(kept) <= 2
+    assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_batch_larger_than_the_data_is_a_config_error(tmp_path):
+    from gputrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.batch_size.*larger than the 1258 training samples"):
+        make_trainer(tmp_path / "b", **{"train.batch_size": 4096})
+
+
+def test_bf16_autocast_trains_on_cpu(tmp_path):
+    summary = make_trainer(tmp_path / "bf", **{"train.precision": "bf16", "train.max_steps": 5}).fit()
+    assert summary["precision"] == "bf16" and summary["train"]["loss"] < 3
+
+
+def test_fp16_on_cpu_is_refused(tmp_path):
+    from gputrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.precision.*GPU mode"):
+        make_trainer(tmp_path / "f", **{"train.precision": "fp16"})
+
+
+def test_grad_norm_is_logged_and_lr_follows_the_schedule(tmp_path):
+    make_trainer(tmp_path / "g", **{"train.max_steps": 20, "optim.schedule": "linear"}).fit()
+    rows = step_rows(tmp_path / "g")
+    assert all(r["grad_norm"] > 0 for r in rows)
+    assert rows[0]["lr"] > rows[10]["lr"] > rows[-1]["lr"]
