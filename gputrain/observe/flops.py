@@ -18,10 +18,34 @@ import logging
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 from torch import nn
 
 log = logging.getLogger("gputrain")
+
+
+def _cpu_attention_flops() -> dict[Any, Any]:
+    """Counts for the CPU flash-attention kernels, which torch's counter leaves out (its GPU
+    attention kernels are counted); same formulas as torch uses for those."""
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+    mapping: dict[Any, Any] = {}
+    forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if forward is not None:
+        def forward_flops(query, key, value, *args, out_shape=None, **kwargs):  # type: ignore[no-untyped-def]
+            return flop_counter.sdpa_flop_count(query, key, value)
+
+        mapping[forward] = forward_flops
+    if backward is not None:
+        def backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs):  # type: ignore[no-untyped-def]
+            return flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
+
+        mapping[backward] = backward_flops
+    return mapping
 
 
 class StepFlopCounter:
@@ -35,7 +59,7 @@ class StepFlopCounter:
         try:
             from torch.utils.flop_counter import FlopCounterMode
 
-            mode = FlopCounterMode(display=False)
+            mode = FlopCounterMode(display=False, custom_mapping=_cpu_attention_flops())
             with warnings.catch_warnings():
                 # the counter's global module hooks make torch.compile warn once; harmless here
                 warnings.simplefilter("ignore")

@@ -118,3 +118,16 @@ def test_counting_failure_leaves_flops_null_and_trains(tmp_path, monkeypatch) ->
     assert summary["status"] == "completed" and summary["global_step"] == 4
     assert summary["train"]["flops_per_step"] is None and summary["train"]["achieved_flops"] is None
     assert seen.count("FLOPs not counted (RuntimeError: no counter here); MFU stays empty") == 1
+
+
+def test_cpu_attention_kernel_is_counted() -> None:
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    q = torch.randn(2, 4, 128, 32, requires_grad=True)
+    counter = StepFlopCounter()
+    with counter.counting():
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    shape = (2, 4, 128, 32)
+    # the same count torch gives its GPU attention kernels (forward, and backward with recompute)
+    assert counter.total == sdpa_flop_count(shape, shape, shape) + sdpa_backward_flop_count(shape, shape, shape, shape)
+    assert counter.total > 0
