@@ -6,13 +6,13 @@ bf16 has fp32's exponent range, so it never needs loss scaling.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 
 from gputrain.errors import ConfigError
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_NO_AUTOCAST = contextlib.nullcontext()
 
 
 def resolve_precision(requested: str, device: torch.device) -> tuple[str, str]:
@@ -45,13 +45,10 @@ class Precision:
             torch.backends.cuda.matmul.allow_tf32 = mode != "fp32"
             torch.backends.cudnn.allow_tf32 = mode != "fp32"
 
-    @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
         if self.autocast_dtype is None:
-            yield
-            return
-        with torch.autocast(self.device.type, dtype=self.autocast_dtype):
-            yield
+            return _NO_AUTOCAST  # fp32: no per-step context object to build
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()

@@ -18,6 +18,7 @@ from gputrain.errors import GputrainError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("gputrain.cli.train", "train a model (one device, or torchrun for many)"),
     "config": ("gputrain.cli.config_cmd", "show the config fields, their defaults and meanings"),
+    "profile": ("gputrain.cli.profile", "profile a short training: top ops, trace, and what to change"),
 }
 
 

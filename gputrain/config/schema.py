@@ -120,8 +120,13 @@ class DataConfig:
     """synthetic: number of classes for classification."""
     vocab_size: int | None = None
     """Vocabulary size of token data: synthetic (unset: 256); tokens (unset: largest id in the file + 1, which reads the whole file once)."""
+    augment: list[str] = field(default_factory=list)
+    """On-device augmentation of training image batches: any of "crop" (random crop, zero padding H/8) and "flip" (horizontal)."""
 
     def __post_init__(self) -> None:
+        bad = [a for a in self.augment if a not in ("crop", "flip")]
+        if bad:
+            raise ConfigError("data.augment", f"unknown augmentation {bad[0]!r}; choose from crop, flip", self.augment)
         _fraction("data", "val_fraction", self.val_fraction)
         _fraction("data", "test_fraction", self.test_fraction)
         if self.val_fraction + self.test_fraction >= 0.9:
@@ -160,6 +165,8 @@ class TrainConfig:
     """auto (bf16 on GPUs that support it, fp16 on older CUDA GPUs, fp32 on CPU), fp32, tf32, bf16, fp16."""
     compile: bool = False
     """Apply torch.compile to the model."""
+    cuda_graphs: bool = False
+    """Replay each step as a CUDA graph (torch.compile mode="reduce-overhead"; static shapes only, CUDA only)."""
     device: str = "auto"
     """auto, cpu, cuda, cuda:N or mps."""
     seed: int = 0
@@ -279,9 +286,12 @@ class LogConfig:
     """Also write TensorBoard event files into the run directory."""
     progress: Literal["auto", "bar", "plain", "none"] = "auto"
     """auto: a progress bar in a terminal, plain lines otherwise."""
+    breakdown_every: int = 25
+    """Time every N-th step's parts (data, copy, forward+backward, optimizer, comm) with device events; 0: off."""
 
     def __post_init__(self) -> None:
         _positive("log", "every_steps", self.every_steps)
+        _positive("log", "breakdown_every", self.breakdown_every, allow_zero=True)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -63,14 +63,15 @@ def setup_parallel(ctx: DistContext, choice: StrategyChoice, config: Config, dev
     return dims
 
 
-def _apply_compile(model: nn.Module) -> None:
+def _apply_compile(model: nn.Module, mode: str | None = None) -> None:
     """Compile block by block in place: FSDP hooks between blocks stay outside the graphs, and
-    state-dict keys keep their names (no `_orig_mod.` prefix)."""
+    state-dict keys keep their names (no `_orig_mod.` prefix). mode="reduce-overhead" also
+    captures the compiled code in CUDA graphs (train.cuda_graphs), so launches cost ~nothing."""
     blocks = find_blocks(model)
     for _, block in blocks:
-        block.compile()
+        block.compile(mode=mode)
     if not blocks:
-        model.compile()
+        model.compile(mode=mode)
 
 
 def parallelize(model: nn.Module, ctx: DistContext, config: Config, device: torch.device,
@@ -108,8 +109,9 @@ def _apply_in_order(model: nn.Module, dims: ParallelDims | None, mesh: Any, choi
         from gputrain.distributed.ac import apply_ac
 
         model = apply_ac(model, choice.activation_checkpointing)  # type: ignore[arg-type]
-    if config.train.compile:
-        _apply_compile(model)
+    cuda_graphs = config.train.cuda_graphs and device.type == "cuda"
+    if config.train.compile or cuda_graphs:
+        _apply_compile(model, "reduce-overhead" if cuda_graphs else None)
     if dims is not None and dims.fsdp_enabled:
         from gputrain.distributed.fsdp import apply_fsdp
 

@@ -19,6 +19,36 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _si(value: float, unit: str) -> str:
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def speed_rows(train: dict[str, Any]) -> list[tuple[str, str]]:
+    """The speed report's rows of the final table (step time, FLOPs, where the time went, memory)."""
+    rows: list[tuple[str, str]] = []
+    if train.get("step_time_s"):
+        rows.append(("step time", f"{1000 * train['step_time_s']:.2f} ms"))
+    if train.get("flops_per_step"):
+        rows.append(("FLOPs/step", _si(train["flops_per_step"], "FLOP")))
+    if train.get("achieved_flops"):
+        rows.append(("achieved", _si(train["achieved_flops"], "FLOP/s")))
+    if train.get("mfu_formula") is not None:
+        rows.append(("MFU (6N+12LHQT)", f"{100 * train['mfu_formula']:.1f}%"))
+    if train.get("mfu_peak_source"):
+        rows.append(("peak from", str(train["mfu_peak_source"])[:60]))
+    split = train.get("time_breakdown")
+    if split:
+        short = {"forward_backward": "fwd+bwd", "optimizer": "optim"}
+        rows.append(("time split", " ".join(f"{short.get(k, k)} {100 * v:.0f}%" for k, v in split.items()
+                                            if v is not None and v >= 0.005)))
+    if train.get("peak_memory_bytes"):
+        rows.append(("peak memory", _si(train["peak_memory_bytes"], "B")))
+    return rows
+
+
 class RunConsole:
     """Rank 0's terminal output. `mode`: bar, plain, none, or auto (bar in a terminal)."""
 
@@ -88,6 +118,8 @@ class RunConsole:
             table.add_row("tokens/s", f"{train['tokens_per_s']:,.0f}")
         if train.get("mfu") is not None:
             table.add_row("MFU", f"{100 * train['mfu']:.1f}%")
+        for name, text in speed_rows(train):
+            table.add_row(name, text)
         table.add_row("steps", str(summary["global_step"]))
         table.add_row("wall time", f"{summary['wall_s']:.1f} s")
         table.add_row("device", f"{summary['device']} ({summary['precision']})")

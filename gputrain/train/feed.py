@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gputrain.data.tensors import TensorData
+from gputrain.observe.breakdown import StepTimer
 from gputrain.train.batches import BatchPlan, PlanBatchSampler
+from gputrain.train.prefetch import prefetch_to_cuda
 
 # In-memory data up to this size lives on the GPU for the whole run.
 _DEVICE_RESIDENT_BYTES = 2 << 30
@@ -34,12 +36,33 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def _cpus_per_rank() -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))  # the cores this process may use (containers, taskset)
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+
+
 def auto_num_workers(requested: int | str, dataset: Dataset) -> int:
+    """data.num_workers=auto: none for in-memory tensors; else one per spare core of this rank
+    (ranks on a node share the cores), at most 8, and at most 2 for a small data set, where
+    starting more workers costs more than they save."""
     if requested != "auto":
         return int(requested)
     if isinstance(dataset, TensorData):
         return 0  # indexing tensors in the main process beats any worker round-trip
-    return max(0, min(8, (os.cpu_count() or 1) - 1))
+    workers = max(0, min(8, _cpus_per_rank() - 1))
+    try:
+        size = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        return workers
+    return min(workers, 2) if size < 2048 else workers
+
+
+def auto_prefetch_factor(workers: int) -> int | None:
+    """Batches each worker keeps ready: about 8 in flight in total, at least 2 per worker."""
+    return max(2, 8 // workers) if workers > 0 else None
 
 
 class BatchFeed:
@@ -49,6 +72,9 @@ class BatchFeed:
                  num_workers: int | str = "auto") -> None:
         self.device = device
         self.plan = plan
+        self.timer = StepTimer(device, every=0)  # the trainer puts its sampling timer here
+        self.transform: Callable[[Any], Any] | None = None
+        """Applied to each training micro-batch on the device (see data/augment.py)."""
         self.loader: DataLoader | None = None
         self.tensors: TensorData | None = None
         if isinstance(data, DataLoader):
@@ -62,7 +88,7 @@ class BatchFeed:
             self.sampler = PlanBatchSampler(plan)
             self.loader = DataLoader(
                 data, batch_sampler=self.sampler, num_workers=workers, pin_memory=device.type == "cuda",
-                persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
+                persistent_workers=workers > 0, prefetch_factor=auto_prefetch_factor(workers),
                 # own generator: worker seeding must not draw from the global RNG the model uses
                 generator=torch.Generator().manual_seed(plan.seed),
             )
@@ -83,8 +109,16 @@ class BatchFeed:
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[list[Any]]:
         if self.tensors is not None:
             assert self.plan is not None
+            tensors, timer = self.tensors, self.timer
+            # data already on the training device (CPU runs, small data on the GPU) needs no copy
+            resident = tensors.inputs.device == self.device and tensors.targets.device == self.device
+            index_device = tensors.inputs.device
             for step in self.plan.micro_batches(epoch, start_step):
-                yield [to_device(self.tensors.batch(idx.to(self.tensors.inputs.device)), self.device) for idx in step]
+                host = [tensors.batch(idx if index_device.type == "cpu" else idx.to(index_device)) for idx in step]
+                timer.mark("data")
+                moved = host if resident else [to_device(b, self.device) for b in host]
+                timer.mark("h2d")
+                yield self._transformed(moved)
             return
         assert self.loader is not None
         if self.plan is not None:
@@ -96,11 +130,34 @@ class BatchFeed:
                 sampler.set_epoch(epoch)  # type: ignore[union-attr]
             # a user loader cannot seek: replay and drop the micro-batches already trained on
             batches = itertools.islice(iter(self.loader), start_step * self.grad_accum, None)
+        groups = self._host_groups(batches, start_step)
+        if self.device.type == "cuda":
+            # batch n+1 is copied on a side stream while batch n computes
+            for moved in prefetch_to_cuda(groups, self.device, lambda b: to_device(b, self.device), self.timer):
+                yield self._transformed(moved)
+            return
+        for group in groups:
+            moved = [to_device(b, self.device) for b in group]
+            self.timer.mark("h2d")
+            yield self._transformed(moved)
+
+    def _host_groups(self, batches: Iterator[Any], start_step: int) -> Iterator[list[Any]]:
+        """The micro-batches of each remaining step of the epoch, as the loader gives them."""
+        per_step = self.grad_accum if self.plan is None else self.plan.grad_accum
         for _ in range(self.steps_per_epoch - start_step):
-            group = list(itertools.islice(batches, self.grad_accum if self.plan is None else self.plan.grad_accum))
+            group = list(itertools.islice(batches, per_step))
             if not group:
                 return
-            yield [to_device(b, self.device) for b in group]
+            self.timer.mark("data")
+            yield group
+
+    def _transformed(self, moved: list[Any]) -> list[Any]:
+        """On-device batch work (augmentation, channels_last), charged to the data time."""
+        if self.transform is None:
+            return moved
+        moved = [self.transform(b) for b in moved]
+        self.timer.mark("data")
+        return moved
 
 
 def eval_batches(data: Dataset | DataLoader, batch_size: int, device: torch.device) -> Iterator[Any]:

@@ -14,6 +14,7 @@ from torch import nn
 
 from gputrain.distributed.context import grad_sync
 from gputrain.distributed.grad_norm import grad_norm_and_clip
+from gputrain.observe.breakdown import StepTimer
 from gputrain.precision import Precision
 
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
@@ -33,6 +34,8 @@ class StepParts:
     """A `distributed.pp.PipelineRunner` when pipeline parallelism drives forward and backward."""
     pp_group: Any = None
     """The pipeline's process group: stages add up their gradient norms over it."""
+    timer: StepTimer | None = None
+    """Marks the step's parts on sampled steps (a no-op call on the others)."""
 
 
 def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: bool) -> torch.Tensor:
@@ -56,9 +59,11 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
         loss = forward_backward(parts, batch, 1.0 / n, sync_grads=i == n - 1)
         loss_sum = loss if loss_sum is None else loss_sum + loss
     assert loss_sum is not None
+    if parts.timer is not None:
+        parts.timer.mark("forward_backward")
     grad_norm = None
-    params = [p for p in parts.model.parameters() if p.grad is not None]
     if parts.clip_grad_norm is not None or parts.clip_grad_value is not None or measure_grad_norm:
+        params = [p for p in parts.model.parameters() if p.grad is not None]
         parts.precision.unscale(parts.optimizer)
         if parts.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(params, parts.clip_grad_value)
@@ -67,4 +72,6 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
     parts.precision.step(parts.optimizer)
     parts.optimizer.zero_grad(set_to_none=True)
     parts.scheduler.step()
-    return loss_sum / n, grad_norm
+    if parts.timer is not None:
+        parts.timer.mark("optimizer")
+    return (loss_sum if n == 1 else loss_sum / n), grad_norm

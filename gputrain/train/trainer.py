@@ -27,6 +27,7 @@ from gputrain.checkpoint.sharded import (
     save_final_weights,
 )
 from gputrain.config import Config, config_to_toml, load_config, resolve_grad_accum
+from gputrain.data.augment import apply_channels_last, build_batch_transform
 from gputrain.data.spec import DataSpec
 from gputrain.data.tensors import TensorData
 from gputrain.distributed import DistContext, all_reduce_mean, init_distributed, parallelize
@@ -38,6 +39,7 @@ from gputrain.errors import ConfigError, GputrainError, Interrupted, RunError, U
 from gputrain.observe.console import RunConsole
 from gputrain.observe.logger import setup_logging
 from gputrain.observe.sinks import JsonlSink, Sinks, TensorBoardSink
+from gputrain.observe.speed import SpeedMeter
 from gputrain.optim import build_optimizer, build_schedule
 from gputrain.precision import Precision, resolve_precision
 from gputrain.train.batches import BatchPlan
@@ -93,6 +95,7 @@ class Trainer:
                           f"({precision_reason})")
         self.console.info(describe_choice(self.parallel_choice, self.dist))
         self.model = model.to(self.device)
+        channels_last = apply_channels_last(self.model, self.device)  # conv nets on CUDA
         self.loss_fn, self.step_fn = loss_fn, step_fn
         self.spec = spec
         self.task = spec.task if spec is not None else None
@@ -119,6 +122,9 @@ class Trainer:
                                   cfg.train.batch_size)
         self.feed = BatchFeed(train_data, self.plan, self.device, cfg.data.num_workers)
         self.feed.grad_accum = self.grad_accum
+        self.feed.transform = build_batch_transform(cfg.data.augment, channels_last)
+        if cfg.train.cuda_graphs and self.device.type != "cuda":
+            self.console.info(f"train.cuda_graphs: ignored on {self.device.type} (CUDA graphs need a CUDA device)")
         if self.feed.steps_per_epoch == 0:
             raise ConfigError("train.grad_accum", "the DataLoader has fewer batches than one accumulation",
                               self.grad_accum)
@@ -145,6 +151,10 @@ class Trainer:
                                precision=self.precision, compute_loss=self._compute_loss,
                                clip_grad_norm=cfg.train.clip_grad_norm, clip_grad_value=cfg.train.clip_grad_value,
                                pipeline=self.pipeline, pp_group=pp_group(self.dist))
+        self.speed = SpeedMeter(self.model, self.device, self.precision_mode, self.dist.world_size, self.global_batch,
+                                spec.input_shape[0] if spec is not None and spec.task == "lm" else None,
+                                cfg.log.breakdown_every)
+        self.parts.timer = self.feed.timer = self.speed.timer
         self.state = LoopState()
         self.stop = StopRequest()
         self.saver = ShardedSaver(self.dist, cfg.checkpoint.async_save)
@@ -354,12 +364,16 @@ class Trainer:
         self.console.start(self.total_steps, state.global_step)
         self.model.train()
         last_log_time, last_log_samples = time.perf_counter(), state.samples_seen
+        last_log_step = state.global_step
         self.last_loss: torch.Tensor | None = None
+        timer = self.speed.timer
         while state.epoch < cfg.train.epochs and state.global_step < self.total_steps:
             epoch_start = time.perf_counter()
+            timer.begin(state.global_step + 1)
             for micro_batches in self.feed.epoch(state.epoch, state.step_in_epoch):
                 log_now = (state.global_step + 1) % every_log == 0 or state.global_step + 1 == self.total_steps
-                loss, grad_norm = train_step(self.parts, micro_batches, measure_grad_norm=log_now)
+                with self.speed.step_context():  # counts the FLOPs of the first step only
+                    loss, grad_norm = train_step(self.parts, micro_batches, measure_grad_norm=log_now)
                 state.global_step += 1
                 state.step_in_epoch += 1
                 state.samples_seen += self.global_batch
@@ -368,14 +382,18 @@ class Trainer:
                     now = time.perf_counter()
                     record = self._step_record(loss, grad_norm, (state.samples_seen - last_log_samples)
                                                / max(now - last_log_time, 1e-9))
+                    record.update(self.speed.record_fields(state.global_step - last_log_step, now - last_log_time))
                     sinks.write(record)
                     self.console.logged(record, self.total_steps)
                     last_log_time, last_log_samples = time.perf_counter(), state.samples_seen
+                    last_log_step = state.global_step
                 self.console.advance(state.global_step)
+                timer.end()
                 if every_ckpt and state.global_step % every_ckpt == 0:
                     state.train_time_s += time.perf_counter() - epoch_start
                     self._save()
                     epoch_start = time.perf_counter()
+                timer.begin(state.global_step + 1)
                 if self.stop.requested:
                     state.train_time_s += time.perf_counter() - epoch_start
                     return self._interrupted()

@@ -1,0 +1,127 @@
+"""Framework overhead on CPU: gputrain's Trainer against a hand-written PyTorch loop.
+
+Both train the same model on the same in-memory data with the same optimizer (AdamW, torch's
+default CPU kernels), the same constant LR schedule and the same batch order, in one process;
+repeats alternate between the two and the median is reported. gputrain's loop time is the
+The time per step is the slope of CPU time (`time.process_time`) over two runs of different
+length (N/5 and N steps): set-up costs cancel, and on a busy shared machine CPU time is not
+inflated by the process waiting for a core. The difference per step is what the framework adds.
+
+Models: the digits CNN (`gputrain train`'s default model, batch 64) and a tiny MLP
+(32 → 64 → 10, batch 64), where a step is so short that overhead dominates.
+
+    python benchmarks/overhead_cpu.py [--repeats 5] [--threads 1]
+
+One intra-op thread by default: on a small shared machine a second OpenMP thread adds
+milliseconds of scheduling noise to a microsecond-scale step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gputrain import Trainer  # noqa: E402
+from gputrain.data.tensors import TensorData  # noqa: E402
+from gputrain.train.batches import BatchPlan  # noqa: E402
+
+
+def hand_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int) -> None:
+    """A plain training loop."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    plan = BatchPlan(num_samples=len(data), global_batch=batch, grad_accum=1, seed=seed)
+    model.train()
+    done = 0
+    epoch = 0
+    while done < steps:
+        for (idx,) in plan.micro_batches(epoch):
+            x, y = data.inputs[idx], data.targets[idx]
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            done += 1
+            if done == steps:
+                break
+        epoch += 1
+    loss.item()
+
+
+def gputrain_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int) -> None:
+    """The same training through the Trainer."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        config = {"train.device": "cpu", "train.batch_size": batch, "train.max_steps": steps, "train.epochs": 10**6,
+                  "train.seed": seed, "log.every_steps": 10**6, "log.progress": "none", "log.tensorboard": False,
+                  "checkpoint.enabled": False, "eval.every_epochs": 0}
+        summary = Trainer(model, data, loss_fn=F.cross_entropy, config=config, run_dir=run_dir).fit()
+    assert summary["global_step"] == steps
+
+
+def digits_case() -> tuple[Callable[[], nn.Module], TensorData]:
+    from gputrain.config.schema import DataConfig, ModelConfig
+    from gputrain.data import build_data
+    from gputrain.models import build_model
+
+    bundle = build_data(DataConfig(), seed=0)
+    return (lambda: build_model(ModelConfig(), bundle.spec)), bundle.train  # type: ignore[return-value]
+
+
+def mlp_case() -> tuple[Callable[[], nn.Module], TensorData]:
+    generator = torch.Generator().manual_seed(0)
+    data = TensorData(torch.randn(4096, 32, generator=generator), torch.randint(0, 10, (4096,), generator=generator))
+    return (lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))), data
+
+
+def measure(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: int, repeats: int) -> dict:
+    make_model, data = case
+    times: dict[str, list[float]] = {"hand": [], "gputrain": []}
+    short = max(1, steps // 5)
+    for r in range(repeats + 1):  # the first round warms up both paths and is dropped
+        for label, loop in (("hand", hand_loop), ("gputrain", gputrain_loop)):
+            cpu = []
+            for n in (short, steps):
+                torch.manual_seed(r)
+                start = time.process_time()
+                loop(make_model(), data, 64, n, r)
+                cpu.append(time.process_time() - start)
+            if r > 0:
+                times[label].append((cpu[1] - cpu[0]) / (steps - short))
+    hand, ours = statistics.median(times["hand"]), statistics.median(times["gputrain"])
+    result = {"case": name, "steps": steps, "hand_us": hand * 1e6, "gputrain_us": ours * 1e6,
+              "overhead_us": (ours - hand) * 1e6, "ratio": ours / hand,
+              "peak_rss_mb": __import__("resource").getrusage(__import__("resource").RUSAGE_SELF).ru_maxrss / 1024}
+    print(f"{name:12s} step: hand {result['hand_us']:8.1f} µs  gputrain {result['gputrain_us']:8.1f} µs  "
+          f"overhead {result['overhead_us']:+7.1f} µs/step  time ratio {result['ratio']:.3f}  "
+          f"(median of {repeats}; slope over {short} and {steps} steps)")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--mlp-steps", type=int, default=2000)
+    parser.add_argument("--cnn-steps", type=int, default=300)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
+          f"{time.strftime('%Y-%m-%d')}")
+    measure("tiny MLP", mlp_case(), args.mlp_steps, args.repeats)
+    measure("digits CNN", digits_case(), args.cnn_steps, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""`gputrain profile`: a short training under torch.profiler, the top ops, and what to change."""
+
+from __future__ import annotations
+
+import argparse
+
+from gputrain.config.docs import fields_help_text
+from gputrain.errors import UsageError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE.toml", help="TOML config file (overrides still apply on top)")
+    parser.add_argument("--run-dir", metavar="DIR", help="where trace.json, memory_snapshot.pickle and "
+                        "profile.json go (default runs/<model>-<data>-<time>-profile/)")
+    parser.add_argument("--steps", type=int, default=12, help="optimizer steps to run (1 skipped, 1 warm-up, "
+                        "the rest recorded; default 12)")
+    parser.add_argument("--top", type=int, default=10, help="ops to list by device and by host time")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
+                        help="config overrides, as for gputrain train")
+    parser.epilog = fields_help_text()
+
+
+def _fmt_us(us: float) -> str:
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from gputrain.config import load_config
+    from gputrain.observe.profiler import profile_trainer
+    from gputrain.train.run_files import default_run_dir
+    from gputrain.train.trainer import Trainer
+
+    if args.steps < 3:
+        raise UsageError(f"--steps must be at least 3 (1 skipped, 1 warm-up, 1 or more recorded), got {args.steps}")
+    forced = [f"train.max_steps={args.steps}", "checkpoint.enabled=false", "checkpoint.resume=never",
+              "log.tensorboard=false", f"log.every_steps={args.steps}"]
+    config = load_config(args.config, [*args.overrides, *forced])
+    run_dir = Path(args.run_dir) if args.run_dir else Path(f"{default_run_dir(config.model.name, config.data.name)}-profile")
+    trainer = Trainer.from_config(config, run_dir=run_dir)
+    trainer.val_data = trainer.test_data = None  # profile the training step only
+    report = profile_trainer(trainer, top=args.top)
+
+    console = Console(highlight=False)
+    for title, rows, key in (("top ops by device time", report.top_device_ops, "self_device_us"),
+                             ("top ops by host time", report.top_host_ops, "self_host_us")):
+        if not rows:
+            continue
+        on_device = bool(report.top_device_ops)
+        table = Table(title=title)
+        for column in ("op", "calls", *(("self device",) if on_device else ()), "self host"):
+            table.add_column(column, justify="left" if column == "op" else "right")
+        for row in rows:
+            device = (_fmt_us(row["self_device_us"]),) if on_device else ()
+            table.add_row(row["name"][:60], str(row["calls"]), *device, _fmt_us(row["self_host_us"]))
+        console.print(table)
+    facts = report.facts
+    console.print(f"step time {1000 * facts.step_time_s:.2f} ms on {trainer.device} ({trainer.precision_mode})"
+                  + (f"; data wait {100 * facts.data_fraction:.0f}%" if facts.data_fraction is not None else ""))
+    if report.findings:
+        console.print("[bold]findings[/bold]")
+        for finding in report.findings:
+            console.print(f"  • {finding.bottleneck}: {finding.evidence} → [bold]{finding.change}[/bold]")
+    else:
+        console.print("findings: none — no bottleneck the advisor knows of")
+    for path in report.files:
+        console.print(f"wrote {path}")
+    return 0

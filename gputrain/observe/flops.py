@@ -1,0 +1,131 @@
+"""FLOPs of a training step, counted for any `nn.Module` — no formula from the user.
+
+The count comes from torch's `FlopCounterMode` wrapped around the first real optimizer step (all
+its micro-batches, forward and backward). It counts the matmul-like ops torch knows (mm, bmm,
+addmm, convolutions, attention); element-wise ops and the optimizer are not counted, which is the
+usual convention for MFU. A model whose ops torch cannot count just gets a lower figure.
+
+For GPT-like models the analytic count of torchtitan (6·N + 12·L·H·Q·T per token) is given
+beside it. A model is GPT-like when it (or its `config`, `cfg` or `shape` attribute) has the
+integer attributes `n_layer`, `n_head`, `d_model` and `seq_len` (gputrain's own GPT keeps them
+in `model.shape`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger("gputrain")
+
+
+def _cpu_attention_flops() -> dict[Any, Any]:
+    """Counts for the CPU flash-attention kernels, which torch's counter leaves out (its GPU
+    attention kernels are counted); same formulas as torch uses for those."""
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+    mapping: dict[Any, Any] = {}
+    forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if forward is not None:
+        def forward_flops(query, key, value, *args, out_shape=None, **kwargs):  # type: ignore[no-untyped-def]
+            return flop_counter.sdpa_flop_count(query, key, value)
+
+        mapping[forward] = forward_flops
+    if backward is not None:
+        def backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs):  # type: ignore[no-untyped-def]
+            return flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
+
+        mapping[backward] = backward_flops
+    return mapping
+
+
+class StepFlopCounter:
+    """Counts the FLOPs of the code run inside `counting()`; `total` stays None if counting failed."""
+
+    def __init__(self) -> None:
+        self.total: int | None = None
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        try:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            mode = FlopCounterMode(display=False, custom_mapping=_cpu_attention_flops())
+            with warnings.catch_warnings():
+                # the counter's global module hooks make torch.compile warn once; harmless here
+                warnings.simplefilter("ignore")
+                mode.__enter__()
+        except Exception as exc:  # noqa: BLE001 - FLOPs are a report, never a reason to stop training
+            log.warning("FLOPs not counted (%s: %s); MFU stays empty", type(exc).__name__, exc)
+            yield
+            return
+        failed = False
+        try:
+            yield
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            try:
+                mode.__exit__(None, None, None)
+                if not failed:
+                    self.total = int(mode.get_total_flops())
+            except Exception as exc:  # noqa: BLE001
+                log.warning("FLOPs not counted (%s: %s); MFU stays empty", type(exc).__name__, exc)
+
+
+def gpt_flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> int:
+    """Training FLOPs per token of a decoder-only transformer, torchtitan's convention.
+
+    6·N for the forward and backward matmuls of N (non-embedding) parameters, plus 12·L·H·Q·T for
+    attention scores and their weighted sum over a context of T tokens (forward 4·L·H·Q·T, backward
+    twice that; causal masking is not discounted, as in torchtitan and the PaLM paper).
+    """
+    return 6 * n_params + 12 * n_layer * n_head * head_dim * seq_len
+
+
+@dataclass(frozen=True, slots=True)
+class GptDims:
+    n_params: int
+    """Parameters excluding embedding tables (an embedding tied to the output layer counts)."""
+    n_layer: int
+    n_head: int
+    head_dim: int
+    seq_len: int
+
+
+def _attr(model: nn.Module, name: str) -> int | None:
+    for holder in (model, *(getattr(model, name, None) for name in ("config", "cfg", "shape"))):
+        value = getattr(holder, name, None) if holder is not None else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def gpt_dims(model: nn.Module, seq_len: int | None = None) -> GptDims | None:
+    """The sizes the GPT formula needs, or None for a model that is not GPT-like.
+
+    Args:
+        model: the unwrapped model; read are `n_layer`, `n_head`, `d_model` and `seq_len` on it or
+            on its `config` / `cfg` / `shape` attribute.
+        seq_len: tokens per training sample, when the data says so (else the model's `seq_len`).
+    """
+    n_layer, n_head, d_model = _attr(model, "n_layer"), _attr(model, "n_head"), _attr(model, "d_model")
+    seq_len = seq_len or _attr(model, "seq_len")
+    if not (n_layer and n_head and d_model and seq_len):
+        return None
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    # Embedding lookups cost no FLOPs; a table tied to the output projection does (it is a matmul).
+    embedding = sum(p.numel() for m in model.modules() if isinstance(m, nn.Embedding)
+                    for p in m.parameters() if id(p) not in linear_weights)
+    n_params = sum(p.numel() for p in model.parameters()) - embedding
+    return GptDims(n_params=n_params, n_layer=n_layer, n_head=n_head, head_dim=d_model // n_head, seq_len=seq_len)

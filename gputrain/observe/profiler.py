@@ -1,0 +1,157 @@
+"""Profile a short training run: torch.profiler over a wait/warm-up/active schedule, a Chrome
+trace and (on CUDA) a memory snapshot in the run directory, the top ops, and the facts the
+advisor judges.
+
+The profiler is stepped from an optimizer post-step hook, so the training loop needs no
+profiling code: one profiler step is one optimizer step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from gputrain.observe.advisor import SHORT_KERNEL_US, Finding, RunFacts, advise
+
+if TYPE_CHECKING:
+    from gputrain.train.trainer import Trainer
+
+WAIT_STEPS, WARMUP_STEPS = 1, 1
+_MATMUL_KERNEL_HINTS = ("gemm", "xmma", "cutlass", "conv", "wgrad", "dgrad", "matmul", "cublas")
+_SYNC_OPS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize")
+
+
+@dataclass(slots=True)
+class ProfileReport:
+    facts: RunFacts
+    findings: list[Finding]
+    top_device_ops: list[dict[str, Any]] = field(default_factory=list)
+    top_host_ops: list[dict[str, Any]] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"facts": self.facts.to_dict(), "findings": [vars_of(f) for f in self.findings],
+                "top_device_ops": self.top_device_ops, "top_host_ops": self.top_host_ops, "files": self.files}
+
+
+def vars_of(finding: Finding) -> dict[str, str]:
+    return {"bottleneck": finding.bottleneck, "evidence": finding.evidence, "change": finding.change}
+
+
+def _top_ops(prof: Any, key: str, limit: int) -> list[dict[str, Any]]:
+    rows = []
+    for avg in prof.key_averages():
+        device_us = getattr(avg, "self_device_time_total", 0) or 0
+        rows.append({"name": avg.key, "calls": avg.count, "self_host_us": avg.self_cpu_time_total,
+                     "self_device_us": device_us})
+    rows = [r for r in rows if r[key] > 0 and not r["name"].startswith("ProfilerStep")]
+    return sorted(rows, key=lambda r: r[key], reverse=True)[:limit]
+
+
+def _device_kernels(events: Any) -> list[tuple[str, float]]:
+    """(name, duration µs) of every device activity in the active window (kernels, copies)."""
+    from torch.autograd import DeviceType
+
+    return [(e.name, float(e.time_range.end - e.time_range.start)) for e in events
+            if e.device_type == DeviceType.CUDA]
+
+
+def _model_layout(model: nn.Module) -> tuple[bool, bool]:
+    """(is a conv net, its conv weights are channels_last)."""
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    if not convs:
+        return False, False
+    weight = convs[0].weight
+    channels_last = weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
+    return True, channels_last
+
+
+def collect_facts(trainer: "Trainer", prof: Any, active_steps: int, summary: dict[str, Any]) -> RunFacts:
+    """What the profiled run measured, as data for the advisor."""
+    events = prof.events()
+    step_events = [e for e in events if e.name.startswith("ProfilerStep#")]
+    window_us = sum(e.time_range.end - e.time_range.start for e in step_events) or None
+    steps = len(step_events) or active_steps
+    loader = trainer.feed.loader
+    conv_net, channels_last = _model_layout(trainer.model)
+    breakdown = summary["train"].get("time_breakdown") or {}
+    facts = RunFacts(
+        device_type=trainer.device.type, precision=trainer.precision_mode, batch_size=trainer.global_batch,
+        step_time_s=(window_us / 1e6 / steps) if window_us else (summary["train"]["step_time_s"] or 0.0),
+        data_fraction=breakdown.get("data"),
+        num_workers=loader.num_workers if loader is not None else 0,
+        pin_memory=bool(loader.pin_memory) if loader is not None else False,
+        loader_workers_apply=trainer.feed.tensors is None,
+        compiled=trainer.config.train.compile, conv_net=conv_net, channels_last=channels_last,
+        syncs_per_step=sum(1 for e in events if e.name in _SYNC_OPS) / steps,
+    )
+    if trainer.device.type == "cuda":
+        kernels = _device_kernels(events)
+        compute = [(n, d) for n, d in kernels if not n.startswith(("Memcpy", "Memset"))]
+        busy = sum(d for _, d in kernels)
+        facts.kernels_per_step = len(compute) / steps
+        facts.short_kernels_per_step = sum(1 for _, d in compute if d < SHORT_KERNEL_US) / steps
+        facts.device_utilisation = min(1.0, busy / window_us) if window_us else None
+        facts.tensor_cores = torch.cuda.get_device_capability(trainer.device) >= (7, 0)
+        if trainer.precision_mode == "fp32" and busy > 0:
+            matmul = sum(d for n, d in compute if any(h in n.lower() for h in _MATMUL_KERNEL_HINTS))
+            facts.fp32_matmul_share = matmul / busy
+    return facts
+
+
+@contextlib.contextmanager
+def _memory_history(device: torch.device, path: Path, files: list[str]) -> Iterator[None]:
+    """Record CUDA allocations while training; dump a snapshot (open it at pytorch.org/memory_viz)."""
+    if device.type != "cuda":
+        yield
+        return
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        yield
+    finally:
+        torch.cuda.memory._dump_snapshot(str(path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        files.append(str(path))
+
+
+def profile_trainer(trainer: "Trainer", top: int = 10) -> ProfileReport:
+    """Run `trainer.fit()` under torch.profiler and judge what it measured.
+
+    The trainer should be built for a short run (`train.max_steps`); the first WAIT_STEPS steps
+    are skipped and the next WARMUP_STEPS warm the profiler up, the rest are recorded.
+    """
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    active = max(1, trainer.total_steps - WAIT_STEPS - WARMUP_STEPS)
+    trainer.speed.timer.every = 1  # every step's breakdown: a profile is short
+    run_dir = trainer.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    files: list[str] = []
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
+    with profile(activities=activities, schedule=schedule(wait=WAIT_STEPS, warmup=WARMUP_STEPS, active=active,
+                                                          repeat=1)) as prof:
+        hook = trainer.optimizer.register_step_post_hook(lambda *_: prof.step())
+        try:
+            with _memory_history(trainer.device, run_dir / "memory_snapshot.pickle", files):
+                summary = trainer.fit()
+        finally:
+            hook.remove()
+    trace = run_dir / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    files.insert(0, str(trace))
+    facts = collect_facts(trainer, prof, active, summary)
+    report = ProfileReport(facts=facts, findings=advise(facts), files=files, summary=summary,
+                           top_device_ops=_top_ops(prof, "self_device_us", top) if trainer.device.type == "cuda"
+                           else [],
+                           top_host_ops=_top_ops(prof, "self_host_us", top))
+    (run_dir / "profile.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    report.files.append(str(run_dir / "profile.json"))
+    return report

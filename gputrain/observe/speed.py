@@ -1,0 +1,126 @@
+"""The speed report of a run: FLOPs per step, achieved FLOP/s, MFU and the time breakdown.
+
+One `SpeedMeter` per run. The loop wraps the first optimizer step in `step_context()` (that step
+is the one whose FLOPs are counted) and asks for `record_fields` on logging steps and
+`summary_fields` at the end; everything here is host arithmetic on numbers the loop already has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from gputrain.observe.breakdown import CATEGORIES, StepTimer
+from gputrain.observe.flops import StepFlopCounter, gpt_dims, gpt_flops_per_token
+from gputrain.observe.peak import resolve_peak
+
+_NO_COUNT = contextlib.nullcontext()
+
+
+def host_peak_rss_bytes() -> int:
+    """The process's peak resident set size."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB
+
+
+def device_peak_memory_bytes(device: torch.device) -> int:
+    """Peak device memory allocated by tensors on CUDA; the host's peak RSS elsewhere."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return host_peak_rss_bytes()
+
+
+class SpeedMeter:
+    """Args:
+        model: the unwrapped model (for the GPT formula).
+        device, precision: what the peak is looked up for.
+        world_size: ranks sharing each optimizer step (one rank's FLOPs × world_size = the step's).
+        global_batch: samples per optimizer step; seq_len: tokens per sample for LMs, else None.
+        breakdown_every: time every N-th step (0: never).
+    """
+
+    def __init__(self, model: nn.Module, device: torch.device, precision: str, world_size: int,
+                 global_batch: int, seq_len: int | None, breakdown_every: int) -> None:
+        self.device = device
+        self.precision = precision
+        self.world_size = world_size
+        self.timer = StepTimer(device, breakdown_every)
+        self._counter = StepFlopCounter()
+        self._counted = False
+        self._peak: tuple[float | None, str | None] | None = None
+        dims = gpt_dims(model, seq_len)
+        self.formula_flops_per_step: float | None = None
+        if dims is not None:
+            per_token = gpt_flops_per_token(dims.n_params, dims.n_layer, dims.n_head, dims.head_dim, dims.seq_len)
+            self.formula_flops_per_step = float(per_token * global_batch * dims.seq_len)
+
+    def step_context(self) -> contextlib.AbstractContextManager[None]:
+        """Wrap each optimizer step: the first is counted, the rest get a no-op context."""
+        if self._counted:
+            return _NO_COUNT
+        self._counted = True
+        return self._counter.counting()
+
+    @property
+    def flops_per_step(self) -> float | None:
+        """FLOPs of one optimizer step over all ranks (None until counted, or if counting failed)."""
+        if self._counter.total is None:
+            return None
+        return float(self._counter.total * self.world_size)
+
+    def peak(self) -> tuple[float | None, str | None]:
+        """(peak FLOP/s of the whole job, source); looked up once."""
+        if self._peak is None:
+            peak, source = resolve_peak(self.device, self.precision)
+            self._peak = (peak * self.world_size if peak else None, source if peak else None)
+        return self._peak
+
+    def _rates(self, steps: int, seconds: float, prefix: str = "") -> dict[str, Any]:
+        flops = self.flops_per_step
+        peak, _ = self.peak()
+        achieved = flops * steps / seconds if flops and steps and seconds > 0 else None
+        fields: dict[str, Any] = {
+            f"{prefix}achieved_flops": achieved,
+            f"{prefix}mfu": achieved / peak if achieved and peak else None,
+        }
+        if self.formula_flops_per_step is not None and steps and seconds > 0:
+            formula_rate = self.formula_flops_per_step * steps / seconds
+            fields[f"{prefix}mfu_formula"] = formula_rate / peak if peak else None
+        return fields
+
+    def _breakdown(self, values: dict[str, float] | None) -> dict[str, float | None] | None:
+        if values is None or self.world_size == 1:
+            return values  # type: ignore[return-value]
+        return {**values, "comm": None}  # inside forward_backward under DDP, not measured apart
+
+    def record_fields(self, steps: int, seconds: float) -> dict[str, Any]:
+        """Speed figures for a metrics.jsonl row covering `steps` steps in `seconds`."""
+        fields: dict[str, Any] = {"step_time_s": seconds / steps if steps else None}
+        fields.update(self._rates(steps, seconds))
+        fields["peak_memory_bytes"] = device_peak_memory_bytes(self.device)
+        fractions = self._breakdown(self.timer.fractions())
+        if fractions is not None:
+            fields.update({f"time_{c}": fractions[c] for c in CATEGORIES})
+        return fields
+
+    def summary_fields(self, steps: int, seconds: float) -> dict[str, Any]:
+        """The speed part of summary.json's "train" section."""
+        _, source = self.peak()
+        rates = self._rates(steps, seconds)
+        return {
+            "flops_per_step": self.flops_per_step,
+            "achieved_flops": rates["achieved_flops"],
+            "mfu": rates["mfu"],
+            "mfu_peak_source": source if rates["mfu"] is not None else None,
+            "flops_per_step_formula": self.formula_flops_per_step,
+            "mfu_formula": rates.get("mfu_formula"),
+            "host_peak_rss_bytes": host_peak_rss_bytes(),
+            "time_breakdown": self._breakdown(self.timer.fractions()),
+            "time_breakdown_s": self._breakdown(self.timer.mean_seconds()),
+            "time_breakdown_steps": self.timer.sampled_steps,
+        }

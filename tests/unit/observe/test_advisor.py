@@ -1,0 +1,73 @@
+"""Each advisor rule on facts crafted to have (and not have) its bottleneck."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gputrain.observe.advisor import Finding, RunFacts, advise
+
+
+def healthy_gpu(**changes) -> RunFacts:  # type: ignore[no-untyped-def]
+    facts = RunFacts(device_type="cuda", precision="bf16", batch_size=256, step_time_s=0.05, data_fraction=0.02,
+                     num_workers=4, pin_memory=True, cpu_count=16, kernels_per_step=300, short_kernels_per_step=40,
+                     compiled=True, tensor_cores=True, fp32_matmul_share=None, syncs_per_step=0.0,
+                     device_utilisation=0.93, conv_net=True, channels_last=True)
+    return dataclasses.replace(facts, **changes)
+
+
+def only(findings: list[Finding]) -> Finding:
+    assert len(findings) == 1, findings
+    return findings[0]
+
+
+def test_healthy_runs_have_no_finding() -> None:
+    assert advise(healthy_gpu()) == []
+    assert advise(RunFacts(device_type="cpu", precision="fp32", batch_size=64, step_time_s=0.01,
+                           data_fraction=0.01, syncs_per_step=3.0)) == []  # .item() on CPU syncs nothing
+
+
+def test_data_bound_names_workers_and_pinning() -> None:
+    found = only(advise(healthy_gpu(data_fraction=0.38, num_workers=2, pin_memory=False, device_utilisation=0.55)))
+    assert str(found) == ("data-bound: the device waits for data 38% of each step → "
+                          "data.num_workers=4 (2 now), pinned memory")
+
+
+def test_data_bound_in_memory_data_has_no_worker_advice() -> None:
+    found = only(advise(healthy_gpu(data_fraction=0.5, loader_workers_apply=False)))
+    assert "num_workers" not in found.change
+
+
+def test_launch_bound() -> None:
+    found = only(advise(healthy_gpu(compiled=False, kernels_per_step=2300, short_kernels_per_step=1900)))
+    assert str(found) == "launch-bound: 1,900 kernels of < 10 µs per step → train.compile=true or a larger batch"
+    compiled = only(advise(healthy_gpu(short_kernels_per_step=1900)))
+    assert compiled.change.startswith("train.cuda_graphs=true")
+
+
+def test_fp32_matmuls_on_tensor_cores() -> None:
+    found = only(advise(healthy_gpu(precision="fp32", fp32_matmul_share=0.7)))
+    assert found.bottleneck == "fp32 matmuls on a GPU with tensor cores"
+    assert found.change.startswith("train.precision=bf16")
+    assert advise(healthy_gpu(precision="fp32", fp32_matmul_share=0.7, tensor_cores=False)) == []
+
+
+def test_host_sync_every_step() -> None:
+    found = only(advise(healthy_gpu(syncs_per_step=1.0)))
+    assert found.bottleneck == "host sync every step" and ".item()" in found.change
+
+
+def test_low_utilisation_suggests_bigger_batch() -> None:
+    found = only(advise(healthy_gpu(device_utilisation=0.23)))
+    assert str(found).startswith("batch too small to fill the GPU: utilisation 23% → train.batch_size=512")
+
+
+def test_conv_net_not_channels_last() -> None:
+    assert only(advise(healthy_gpu(channels_last=False))).bottleneck == "conv net not in channels_last"
+    assert advise(healthy_gpu(channels_last=False, conv_net=False)) == []
+
+
+@pytest.mark.parametrize("data_fraction", [0.14, None])
+def test_below_threshold_is_quiet(data_fraction: float | None) -> None:
+    assert advise(healthy_gpu(data_fraction=data_fraction)) == []

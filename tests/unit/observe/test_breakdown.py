@@ -1,0 +1,61 @@
+"""The step-time breakdown: only sampled steps are timed, each interval lands in its category."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from gputrain import Trainer
+from gputrain.observe import breakdown
+from gputrain.observe.breakdown import CATEGORIES, StepTimer
+
+
+def test_intervals_go_to_their_categories(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([0.0, 0.5, 0.6, 1.6, 1.8, 2.0,     # step 2: data .5, h2d .1, fwd+bwd 1, optim .2, other .2
+                  10.0, 10.1, 10.1, 10.5, 10.6, 10.6])  # step 4
+    monkeypatch.setattr(breakdown.time, "perf_counter", lambda: next(clock))
+    timer = StepTimer(torch.device("cpu"), every=2)
+    for step in range(1, 5):
+        timer.begin(step)
+        for category in ("data", "h2d", "forward_backward", "optimizer"):
+            timer.mark(category)
+        timer.end()
+    mean = timer.mean_seconds()
+    assert timer.sampled_steps == 2  # steps 1 and 3 took no clock reading at all
+    assert mean == pytest.approx({"data": 0.3, "h2d": 0.05, "forward_backward": 0.7, "optimizer": 0.15,
+                                  "comm": 0.0, "other": 0.1})
+    assert sum(timer.fractions().values()) == pytest.approx(1.0)  # type: ignore[union-attr]
+
+
+def test_off_when_every_is_zero() -> None:
+    timer = StepTimer(torch.device("cpu"), every=0)
+    timer.begin(25)
+    timer.mark("data")
+    timer.end()
+    assert timer.mean_seconds() is None and timer.fractions() is None
+
+
+class SlowData(Dataset):
+    """Every sample costs 4 ms to load: a data-bound job."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(0.004)
+        return torch.full((8,), float(i)), torch.tensor(i % 2)
+
+
+def test_slow_dataset_shows_as_data_time(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = {"train.device": "cpu", "log.progress": "none", "log.tensorboard": False, "checkpoint.enabled": False,
+              "train.epochs": 1, "train.batch_size": 8, "data.num_workers": 0, "log.breakdown_every": 2}
+    summary = Trainer(nn.Linear(8, 2), SlowData(), config=config, run_dir=tmp_path).fit()
+    train = summary["train"]
+    assert train["time_breakdown_steps"] == 4  # steps 2, 4, 6, 8 of 8
+    assert set(train["time_breakdown"]) == set(CATEGORIES)
+    assert train["time_breakdown"]["data"] > 0.8  # 32 ms of loading against a tiny linear layer
+    assert train["time_breakdown_s"]["data"] >= 0.030
