@@ -8,9 +8,10 @@ Plans are found by structure, not declared by the model:
 * a GPT-style transformer (`blocks` of `ln_1`, `attn` (`c_attn`/`qkv` fused, `c_proj`/`proj`),
   `ln_2`, `mlp` (`c_fc`/`fc`, `c_proj`/`proj`), plus `wte`/`tok_emb`, `wpe`/`pos_emb`, `ln_f`,
   `lm_head`/`head` tied to the token embedding) — written against that expected structure:
-  the MLP (two thirds of a block's weights) is column- then row-wise; attention is replicated
-  (the model derives the q/k/v split from the full width of its input, so its heads cannot be
-  split without the model's help: it runs whole on each tp rank). Sequence parallelism: between blocks the residual stream is split along the sequence, so the
+  attention and the MLP are each column- then row-wise: the fused q/k/v projection is laid out
+  head by head ([head, (q, k, v), head_dim], see models/gpt.py), so a column split hands each
+  rank whole heads, and attention runs on them without communication until the output
+  projection. Sequence parallelism: between blocks the residual stream is split along the sequence, so the
   LayerNorms run on 1/tp of the tokens; the embeddings produce sequence shards directly and the
   head gathers them. The tied embedding/head weight is sharded the same way on both (by vocab
   rows) and re-tied after sharding.
@@ -24,7 +25,6 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
-    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -70,17 +70,17 @@ def gpt_plan(model: nn.Module) -> dict[str, object] | None:
     for i, block in enumerate(blocks):
         attn, mlp = getattr(block, "attn", None), getattr(block, "mlp", None)
         fc, fc_out = (_first(mlp, ("c_fc", "fc")), _first(mlp, ("c_proj", "proj"))) if mlp is not None else (None, None)
-        if attn is None or None in (fc, fc_out) or not all(hasattr(block, n) for n in ("ln_1", "ln_2")):
+        qkv, attn_out = ((_first(attn, ("c_attn", "qkv")), _first(attn, ("c_proj", "proj"))) if attn is not None
+                         else (None, None))
+        if None in (qkv, attn_out, fc, fc_out) or not all(hasattr(block, n) for n in ("ln_1", "ln_2")):
             return None
         p = f"{stack_name}.{i}"
         plan.update({
             f"{p}.ln_1": SequenceParallel(),
-            # attention runs whole on each rank: the model splits q/k/v by the full width it reads
-            # from its input, so its heads cannot be split under it; its input is gathered along
-            # the sequence and its output cut back into this rank's sequence shard
-            f"{p}.attn": PrepareModuleInputOutput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                                  use_local_input=True, output_layouts=(Replicate(),),
-                                                  desired_output_layouts=(Shard(1),)),
+            # gather the sequence shards, then split by heads: each rank attends with its own heads
+            f"{p}.attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            f"{p}.attn.{qkv}": ColwiseParallel(),
+            f"{p}.attn.{attn_out}": RowwiseParallel(output_layouts=Shard(1)),
             f"{p}.ln_2": SequenceParallel(),
             f"{p}.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
             f"{p}.mlp.{fc}": ColwiseParallel(),

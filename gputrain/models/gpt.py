@@ -35,21 +35,29 @@ class GPTShape:
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with one fused q/k/v projection.
+
+    The projection's outputs are laid out head by head, [head, (q, k, v), head_dim], so splitting
+    them column-wise over tensor-parallel ranks gives each rank whole heads with their q, k and v;
+    the forward reads the number of heads from the width it receives, so it runs unchanged on a shard.
+    """
+
     def __init__(self, shape: GPTShape) -> None:
         super().__init__()
         self.n_head = shape.n_head
+        self.head_dim = shape.d_model // shape.n_head
         self.dropout = shape.dropout
         self.c_attn = nn.Linear(shape.d_model, 3 * shape.d_model, bias=shape.bias)
         self.c_proj = nn.Linear(shape.d_model, shape.d_model, bias=shape.bias)
         self.resid_dropout = nn.Dropout(shape.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        B, T, _ = x.shape
+        qkv = self.c_attn(x).view(B, T, -1, 3, self.head_dim)  # -1: the heads this rank holds
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))  # [B, heads, T, head_dim]
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                            dropout_p=self.dropout if self.training else 0.0)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, -1)))
 
 
 class MLP(nn.Module):

@@ -42,16 +42,18 @@ class SpeedMeter:
         world_size: ranks sharing each optimizer step (one rank's FLOPs × world_size = the step's).
         global_batch: samples per optimizer step; seq_len: tokens per sample for LMs, else None.
         breakdown_every: time every N-th step (0: never).
+        count_flops: False where the counter cannot run (pipeline schedules call autograd.grad,
+            which rejects the counter's module hooks); the FLOP figures are then null.
     """
 
     def __init__(self, model: nn.Module, device: torch.device, precision: str, world_size: int,
-                 global_batch: int, seq_len: int | None, breakdown_every: int) -> None:
+                 global_batch: int, seq_len: int | None, breakdown_every: int, count_flops: bool = True) -> None:
         self.device = device
         self.precision = precision
         self.world_size = world_size
         self.timer = StepTimer(device, breakdown_every)
         self._counter = StepFlopCounter()
-        self._counted = False
+        self._counted = not count_flops
         self._peak: tuple[float | None, str | None] | None = None
         dims = gpt_dims(model, seq_len)
         self.formula_flops_per_step: float | None = None

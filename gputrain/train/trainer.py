@@ -153,7 +153,9 @@ class Trainer:
                                pipeline=self.pipeline, pp_group=pp_group(self.dist))
         self.speed = SpeedMeter(self.model, self.device, self.precision_mode, self.dist.world_size, self.global_batch,
                                 spec.input_shape[0] if spec is not None and spec.task == "lm" else None,
-                                cfg.log.breakdown_every)
+                                cfg.log.breakdown_every, count_flops=self.pipeline is None)
+        if self.pipeline is not None:
+            log.info("FLOPs are not counted under pipeline parallelism: MFU stays null for this run")
         self.parts.timer = self.feed.timer = self.speed.timer
         self.state = LoopState()
         self.stop = StopRequest()

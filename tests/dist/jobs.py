@@ -22,8 +22,8 @@ def train_runs(rank: int, runs: list[tuple[str, list[str]]]) -> list[dict[str, A
 
 
 def gpt_tp_check(rank: int) -> list[tuple[float, float]]:
-    """Train a small GPT of the expected structure (see distributed/tp.py) with TP=2 and unsharded,
-    side by side on each rank; return (tp loss, reference loss) per step."""
+    """Train the zoo's GPT (tiny, attention split by heads) with TP=2 and unsharded, side by side on
+    each rank; return (tp loss, reference loss) per step."""
     import copy
 
     import torch
@@ -31,13 +31,21 @@ def gpt_tp_check(rank: int) -> list[tuple[float, float]]:
     from torch.distributed.device_mesh import init_device_mesh
 
     from gputrain.distributed.tp import apply_tp
-    from tests.dist.toy_gpt import ToyGPT
+    from gputrain.config import load_config
+    from gputrain.data.spec import DataSpec
+    from gputrain.models import build_model
 
     torch.manual_seed(0)
-    reference = ToyGPT(vocab=32, seq_len=8, d_model=16, n_head=2, n_layer=2)
+    config = load_config(None, {"model.name": "gpt", "model.n_layer": 2, "model.n_head": 4, "model.d_model": 16,
+                                "model.seq_len": 8, "data.name": "synthetic", "data.task": "lm", "data.seq_len": 8})
+    reference = build_model(config.model, DataSpec(task="lm", input_shape=(8,), vocab_size=32))
     model = copy.deepcopy(reference)
     apply_tp(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
     assert model.lm_head.weight is model.wte.weight, "the tie must survive sharding"
+    from torch.distributed.tensor import DTensor
+
+    qkv = model.blocks[0].attn.c_attn.weight
+    assert isinstance(qkv, DTensor) and qkv.to_local().shape == (3 * 16 // 2, 16), "attention must be split by heads"
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference)]
     tokens = torch.randint(32, (4, 9), generator=torch.Generator().manual_seed(1))
     losses = []
