@@ -109,6 +109,10 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
         ConfigError: the model has no structure this module knows how to split.
     """
     plan = gpt_plan(model)
+    heads = {m.n_head for m in model.modules() if isinstance(getattr(m, "n_head", None), int) and hasattr(m, "head_dim")}
+    if plan is not None and any(h % mesh.size() for h in heads):
+        raise ConfigError("parallel.tp", f"must divide the number of attention heads ({min(heads)}): each rank takes "
+                          "whole heads", mesh.size())
     if plan is None:
         if not isinstance(model, nn.Sequential):
             raise ConfigError("parallel.tp", f"tensor parallelism knows plans for the mlp (an nn.Sequential of "
