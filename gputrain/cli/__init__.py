@@ -18,6 +18,8 @@ from gputrain.errors import GputrainError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("gputrain.cli.train", "train a model (one device, or torchrun for many)"),
     "config": ("gputrain.cli.config_cmd", "show the config fields, their defaults and meanings"),
+    "doctor": ("gputrain.cli.doctor", "can this machine train on its GPUs? if not, why and how to fix it"),
+    "bench": ("gputrain.cli.bench", "microbenchmarks: matmul FLOP/s per dtype, memory, transfers, all-reduce"),
 }
 
 
