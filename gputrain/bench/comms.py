@@ -30,9 +30,7 @@ def bench_allreduce(device: torch.device, settings: Settings) -> BenchResult | N
 
     # The sum grows world× per call; the values may overflow to inf, which costs the same to
     # reduce, so nothing rescales them inside the timed loop.
-    timing = measure(lambda: dist.all_reduce(tensor), device, warmup=settings.warmup, repeats=settings.repeats,
-                     budget_s=settings.budget_s,
-                     min_warmup_s=settings.warmup_s)
+    timing = measure(lambda: dist.all_reduce(tensor), device, **settings.timing_kwargs())
     # A rank's own timing can differ; the slowest rank is what training waits for.
     worst = torch.tensor([timing.median_s], device=device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)

@@ -5,19 +5,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from gputrain.bench.precision import fp32_precision
 from gputrain.bench.result import BenchResult, Settings
 from gputrain.bench.timing import measure
 
 __all__ = ["bench_conv2d", "conv_dtypes"]
 
-_TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def conv_dtypes(device: torch.device) -> tuple[str, ...]:
+    """fp32 on a CPU; on a GPU what training uses: tf32 (cuDNN's fp32 default) and bf16/fp16."""
     if device.type != "cuda":
         return ("fp32",)
     major, _ = torch.cuda.get_device_capability(device)
-    return ("fp32", "bf16") if major >= 8 else ("fp32", "fp16")
+    return ("tf32", "bf16") if major >= 8 else ("fp32", "fp16")
 
 
 def bench_conv2d(device: torch.device, dtype: str, settings: Settings) -> BenchResult:
@@ -38,9 +40,8 @@ def bench_conv2d(device: torch.device, dtype: str, settings: Settings) -> BenchR
         out = F.conv2d(x, w, padding=1)
         torch.autograd.grad(out, (x, w), grad_out)
 
-    timing = measure(step, device, warmup=settings.warmup, repeats=settings.repeats,
-                     budget_s=settings.budget_s,
-                     min_warmup_s=settings.warmup_s)
+    with fp32_precision("tf32" if dtype == "tf32" else "ieee"):
+        timing = measure(step, device, **settings.timing_kwargs())
     flops = 3 * 2 * n * c * hw * hw * c * 9
     return BenchResult("conv2d_fwd_bwd", device.type, dtype, f"N{n} C{c} {hw}x{hw} k3",
                        flops / timing.median_s, "FLOP/s")

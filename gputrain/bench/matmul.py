@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 
+from gputrain.bench.precision import fp32_precision
 from gputrain.bench.result import BenchResult, Settings
 from gputrain.bench.timing import measure
 
@@ -25,17 +23,6 @@ def matmul_dtypes(device: torch.device) -> tuple[str, ...]:
     return DTYPES_CUDA if major >= 8 else ("fp32", "fp16")
 
 
-@contextmanager
-def _tf32(enabled: bool) -> Iterator[None]:
-    # "fp32" must mean true FP32 and "tf32" tensor cores, whatever the process default is.
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
-
-
 def bench_matmul(device: torch.device, dtype: str, n: int, settings: Settings) -> BenchResult:
     """FLOP/s of an n×n by n×n matmul (2·n³ FLOPs) in `dtype`, median of repeats."""
     torch_dtype = _TORCH_DTYPE[dtype]
@@ -44,8 +31,7 @@ def bench_matmul(device: torch.device, dtype: str, n: int, settings: Settings) -
     a = torch.randn(n, n, device=device).to(torch_dtype)
     b = torch.randn(n, n, device=device).to(torch_dtype)
     out = torch.empty(n, n, device=device, dtype=torch_dtype)
-    with _tf32(dtype == "tf32"):
-        timing = measure(lambda: torch.matmul(a, b, out=out), device, warmup=settings.warmup,
-                         repeats=settings.repeats, budget_s=settings.budget_s,
-                     min_warmup_s=settings.warmup_s)
+    # "fp32" must mean IEEE FP32 and "tf32" tensor cores, whatever the process default is.
+    with fp32_precision("tf32" if dtype == "tf32" else "ieee"):
+        timing = measure(lambda: torch.matmul(a, b, out=out), device, **settings.timing_kwargs())
     return BenchResult("matmul", device.type, dtype, f"{n}x{n}x{n}", 2 * n**3 / timing.median_s, "FLOP/s")

@@ -47,6 +47,11 @@ class Settings:
     warmup_s: float
     """Seconds each figure warms up at least (CPU clocks and thread pools ramp up)."""
 
+    def timing_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of `gputrain.bench.timing.measure` for these settings."""
+        return {"warmup": self.warmup, "repeats": self.repeats, "budget_s": self.budget_s,
+                "min_warmup_s": self.warmup_s}
+
 
 MIB = 1 << 20
 # GPU sizes fill the device: an 8192² matmul keeps every SM busy, a 1 GiB copy dwarfs the L2.

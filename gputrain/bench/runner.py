@@ -41,7 +41,7 @@ def describe_device(device: torch.device, settings: Settings) -> dict[str, Any]:
             "mode": settings.mode, "key": machine_key(name)}
 
 
-def speedup_results(device: torch.device, gpu: list[BenchResult], settings: Settings) -> list[BenchResult]:
+def speedup_results(device: torch.device, settings: Settings) -> list[BenchResult]:
     """GPU over CPU on the same n×n matmul: fp32 vs fp32, and bf16 on the GPU vs fp32 on the CPU
     (what moving a CPU fp32 training run to a GPU with bf16 autocast gains)."""
     n = min(settings.matmul_n, 2048 if settings.mode == "quick" else 4096)
@@ -70,7 +70,7 @@ def run_benchmarks(device: torch.device, *, quick: bool) -> BenchReport:
     report.results.append(bench_copy(device, settings))
     if device.type == "cuda":
         report.results.extend(bench_transfers(device, settings))
-        report.results.extend(speedup_results(device, report.results, settings))
+        report.results.extend(speedup_results(device, settings))
     else:
         report.notes.append("no GPU: host↔device transfers and the GPU-over-CPU speed-up are not measured")
     report.notes.append("all-reduce bandwidth needs more than one rank: run under "

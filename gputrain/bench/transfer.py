@@ -30,9 +30,7 @@ def bench_transfers(device: torch.device, settings: Settings) -> list[BenchResul
             ("h2d", lambda: dev.copy_(host, non_blocking=pinned)),
             ("d2h", lambda: host.copy_(dev, non_blocking=pinned)),
         ):
-            timing = measure(fn, device, warmup=settings.warmup, repeats=settings.repeats,
-                             budget_s=settings.budget_s,
-                     min_warmup_s=settings.warmup_s)
+            timing = measure(fn, device, **settings.timing_kwargs())
             results.append(BenchResult(f"{direction}_{label}", device.type, "fp32",
                                        f"{numel * 4 >> 20} MiB", numel * 4 / timing.median_s, "B/s"))
     return results

@@ -119,18 +119,20 @@ def check_driver_cuda_version(f: EnvReport) -> Check | None:
     return Check("driver vs CUDA runtime", "ok", detail)
 
 
-def _hides_every_gpu(visible: str) -> bool:
-    tokens = [t.strip() for t in visible.split(",")]
-    # CUDA stops at the first invalid entry, so "-1,0" hides everything too.
-    first = tokens[0] if tokens else ""
-    return first == "" or first.startswith("-")
+def _hides_every_gpu(visible: str, gpu_count: int | None) -> bool:
+    # CUDA exposes the listed devices up to the first invalid entry, so only the first matters:
+    # "" and "-1" hide everything, and so does an index past the last GPU.
+    first = visible.split(",")[0].strip()
+    if first == "" or first.startswith("-"):
+        return True
+    return first.isdigit() and gpu_count is not None and int(first) >= gpu_count
 
 
 def check_cuda_visible_devices(f: EnvReport) -> Check | None:
     visible = f.cuda_visible_devices
     if visible is None:
         return None
-    if _hides_every_gpu(visible) or (f.device_count == 0 and _gpus_exist(f)):
+    if _hides_every_gpu(visible, f.driver.nvml_gpu_count):
         return Check("CUDA_VISIBLE_DEVICES", "fail",
                      f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU "
                      f"({f.driver.nvml_gpu_count or 0} on the machine)",

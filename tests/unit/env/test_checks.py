@@ -31,6 +31,7 @@ def test_healthy_h100_passes_every_check(facts):
         assert words in gpu.detail
     assert "CUDA 12.8" in by_name(checks, "driver vs CUDA runtime").detail
     assert by_name(checks, "nccl").detail == "NCCL 2.27.3"
+    assert check_torch_build(facts("h100_healthy")).detail == "CUDA build (CUDA runtime 12.8)"
 
 
 def test_cpu_only_build_recorded_on_this_machine(facts):
@@ -82,7 +83,7 @@ def test_older_minor_driver_only_warns(facts):
 
 
 def test_cuda_visible_devices_hiding_every_gpu(facts):
-    for hidden in ("", "-1", "-1,0"):
+    for hidden in ("", "-1", "-1,0", "8", "8,0"):
         f = facts("h100_healthy", cuda_visible_devices=hidden, cuda_available=False, device_count=0,
                   **{"driver.nvml_gpu_count": 8})
         result = check_cuda_visible_devices(f)
@@ -92,6 +93,11 @@ def test_cuda_visible_devices_hiding_every_gpu(facts):
         assert "CUDA_VISIBLE_DEVICES" in check_cuda_available(f).detail
     assert check_cuda_visible_devices(facts("h100_healthy", cuda_visible_devices="0")).status == "ok"
     assert check_cuda_visible_devices(facts("h100_healthy")) is None
+    # A CPU-only wheel on a GPU machine sees no device whatever the variable says: not its fault.
+    cpu_wheel = facts("h100_healthy", torch_build="cpu", torch_cuda=None, cuda_available=False,
+                      device_count=0, cuda_visible_devices="0")
+    assert check_cuda_visible_devices(cpu_wheel).status == "ok"
+    assert "CPU-only build" in check_cuda_available(cpu_wheel).detail
 
 
 def test_two_torch_installs_on_sys_path(facts):

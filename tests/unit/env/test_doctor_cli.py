@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from gputrain.cli import main
+
 REPO = Path(__file__).resolve().parents[3]
 CPU_ONLY = torch.version.cuda is None and not torch.version.hip
 pytestmark = pytest.mark.slow
@@ -71,7 +73,7 @@ def test_dist_smoke_test_names_the_rank_that_fails():
     assert check["detail"].startswith("rank 1 of 2 failed: RuntimeError: injected failure on rank 1")
 
 
-def test_bad_timeout_is_a_usage_error():
-    out = doctor("--timeout", "0")
-    assert out.returncode == 2
-    assert "--timeout must be > 0" in out.stderr and "Traceback" not in out.stderr
+def test_bad_timeout_is_a_usage_error(capsys):
+    assert main(["doctor", "--timeout", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--timeout must be > 0" in err and "Traceback" not in err
