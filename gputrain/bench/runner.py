@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from gputrain.bench.cache import device_name, driver_version, machine_key
-from gputrain.bench.comms import bench_allreduce
 from gputrain.bench.conv import bench_conv2d, conv_dtypes
 from gputrain.bench.matmul import bench_matmul, matmul_dtypes
 from gputrain.bench.memory import bench_copy
 from gputrain.bench.result import BenchResult, Settings, settings_for
 from gputrain.bench.transfer import bench_transfers
 
-__all__ = ["BenchReport", "run_allreduce_benchmark", "run_benchmarks", "speedup_results"]
+__all__ = ["BenchReport", "describe_device", "run_benchmarks", "speedup_results"]
 
 
 @dataclass
@@ -73,27 +69,14 @@ def run_benchmarks(device: torch.device, *, quick: bool) -> BenchReport:
         report.results.extend(speedup_results(device, settings))
     else:
         report.notes.append("no GPU: host↔device transfers and the GPU-over-CPU speed-up are not measured")
-    report.notes.append("all-reduce bandwidth needs more than one rank: run under "
-                        "`torchrun --nproc-per-node N -m gputrain bench`")
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    if gpus > 1:
+        from gputrain.bench.dist_run import spawn_allreduce_benchmark  # it imports this module
+
+        result, note = spawn_allreduce_benchmark("cuda", gpus, quick=quick)
+        report.results.extend([result] if result else [])
+        report.notes.extend([note] if note else [])
+    else:
+        report.notes.append("all-reduce bandwidth needs more than one rank: on CPUs or across nodes "
+                            "run `torchrun --nproc-per-node N -m gputrain bench`")
     return report
-
-
-def run_allreduce_benchmark(device_type: str, *, quick: bool) -> BenchReport | None:
-    """Under torchrun (WORLD_SIZE > 1): all-reduce bus bandwidth; the report on rank 0 only."""
-    use_cuda = device_type == "cuda"
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(minutes=2))
-    try:
-        settings = settings_for(device.type, quick)
-        result = bench_allreduce(device, settings)
-        if dist.get_rank() != 0:
-            return None
-        report = BenchReport(describe_device(device, settings))
-        if result is not None:
-            report.results.append(result)
-        return report
-    finally:
-        dist.destroy_process_group()

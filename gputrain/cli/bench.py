@@ -29,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
 
     from gputrain.bench.cache import save_results
     from gputrain.bench.render import render_table
-    from gputrain.bench.runner import run_allreduce_benchmark, run_benchmarks
+    from gputrain.bench.dist_run import run_allreduce_benchmark
+    from gputrain.bench.runner import run_benchmarks
 
     if args.device == "cuda" and not torch.cuda.is_available():
         from gputrain.env import explain_cuda_unavailable

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import torch
 
@@ -19,6 +20,13 @@ def test_collect_env_is_serialisable_and_round_trips():
     expected_build = "rocm" if torch.version.hip else "cuda" if torch.version.cuda else "cpu"
     assert data["torch_build"] == expected_build
     assert data["cuda_available"] == torch.cuda.is_available()
+
+
+def test_collect_env_is_cheap_enough_for_every_run():
+    collect_env()  # the first call imports nvidia-ml-py
+    start = time.perf_counter()
+    collect_env()
+    assert time.perf_counter() - start < 0.5
 
 
 def test_torch_installs_found_on_given_paths(tmp_path):
