@@ -75,6 +75,8 @@ def check_torch_version(f: EnvReport) -> Check:
 
 def check_torch_build(f: EnvReport) -> Check:
     """A `+cpu` wheel is the most common reason for "no CUDA device"."""
+    if f.torch_build == "cpu" and f.mps_available:
+        return Check("torch build", "ok", f"torch {f.torch}: macOS build, Apple GPU through MPS")
     if f.torch_build == "cpu":
         return Check("torch build", "fail",
                      f"torch {f.torch} is a CPU-only build: it cannot use any GPU", INSTALL_CUDA_BUILD)
@@ -84,8 +86,8 @@ def check_torch_build(f: EnvReport) -> Check:
 
 
 def check_driver(f: EnvReport) -> Check | None:
-    if f.torch_build == "rocm":
-        return None  # AMD GPUs: the NVIDIA driver is irrelevant
+    if f.torch_build == "rocm" or f.mps_available:
+        return None  # AMD and Apple GPUs: the NVIDIA driver is irrelevant
     d = f.driver
     if not d.present:
         return Check("nvidia driver", "fail",
@@ -156,6 +158,8 @@ def check_cuda_available(f: EnvReport) -> Check:
     """The verdict the exit code follows: can torch train on a GPU here?"""
     if f.cuda_available and f.device_count > 0:
         return Check("gpu training", "ok", f"{f.device_count} GPU(s) visible to torch")
+    if f.mps_available:
+        return Check("gpu training", "ok", "Apple GPU through MPS (train.device=mps)")
     cause, fix = why_cuda_unavailable(f)
     return Check("gpu training", "fail", f"torch.cuda.is_available() is False: {cause}", fix)
 

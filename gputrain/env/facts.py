@@ -73,6 +73,8 @@ class EnvReport:
     torch_hip: str | None
     cuda_available: bool
     device_count: int
+    mps_available: bool
+    """Apple-silicon GPU through a macOS build of torch (which has no CUDA)."""
     cuda_visible_devices: str | None
     cudnn_version: int | None
     nccl_version: str | None
@@ -89,7 +91,9 @@ class EnvReport:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EnvReport:
         """Rebuild a report from `to_dict()` output (recorded facts in tests, old `env.json`)."""
-        data = dict(data)
+        # Keys this version does not know (an env.json from a newer gputrain) are dropped.
+        data = {k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(cls)}}
+        data.setdefault("mps_available", False)
         data["driver"] = DriverFacts(**data["driver"])
         data["gpus"] = [GpuFacts(**g) for g in data.get("gpus", [])]
         data["torch_installs"] = [TorchInstall(**t) for t in data.get("torch_installs", [])]
@@ -102,6 +106,11 @@ def _torch_build() -> TorchBuild:
     if getattr(torch.version, "hip", None):
         return "rocm"
     return "cuda" if torch.version.cuda else "cpu"
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend and backend.is_available())
 
 
 def _nccl_version() -> str | None:
@@ -185,6 +194,7 @@ def collect_env() -> EnvReport:
         torch_hip=getattr(torch.version, "hip", None),
         cuda_available=cuda_available,
         device_count=torch.cuda.device_count() if cuda_available else 0,
+        mps_available=_mps_available(),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         cudnn_version=torch.backends.cudnn.version() if cuda_available else None,
         nccl_version=_nccl_version(),

@@ -166,3 +166,16 @@ def test_run_checks_accepts_the_json_dict_and_rendering_shows_fixes(facts):
     doc = json.loads(render_json(facts("cpu_only_no_driver"), checks))
     assert set(doc) == {"facts", "checks"}
     assert all(set(c) == {"name", "status", "detail", "fix"} for c in doc["checks"])
+
+
+def test_macos_build_with_mps_can_train_on_the_apple_gpu(facts):
+    f = facts("cpu_only_no_driver", mps_available=True, platform="macOS-15.1-arm64-arm-64bit", shm=None)
+    checks = run_checks(f)
+    assert "MPS" in check_torch_build(f).detail and check_driver(f) is None
+    assert gpu_training_possible(checks)
+
+
+def test_unknown_keys_from_a_newer_env_json_are_ignored(facts):
+    data = load_recorded("h100_healthy") | {"added_in_a_later_version": 1}
+    del data["mps_available"]  # and ones an older version did not write get their default
+    assert gpu_training_possible(run_checks(data))
