@@ -19,8 +19,9 @@ __all__ = ["CHECKS", "Check", "Status", "check_cuda_available", "check_cuda_visi
 
 Status = Literal["ok", "warn", "fail"]
 
-CUDA_WHEEL_INDEX = "https://download.pytorch.org/whl/cu128"
-INSTALL_CUDA_BUILD = f"install a CUDA build: pip install torch --index-url {CUDA_WHEEL_INDEX}"
+# CUDA variants of the torch wheels (newest first); the default when the driver is unknown.
+WHEEL_CUDA_VERSIONS = ("13.0", "12.8", "12.6")
+DEFAULT_WHEEL_CUDA = "12.8"
 MIN_PYTHON = (3, 10)
 MIN_TORCH = (2, 10)
 # DataLoader workers hand every batch over through /dev/shm; Docker's default is 64 MiB.
@@ -73,13 +74,28 @@ def check_torch_version(f: EnvReport) -> Check:
     return Check("torch version", "ok", f"torch {f.torch} ({f.torch_path})")
 
 
+def install_cuda_build(driver_cuda: str | None) -> str:
+    """The fix for a CPU-only wheel: the newest CUDA wheel the driver can run."""
+    have = _version_tuple(driver_cuda)
+    cuda = DEFAULT_WHEEL_CUDA
+    if have is not None:
+        fitting = [v for v in WHEEL_CUDA_VERSIONS if _version_tuple(v) <= have]
+        if not fitting:
+            return (f"upgrade the NVIDIA driver (it supports CUDA {driver_cuda}; torch wheels need "
+                    f"{WHEEL_CUDA_VERSIONS[-1]} or newer), then install a CUDA build of torch")
+        cuda = fitting[0]
+    tag = "cu" + cuda.replace(".", "")
+    return f"install a CUDA build: pip install torch --index-url https://download.pytorch.org/whl/{tag}"
+
+
 def check_torch_build(f: EnvReport) -> Check:
     """A `+cpu` wheel is the most common reason for "no CUDA device"."""
     if f.torch_build == "cpu" and f.mps_available:
         return Check("torch build", "ok", f"torch {f.torch}: macOS build, Apple GPU through MPS")
     if f.torch_build == "cpu":
         return Check("torch build", "fail",
-                     f"torch {f.torch} is a CPU-only build: it cannot use any GPU", INSTALL_CUDA_BUILD)
+                     f"torch {f.torch} is a CPU-only build: it cannot use any GPU",
+                     install_cuda_build(f.driver.driver_cuda_version))
     if f.torch_build == "rocm":
         return Check("torch build", "ok", f"ROCm build (HIP {f.torch_hip})")
     return Check("torch build", "ok", f"CUDA build (CUDA runtime {f.torch_cuda})")

@@ -50,8 +50,13 @@ def test_cpu_only_wheel_on_a_gpu_machine_blames_the_wheel_not_the_driver(facts):
               cuda_available=False, device_count=0, cudnn_version=None, nccl_version=None)
     checks = run_checks(f)
     assert [c.name for c in checks if c.status == "fail"] == ["torch build", "gpu training"]
-    assert "install a CUDA build" in by_name(checks, "gpu training").fix
+    # The wheel offered is the newest the driver (CUDA 12.8) can run.
+    assert by_name(checks, "gpu training").fix.endswith("--index-url https://download.pytorch.org/whl/cu128")
     assert check_driver(f).status == "ok"
+    older = facts("h100_healthy", torch_build="cpu", **{"driver.driver_cuda_version": "12.7"})
+    assert check_torch_build(older).fix.endswith("/whl/cu126")
+    ancient = facts("h100_healthy", torch_build="cpu", **{"driver.driver_cuda_version": "11.4"})
+    assert check_torch_build(ancient).fix.startswith("upgrade the NVIDIA driver (it supports CUDA 11.4")
 
 
 def test_no_driver(facts):
