@@ -11,7 +11,9 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Sequence
 from typing import Literal
 
 from gputrain.env.facts import DistFacts
@@ -49,25 +51,55 @@ def collect_dist_smoke(backend: Backend, world_size: int, timeout_s: float = 60.
     """
     port = _free_port()
     start = time.monotonic()
-    procs: list[subprocess.Popen[str]] = []
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    ranks: list[_Rank] = []
+    # The children import gputrain from wherever this process did, installed or not.
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=python_path)
     try:
         for rank in range(world_size):
             cmd = [sys.executable, "-m", "gputrain.env._dist_worker", backend, str(rank),
                    str(world_size), str(port), str(timeout_s)]
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True, env=env))
-        failed_rank, error = _wait(procs, start, timeout_s)
+            ranks.append(_Rank(cmd, env))
+        failed_rank, error = _wait(ranks, start, timeout_s)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        for r in ranks:
+            r.close()
     return DistFacts(backend=backend, world_size=world_size, ok=failed_rank is None and error is None,
                      seconds=round(time.monotonic() - start, 3), failed_rank=failed_rank, error=error)
 
 
-def _outcome(p: subprocess.Popen[str]) -> dict[str, object]:
+class _Rank:
+    """A rank's process, its output going to files: a pipe that fills up (NCCL_DEBUG=INFO
+    logs) would block the child and look like a hang."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+        self._out = tempfile.TemporaryFile("w+")
+        self._err = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=self._err, text=True, env=env)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def communicate(self) -> tuple[str, str]:
+        self.proc.wait()
+        self._out.seek(0)
+        self._err.seek(0)
+        return self._out.read(), self._err.read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._out.close()
+        self._err.close()
+
+
+def _outcome(p: _Rank) -> dict[str, object]:
     """A finished rank's report; a rank that died without one (segfault, OOM kill) crashed."""
     out, err = p.communicate()
     try:
@@ -79,7 +111,7 @@ def _outcome(p: subprocess.Popen[str]) -> dict[str, object]:
             "error": result.get("error"), "in_collective": result.get("in_collective", True)}
 
 
-def _wait(procs: list[subprocess.Popen[str]], start: float,
+def _wait(procs: Sequence[_Rank], start: float,
           timeout_s: float) -> tuple[int | None, str | None]:
     """Poll until all ranks exit, or one fails (then blame it), or the time is up."""
     outcomes: dict[int, dict[str, object]] = {}
