@@ -28,8 +28,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from gputrain.bench.cache import save_results
-    from gputrain.bench.render import render_table
     from gputrain.bench.dist_run import run_allreduce_benchmark
+    from gputrain.bench.render import render_table
     from gputrain.bench.runner import run_benchmarks
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -42,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
         if report is None:  # not rank 0: rank 0 speaks for all
             return 0
     else:
-        report = run_benchmarks(torch.device(device_type), quick=args.quick)
+        # The first GPU: the one `train.device=auto` picks, and the name the cache files it under.
+        device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+        report = run_benchmarks(device, quick=args.quick)
         if not args.no_cache:
             path = save_results(report.device["name"], report.device["mode"],
                                 [r.to_dict() for r in report.results])
