@@ -9,7 +9,7 @@ from gputrain.env.checks import (check_cuda_available, check_cuda_visible_device
                                   check_nccl, check_shm, check_torch_build, check_torch_installs,
                                   gpu_training_possible, run_checks)
 from gputrain.env.render import render_json, render_table
-from tests.unit.env.conftest import load_recorded
+from tests.unit.env.recorded_facts import load_recorded
 
 NO_DRIVER = {"driver.libcuda_path": None, "driver.nvidia_smi_path": None, "driver.proc_driver": False,
              "driver.driver_version": None, "driver.driver_cuda_version": None,
