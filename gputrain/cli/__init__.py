@@ -16,15 +16,12 @@ from gputrain.errors import GputrainError
 # name -> (module, one-line help). Modules are imported lazily so `gputrain doctor` does not pay
 # for the training stack, and a broken optional piece cannot break the other subcommands.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "doctor": ("gputrain.cli.doctor", "can this machine train on its GPUs? if not, why and how to fix it"),
+    "bench": ("gputrain.cli.bench", "microbenchmarks: matmul FLOP/s per dtype, memory, transfers, all-reduce"),
     "train": ("gputrain.cli.train", "train a model (one device, or torchrun for many)"),
-    "config": ("gputrain.cli.config_cmd", "show the config fields, their defaults and meanings"),
     "profile": ("gputrain.cli.profile", "profile a short training: top ops, trace, and what to change"),
+    "config": ("gputrain.cli.config_cmd", "show the config fields, their defaults and meanings"),
 }
-
-
-def register_subcommand(name: str, module: str, help_text: str) -> None:
-    """Add a subcommand (used by the subcommand tables of other parts of the package)."""
-    SUBCOMMANDS[name] = (module, help_text)
 
 
 def _top_parser() -> argparse.ArgumentParser:

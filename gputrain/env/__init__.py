@@ -1,31 +1,24 @@
-"""Facts about the machine (data) and the device choice. The doctor builds on these."""
+"""The doctor: facts about the machine (data) → checks (judgements) → rendering; device choice.
+
+`collect_env()` is what every run records in `env.json`; `run_checks()` judges those facts.
+"""
 
 from __future__ import annotations
 
-import platform
-import sys
-from typing import Any
+import json
+from pathlib import Path
 
-import torch
-
+from gputrain.env.checks import Check, gpu_training_possible, run_checks
 from gputrain.env.device import explain_cuda_unavailable, resolve_device
+from gputrain.env.facts import EnvReport, collect_env
 
-__all__ = ["collect_env", "explain_cuda_unavailable", "resolve_device"]
+__all__ = ["Check", "EnvReport", "collect_env", "explain_cuda_unavailable", "gpu_training_possible",
+           "resolve_device", "run_checks", "write_env_json"]
 
 
-def collect_env() -> dict[str, Any]:
-    """The facts a run records in env.json (serialisable data, no judgements)."""
-    facts: dict[str, Any] = {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "cuda_available": torch.cuda.is_available(),
-        "gpus": [],
-    }
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            props = torch.cuda.get_device_properties(i)
-            facts["gpus"].append({"index": i, "name": props.name, "memory_total": props.total_memory,
-                                  "capability": f"{props.major}.{props.minor}"})
-    return facts
+def write_env_json(run_dir: str | Path) -> Path:
+    """Record this machine's facts as `<run_dir>/env.json` and return its path."""
+    path = Path(run_dir) / "env.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(collect_env().to_dict(), indent=2) + "\n")
+    return path

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import torch
 
 from gputrain.errors import ConfigError
@@ -12,16 +9,12 @@ from gputrain.errors import ConfigError
 
 def explain_cuda_unavailable() -> str:
     """One line on why `torch.cuda.is_available()` is False, with the fix."""
-    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        return (f"torch {torch.__version__} is a CPU-only build; install a CUDA build "
-                "(pip install torch --index-url https://download.pytorch.org/whl/cu128)")
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in ("", "-1"):
-        return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU; unset it or list the GPUs to use"
-    if shutil.which("nvidia-smi") is None and not os.path.exists("/proc/driver/nvidia/version"):
-        return "no NVIDIA driver found (no nvidia-smi, no /proc/driver/nvidia); install the NVIDIA driver"
-    return (f"the NVIDIA driver is present but CUDA did not initialise for torch {torch.__version__} "
-            f"(CUDA {torch.version.cuda}); run `gputrain doctor` for details")
+    # Imported here: the doctor's modules import this one's package.
+    from gputrain.env.checks import why_cuda_unavailable
+    from gputrain.env.facts import collect_env
+
+    cause, fix = why_cuda_unavailable(collect_env())
+    return f"{cause}; {fix}" if fix else cause
 
 
 def _mps_available() -> bool:

@@ -346,8 +346,7 @@ class Trainer:
         write_text(self.run_dir / "config.toml", config_to_toml(self.config))
         from gputrain.env import collect_env
 
-        facts = collect_env()
-        write_json(self.run_dir / "env.json", facts.to_dict() if hasattr(facts, "to_dict") else facts)
+        write_json(self.run_dir / "env.json", collect_env().to_dict())
         resume_step = self.state.global_step if resumed else None
         sinks: list[Any] = [JsonlSink(self.run_dir / "metrics.jsonl", resume_step)]
         if self.config.log.tensorboard:

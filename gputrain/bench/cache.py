@@ -1,0 +1,141 @@
+"""Benchmark results cached per machine, where training finds them for MFU.
+
+The key is device name + driver + torch version: a driver or torch upgrade can move the
+measured peak, so it invalidates the figures. The file is `$GPUTRAIN_CACHE_DIR/bench.json`, or
+`~/.cache/gputrain/bench.json`:
+
+    {"version": 1, "machines": {KEY: {"device_name", "driver", "torch", "mode", "measured_at",
+                                      "peaks": {"fp32": FLOP/s, ...}, "results": [...]}}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["CACHE_ENV", "cache_path", "device_name", "driver_version", "load_cached",
+           "load_cached_peak", "machine_key", "save_results"]
+
+CACHE_ENV = "GPUTRAIN_CACHE_DIR"
+_FORMAT_VERSION = 1
+
+
+def cache_path() -> Path:
+    """Where the cache lives: `$GPUTRAIN_CACHE_DIR/bench.json` or `~/.cache/gputrain/bench.json`."""
+    root = os.environ.get(CACHE_ENV)
+    return Path(root) / "bench.json" if root else Path.home() / ".cache" / "gputrain" / "bench.json"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def device_name(device: torch.device | str = "cpu") -> str:
+    """The name results are filed under: the CUDA device name, or `cpu: <model> x<threads>`.
+
+    Training passes the same name to `load_cached_peak`, so use this for CPUs. The thread count
+    is part of a CPU's name because a container's share of cores sets its throughput.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu: {_cpu_model()} x{torch.get_num_threads()}"
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver version from NVML, or None without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # ImportError or any NVMLError: no driver to speak of
+        return None
+    try:
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def machine_key(device_name_: str | None = None) -> str:
+    """`<device name> | driver <version> | torch <version>`: figures are valid for that only.
+
+    Args:
+        device_name_: as `device_name()` gives it; default the first GPU, else the CPU.
+    """
+    if device_name_ is None:
+        device_name_ = device_name("cuda" if torch.cuda.is_available() else "cpu")
+    # A CPU's speed does not depend on the GPU driver, so CPU keys leave it out.
+    driver = "-" if device_name_.startswith("cpu:") else (driver_version() or "none")
+    return f"{device_name_} | driver {driver} | torch {torch.__version__}"
+
+
+def _read() -> dict[str, Any]:
+    try:
+        data = json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {"version": _FORMAT_VERSION, "machines": {}}
+    if not isinstance(data, dict) or data.get("version") != _FORMAT_VERSION:
+        return {"version": _FORMAT_VERSION, "machines": {}}
+    data.setdefault("machines", {})
+    return data
+
+
+def save_results(device_name_: str, mode: str, results: list[dict[str, Any]]) -> Path:
+    """File these results (and the matmul peak per dtype) under this machine's key.
+
+    The write is atomic (temp file + rename), so a concurrent reader never sees half a file.
+    """
+    peaks: dict[str, float] = {}
+    for r in results:
+        if r["bench"] == "matmul" and r["unit"] == "FLOP/s":
+            peaks[r["dtype"]] = max(peaks.get(r["dtype"], 0.0), float(r["value"]))
+    key = machine_key(device_name_)
+    data = _read()
+    data["machines"][key] = {
+        "device_name": device_name_, "driver": key.split(" | ")[1].removeprefix("driver "),
+        "torch": torch.__version__, "mode": mode,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "peaks": peaks, "results": results,
+    }
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".bench-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+    return path
+
+
+def load_cached(device_name_: str) -> dict[str, Any] | None:
+    """This machine's cached entry for `device_name_`, or None."""
+    return _read()["machines"].get(machine_key(device_name_))
+
+
+def load_cached_peak(device_name: str, dtype: str) -> float | None:
+    """Measured matmul FLOP/s for `dtype` on this machine (same driver and torch), or None.
+
+    Args:
+        device_name: `torch.cuda.get_device_name()` for a GPU; `gputrain.bench.cache.device_name("cpu")`
+            for the CPU.
+        dtype: "fp32", "tf32", "bf16" or "fp16".
+    """
+    entry = load_cached(device_name)
+    if entry is None:
+        return None
+    value = entry.get("peaks", {}).get(dtype)
+    return float(value) if value else None

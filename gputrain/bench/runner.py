@@ -1,0 +1,82 @@
+"""Run the microbenchmarks for one device and assemble the report (`gputrain bench`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gputrain.bench.cache import device_name, driver_version, machine_key
+from gputrain.bench.conv import bench_conv2d, conv_dtypes
+from gputrain.bench.matmul import bench_matmul, matmul_dtypes
+from gputrain.bench.memory import bench_copy
+from gputrain.bench.result import BenchResult, Settings, settings_for
+from gputrain.bench.transfer import bench_transfers
+
+__all__ = ["BenchReport", "describe_device", "run_benchmarks", "speedup_results"]
+
+
+@dataclass
+class BenchReport:
+    """`--json` output: `{"device": {...}, "results": [...], "notes": [...]}`."""
+
+    device: dict[str, Any]
+    results: list[BenchResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "results": [r.to_dict() for r in self.results], "notes": self.notes}
+
+
+def describe_device(device: torch.device, settings: Settings) -> dict[str, Any]:
+    name = device_name(device)
+    return {"type": device.type, "name": name,
+            "driver": driver_version() if device.type == "cuda" else None,
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "mode": settings.mode, "key": machine_key(name)}
+
+
+def speedup_results(device: torch.device, settings: Settings) -> list[BenchResult]:
+    """GPU over CPU on the same n×n matmul: fp32 vs fp32, and bf16 on the GPU vs fp32 on the CPU
+    (what moving a CPU fp32 training run to a GPU with bf16 autocast gains)."""
+    n = min(settings.matmul_n, 2048 if settings.mode == "quick" else 4096)
+    cpu = torch.device("cpu")
+    cpu_settings = settings_for("cpu", quick=settings.mode != "full")
+    cpu_fp32 = bench_matmul(cpu, "fp32", n, cpu_settings).value
+    out = []
+    for dtype in ("fp32", "bf16"):
+        if dtype not in matmul_dtypes(device):
+            continue
+        gpu_value = bench_matmul(device, dtype, n, settings).value
+        out.append(BenchResult("matmul_speedup_vs_cpu", device.type, f"{dtype} vs cpu fp32",
+                               f"{n}x{n}x{n}", gpu_value / cpu_fp32, "x"))
+    return out
+
+
+def run_benchmarks(device: torch.device, *, quick: bool) -> BenchReport:
+    """Every single-process benchmark on `device`: matmul per dtype, conv2d, memory copy,
+    host↔device transfers and the GPU-over-CPU speed-up (the last two on CUDA only)."""
+    settings = settings_for(device.type, quick)
+    report = BenchReport(describe_device(device, settings))
+    for dtype in matmul_dtypes(device):
+        report.results.append(bench_matmul(device, dtype, settings.matmul_n, settings))
+    for dtype in conv_dtypes(device):
+        report.results.append(bench_conv2d(device, dtype, settings))
+    report.results.append(bench_copy(device, settings))
+    if device.type == "cuda":
+        report.results.extend(bench_transfers(device, settings))
+        report.results.extend(speedup_results(device, settings))
+    else:
+        report.notes.append("no GPU: host↔device transfers and the GPU-over-CPU speed-up are not measured")
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    if gpus > 1:
+        from gputrain.bench.dist_run import spawn_allreduce_benchmark  # it imports this module
+
+        result, note = spawn_allreduce_benchmark("cuda", gpus, quick=quick)
+        report.results.extend([result] if result else [])
+        report.notes.extend([note] if note else [])
+    else:
+        report.notes.append("all-reduce bandwidth needs more than one rank: on CPUs or across nodes "
+                            "run `torchrun --nproc-per-node N -m gputrain bench`")
+    return report
