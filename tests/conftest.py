@@ -1,11 +1,16 @@
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Tests never read or write the user's bench cache (~/.cache/gputrain): a cached peak would change
+# what a run reports (MFU), and a test must not depend on what was benchmarked on the machine before.
+os.environ["GPUTRAIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="gputrain-test-cache-")
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300
