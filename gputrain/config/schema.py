@@ -130,6 +130,8 @@ class TrainConfig:
     """Seed for the data split, shuffling, init and dropout."""
     deterministic: bool = False
     """Use deterministic algorithms (bitwise reproducible, sometimes slower)."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A NaN/Inf loss or gradient: stop (naming the step; the step is not applied) or skip the step and count it (the LR schedule does not advance)."""
 
     def __post_init__(self) -> None:
         _positive("train", "epochs", self.epochs)

@@ -14,6 +14,7 @@ from torch import nn
 
 from gputrain.distributed.context import grad_sync
 from gputrain.precision import Precision
+from gputrain.train.nonfinite import NonFiniteGuard
 
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -28,6 +29,8 @@ class StepParts:
     compute_loss: ComputeLoss
     clip_grad_norm: float | None = None
     clip_grad_value: float | None = None
+    guard: NonFiniteGuard | None = None
+    """Checks loss and gradients before the update (one host sync per step); None: no check."""
 
 
 def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: bool) -> torch.Tensor:
@@ -51,15 +54,24 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
     assert loss_sum is not None
     grad_norm = None
     params = [p for p in parts.model.parameters() if p.grad is not None]
-    if parts.clip_grad_norm is not None or parts.clip_grad_value is not None or measure_grad_norm:
+    guard = parts.guard
+    if parts.clip_grad_norm is not None or parts.clip_grad_value is not None or measure_grad_norm or guard is not None:
         parts.precision.unscale(parts.optimizer)
+        if guard is not None and parts.clip_grad_norm is None:
+            # before value clipping, which would turn an Inf gradient into a finite one
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         if parts.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(params, parts.clip_grad_value)
         if parts.clip_grad_norm is not None:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, parts.clip_grad_norm)
-        elif measure_grad_norm:
+        elif measure_grad_norm and grad_norm is None:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    parts.precision.step(parts.optimizer)
+    verdict = guard.check(loss_sum, grad_norm) if guard is not None else "apply"
+    if verdict == "nonfinite":
+        parts.precision.skip_step()  # the update never happens; the scaler (if any) still lowers its scale
+    else:
+        parts.precision.step(parts.optimizer)  # on "overflow" the GradScaler skips the update itself
     parts.optimizer.zero_grad(set_to_none=True)
-    parts.scheduler.step()
+    if verdict == "apply":  # a skipped step does not move the LR schedule
+        parts.scheduler.step()
     return loss_sum / n, grad_norm

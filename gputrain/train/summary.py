@@ -47,6 +47,7 @@ def build_summary(trainer: "Trainer", status: str, wall_s: float, test: dict[str
             "mfu_peak_source": None,
             "peak_memory_bytes": peak_memory_bytes(trainer.device),
             "time_breakdown": None,
+            "nonfinite_steps": state.nonfinite_steps,
         },
         "val": getattr(trainer, "val_metrics", {}),
         "test": test,

@@ -34,6 +34,7 @@ from gputrain.precision import Precision, resolve_precision
 from gputrain.train.batches import BatchPlan
 from gputrain.train.evaluate import evaluate, resolve_metrics
 from gputrain.train.feed import BatchFeed, eval_batches
+from gputrain.train.nonfinite import NonFiniteGuard
 from gputrain.train.run_files import default_run_dir, write_json, write_text
 from gputrain.train.signals import StopRequest
 from gputrain.train.state import LoopState, capture_rng, restore_rng, seed_everything
@@ -120,7 +121,9 @@ class Trainer:
         self.step_model = parallelize(self.model, self.dist, cfg, self.device)
         self.parts = StepParts(model=self.step_model, optimizer=self.optimizer, scheduler=self.scheduler,
                                precision=self.precision, compute_loss=self._compute_loss,
-                               clip_grad_norm=cfg.train.clip_grad_norm, clip_grad_value=cfg.train.clip_grad_value)
+                               clip_grad_norm=cfg.train.clip_grad_norm, clip_grad_value=cfg.train.clip_grad_value,
+                               guard=NonFiniteGuard(cfg.train.on_nonfinite, distributed=self.dist.enabled,
+                                                    scaler_active=self.precision.scaler is not None))
         self.state = LoopState()
         self.stop = StopRequest()
 
@@ -314,6 +317,12 @@ class Trainer:
             for micro_batches in self.feed.epoch(state.epoch, state.step_in_epoch):
                 log_now = (state.global_step + 1) % every_log == 0 or state.global_step + 1 == self.total_steps
                 loss, grad_norm = train_step(self.parts, micro_batches, measure_grad_norm=log_now)
+                if self.parts.guard is not None and self.parts.guard.last == "nonfinite":
+                    if self.config.train.on_nonfinite == "stop":
+                        raise self.parts.guard.error(state.global_step + 1, self.dist.rank if self.dist.enabled else None)
+                    state.nonfinite_steps += 1
+                    log.warning("step %d: %s; step skipped (%d so far)", state.global_step + 1,
+                                self.parts.guard.last_reason, state.nonfinite_steps)
                 state.global_step += 1
                 state.step_in_epoch += 1
                 state.samples_seen += self.global_batch
