@@ -72,7 +72,8 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, state: dict[str, An
     (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
     for name in (MODEL_FILE, STATE_FILE, MANIFEST):
         _fsync_file(tmp / name)
-    (tmp / MARKER).write_text(str(step))
+    # the marker carries the manifest's own checksum, so a damaged manifest is caught too
+    (tmp / MARKER).write_text(f"{step} {_sha256(tmp / MANIFEST)}\n")
     _fsync_file(tmp / MARKER)
     _fsync_dir(tmp)
     if final.exists():  # re-saving a step (after a resume): swap, never leave a half state
@@ -87,19 +88,33 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, state: dict[str, An
 
 
 def verify_checkpoint(path: Path) -> None:
-    """Raise CorruptCheckpoint unless the marker is present and every file matches the manifest."""
+    """Raise CorruptCheckpoint unless every byte checks out: the marker names this step and the
+    manifest's checksum, and the manifest lists each file's size and SHA-256. Nothing is unpickled."""
     if not (path / MARKER).is_file():
         raise CorruptCheckpoint(f"{path}: incomplete (no {MARKER} marker)")
+    marker = (path / MARKER).read_bytes().split()
+    step = _step_of(path)  # None for a checkpoint copied under another name: trust the marker's step then
+    if (len(marker) != 2 or not marker[0].isdigit() or (marker[0].startswith(b"0") and marker[0] != b"0")
+            or (step is not None and int(marker[0]) != step)):
+        raise CorruptCheckpoint(f"{path}: the {MARKER} marker is damaged")
+    step = int(marker[0])
+    if not (path / MANIFEST).is_file():
+        raise CorruptCheckpoint(f"{path}: {MANIFEST} is missing")
+    if _sha256(path / MANIFEST).encode() != marker[1]:
+        raise CorruptCheckpoint(f"{path}: {MANIFEST} does not match its checksum")
     try:
         manifest = json.loads((path / MANIFEST).read_text())
         files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError):
-        raise CorruptCheckpoint(f"{path}: {MANIFEST} is missing or unreadable") from None
+        raise CorruptCheckpoint(f"{path}: {MANIFEST} is unreadable") from None
+    if not isinstance(files, dict) or manifest.get("step") != step:
+        raise CorruptCheckpoint(f"{path}: {MANIFEST} does not describe this checkpoint")
     for name in (MODEL_FILE, STATE_FILE):
         file = path / name
         if name not in files or not file.is_file():
             raise CorruptCheckpoint(f"{path}: {name} is missing")
-        if file.stat().st_size != files[name].get("bytes") or _sha256(file) != files[name].get("sha256"):
+        expected = files[name] if isinstance(files[name], dict) else {}
+        if file.stat().st_size != expected.get("bytes") or _sha256(file) != expected.get("sha256"):
             raise CorruptCheckpoint(f"{path}: {name} does not match its checksum")
 
 
