@@ -11,11 +11,13 @@ import hashlib
 import json
 import logging
 import os
+import pickle  # only for its exception type: nothing here unpickles
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
@@ -119,13 +121,39 @@ def verify_checkpoint(path: Path) -> None:
 
 
 def load_checkpoint(path: Path, model: nn.Module) -> dict[str, Any]:
-    """Verify, then load weights into `model` and return the training state (weights_only)."""
+    """Verify, then read the training state and load the weights into `model`.
+
+    Nothing in a checkpoint can run code: weights are safetensors (raw tensors and a JSON header)
+    and the state is read with `weights_only=True`, which refuses any pickled object other than
+    tensors and plain containers. The state is read before the weights so a refused file leaves
+    the model untouched.
+
+    Raises:
+        CorruptCheckpoint: a damaged or hostile file, naming it.
+        RunError: the weights do not fit this model.
+    """
     verify_checkpoint(path)
-    missing, unexpected = load_model(model, str(path / MODEL_FILE), strict=False)
+    try:
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CorruptCheckpoint(f"{path}: {STATE_FILE} holds objects other than tensors and plain values; "
+                                "refused to load it (it could run code)") from None
+    except (RuntimeError, OSError, EOFError, ValueError) as err:
+        raise CorruptCheckpoint(f"{path}: {STATE_FILE} is not a readable torch file ({_first_line(err)})") from None
+    if not isinstance(state, dict):
+        raise CorruptCheckpoint(f"{path}: {STATE_FILE} does not hold a training state")
+    try:
+        missing, unexpected = load_model(model, str(path / MODEL_FILE), strict=False)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CorruptCheckpoint(f"{path}: {MODEL_FILE} is not a valid safetensors file ({_first_line(err)})") from None
     if missing or unexpected:
         raise RunError(f"checkpoint {path} does not fit this model: missing {sorted(missing)[:3]}, "
                        f"unexpected {sorted(unexpected)[:3]}")
-    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    return state
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
 
 
 def _step_of(path: Path) -> int | None:

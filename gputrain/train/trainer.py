@@ -188,12 +188,16 @@ class Trainer:
             saved = load_checkpoint(path, self.model)
         except CorruptCheckpoint as err:
             raise RunError(f"cannot resume: {err}") from None
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.scheduler.load_state_dict(saved["scheduler"])
-        self.precision.load_state_dict(saved["precision"])
-        self.state = LoopState.from_dict(saved["loop"])
-        restore_rng(saved["rng"][min(self.dist.rank, len(saved["rng"]) - 1)] if isinstance(saved["rng"], list)
-                    else saved["rng"])
+        try:
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.scheduler.load_state_dict(saved["scheduler"])
+            self.precision.load_state_dict(saved["precision"])
+            self.state = LoopState.from_dict(saved["loop"])
+            restore_rng(saved["rng"][min(self.dist.rank, len(saved["rng"]) - 1)] if isinstance(saved["rng"], list)
+                        else saved["rng"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as err:  # verified bytes, but not our state
+            raise RunError(f"cannot resume: {path}: state.pt does not hold this run's training state "
+                           f"({type(err).__name__}: {str(err)[:120]})") from None
         if saved.get("task"):
             self.task, self.num_classes = saved["task"], saved.get("num_classes")
             if self.loss_fn is None and self.step_fn is None:
