@@ -85,6 +85,8 @@ class Trainer:
         self.task = spec.task if spec is not None else None
         self.num_classes = spec.num_classes if spec is not None else None
         self.val_data, self.test_data = val_data, test_data
+        if self.task is not None:
+            self._check_eval_metrics()
         model_name, data_name = names or (type(model).__name__.lower(), type(train_data).__name__.lower())
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(model_name, data_name)
         self._check_resume_path()
@@ -165,6 +167,7 @@ class Trainer:
         self.loss_fn = default_loss(task)
         if task == "classification" and self.num_classes is None:
             self.num_classes = outputs.shape[-1]
+        self._check_eval_metrics()
 
     # ----------------------------------------------------------------- resume
     def _check_resume_path(self) -> None:
@@ -225,6 +228,14 @@ class Trainer:
         return evaluate(self.step_model, batches, task=self.task, metric_names=names,
                         loss_fn=self.loss_fn, num_classes=self.num_classes, device=self.device,
                         autocast=self.precision.autocast, step_fn=self.step_fn)
+
+    def _check_eval_metrics(self) -> None:
+        """Unknown metric names fail before training starts, not after its first epoch."""
+        names = resolve_metrics(self.config.eval.metrics, self.task)  # type: ignore[arg-type]
+        monitored = self.config.eval.early_stop_metric
+        if monitored is not None and monitored not in names:
+            raise ConfigError("eval.early_stop_metric", "is not among the validation metrics: " + ", ".join(names),
+                              monitored)
 
     def _early_stop_check(self, metrics: dict[str, float]) -> bool:
         """Track the best monitored value; True when patience has run out."""
