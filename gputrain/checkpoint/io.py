@@ -13,6 +13,7 @@ import logging
 import os
 import pickle  # only for its exception type: nothing here unpickles
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+# Test hook: seconds to sleep between the phases of a save, so the crash-while-saving tests
+# (scripts/kill_during_save.py) can kill a process inside any phase. Unset in normal use.
+_PHASE_DELAY_S = float(os.environ.get("GPUTRAIN_TEST_SAVE_PHASE_DELAY_S") or 0)
+
+
+def _phase() -> None:
+    if _PHASE_DELAY_S:
+        time.sleep(_PHASE_DELAY_S)
+
+
 def step_dir_name(step: int) -> str:
     return f"step-{step}"
 
@@ -67,26 +78,41 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, state: dict[str, An
     tmp = root / f".{step_dir_name(step)}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    _phase()
     save_model(model, str(tmp / MODEL_FILE))
+    _phase()
     torch.save(state, tmp / STATE_FILE)
+    _phase()
     files = {name: {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
              for name in (MODEL_FILE, STATE_FILE)}
     (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
+    _phase()
     for name in (MODEL_FILE, STATE_FILE, MANIFEST):
         _fsync_file(tmp / name)
+    _phase()
     # the marker carries the manifest's own checksum, so a damaged manifest is caught too
     (tmp / MARKER).write_text(f"{step} {_sha256(tmp / MANIFEST)}\n")
     _fsync_file(tmp / MARKER)
     _fsync_dir(tmp)
+    _phase()
     if final.exists():  # re-saving a step (after a resume): swap, never leave a half state
         trash = root / f".{step_dir_name(step)}.old-{os.getpid()}"
         final.rename(trash)
+        _phase()  # a crash here leaves the old copy in `trash`: find_resumable puts it back
         tmp.rename(final)
         shutil.rmtree(trash, ignore_errors=True)
     else:
         tmp.rename(final)
     _fsync_dir(root)
     return final
+
+
+def save_weights(model: nn.Module, path: Path) -> None:
+    """Write final weights as safetensors via a temporary name, so `path` is never half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_model(model, str(tmp))
+    _fsync_file(tmp)
+    tmp.replace(path)
 
 
 def verify_checkpoint(path: Path) -> None:
@@ -171,9 +197,28 @@ def list_checkpoints(root: Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
+def _leftovers(root: Path) -> list[Path]:
+    """Temporaries of saves that never finished (`.step-N.tmp-PID`) and old copies of re-saved
+    steps (`.step-N.old-PID`), from processes other than this one."""
+    if not root.is_dir():
+        return []
+    return [p for p in root.iterdir() if p.is_dir() and p.name.startswith(".step-")
+            and (".tmp-" in p.name or ".old-" in p.name) and not p.name.endswith(f"-{os.getpid()}")]
+
+
+def _restore_interrupted_swaps(root: Path) -> None:
+    """A crash between the two renames of a re-save leaves step-N absent and its complete old copy
+    under `.step-N.old-PID`: put it back."""
+    for old in _leftovers(root):
+        name = old.name[1:].partition(".old-")
+        if name[1] and not (root / name[0]).exists():
+            old.rename(root / name[0])
+
+
 def find_resumable(root: Path) -> Path | None:
     """The newest checkpoint that verifies. Damaged ones are skipped with a warning naming them;
     if checkpoints exist but none verifies, stop rather than silently restart from step 0."""
+    _restore_interrupted_swaps(root)
     candidates = list_checkpoints(root)
     problems = []
     for path in candidates:
@@ -194,3 +239,5 @@ def rotate_checkpoints(root: Path, keep_last: int, keep: set[int] = frozenset())
     for path in list_checkpoints(root)[keep_last:]:
         if _step_of(path) not in keep:
             shutil.rmtree(path, ignore_errors=True)
+    for path in _leftovers(root):  # debris of a process that was killed while saving
+        shutil.rmtree(path, ignore_errors=True)

@@ -291,9 +291,9 @@ class Trainer:
         if self.dist.is_main:
             write_json(self.run_dir / "summary.json", summary)
             if status != "failed":
-                from safetensors.torch import save_model
+                from gputrain.checkpoint import save_weights
 
-                save_model(self.model, str(self.run_dir / "model.safetensors"))
+                save_weights(self.model, self.run_dir / "model.safetensors")
             self.console.final_table(summary, str(self.run_dir))
         if error is not None:
             raise RunError(f"training failed at {error} (traceback in {self.run_dir / 'error.log'})")
