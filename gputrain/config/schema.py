@@ -226,6 +226,8 @@ class CheckpointConfig:
     """Keep this many recent checkpoints (the best one is kept as well)."""
     keep_best: bool = True
     """Also keep the checkpoint with the best monitored validation metric."""
+    async_save: bool = False
+    """Write checkpoints in a background thread (training waits only for a copy to host memory; one save in flight)."""
     resume: str = "auto"
     """auto: continue from the run directory's latest complete checkpoint; never; or a checkpoint PATH."""
 

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from gputrain.checkpoint import find_resumable, load_checkpoint, rotate_checkpoints, save_checkpoint
+from gputrain.checkpoint.async_save import AsyncSaver
 from gputrain.config import Config, config_to_toml, load_config, resolve_grad_accum
 from gputrain.data.spec import DataSpec
 from gputrain.data.tensors import TensorData
@@ -128,6 +129,7 @@ class Trainer:
                                                     scaler_active=self.precision.scaler is not None))
         self.state = LoopState()
         self.stop = StopRequest()
+        self.saver = AsyncSaver()
 
     # ----------------------------------------------------------------- building from a config
     @classmethod
@@ -213,8 +215,11 @@ class Trainer:
                  "precision": self.precision.state_dict(), "loop": self.state.to_dict(), "rng": capture_rng(),
                  "task": self.task, "num_classes": self.num_classes}
         root = self.run_dir / "checkpoints"
-        path = save_checkpoint(root, self.state.global_step, self.model, state)
         keep = {self.state.best_step} if self.config.checkpoint.keep_best and self.state.best_step else set()
+        if self.config.checkpoint.async_save:  # rotation runs once the background save has committed
+            return self.saver.save(root, self.state.global_step, self.model, state,
+                                   after=lambda _: rotate_checkpoints(root, self.config.checkpoint.keep_last, keep))
+        path = save_checkpoint(root, self.state.global_step, self.model, state)
         rotate_checkpoints(root, self.config.checkpoint.keep_last, keep)
         return path
 
@@ -268,7 +273,14 @@ class Trainer:
         status = "completed"
         error: str | None = None
         try:
-            status = self._loop(sinks)
+            try:
+                status = self._loop(sinks)
+            except KeyboardInterrupt:
+                raise  # a second signal leaves at once; an unfinished background save is never at a final path
+            except BaseException:
+                self.saver.wait()  # keep the last good checkpoint the failed run was writing
+                raise
+            self.saver.wait()  # no checkpoint write outlives the loop
         except Interrupted:
             raise
         except GputrainError:
@@ -400,6 +412,7 @@ class Trainer:
 
     def _interrupted(self) -> str:
         path = self._save()
+        self.saver.wait()
         where = f"checkpoint saved at {path}; " if path else ""
         raise Interrupted(f"stopped by {self.stop.requested} at step {self.state.global_step}; {where}"
                           f"run again with --run-dir {self.run_dir} to resume")

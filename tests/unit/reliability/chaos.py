@@ -123,3 +123,64 @@ def compare_runs(reference: Path, resumed: Path) -> list[str]:
         problems.append(f"last checkpoint {ref_name} vs {res_name}")
     problems += [f"checkpoint state{d}" for d in differences(ref_state, res_state)]
     return problems
+
+
+# ----------------------------------------------------------------------- crash while saving
+SAVE_DELAY_ENV = "GPUTRAIN_TEST_SAVE_PHASE_DELAY_S"
+
+
+def save_phase(checkpoints: Path) -> str:
+    """Where an interrupted save stood, from what it left on disk."""
+    olds = list(checkpoints.glob(".step-*.old-*"))
+    if olds:
+        return "between the two renames of a re-save"
+    tmps = [p for p in checkpoints.glob(".step-*.tmp-*") if p.is_dir()]
+    if not tmps:
+        return "no save open (committed, or training)"
+    files = {p.name for p in tmps[0].iterdir()}
+    for needed, phase in (("COMMITTED", "marker written, before the rename"), ("manifest.json", "manifest written"),
+                          ("state.pt", "weights and state written"), ("model.safetensors", "weights written")):
+        if needed in files:
+            return phase
+    return "directory created, nothing written"
+
+
+def kill_during_save(run_dir: Path, overrides: list[str], target_step: int, delay_s: float, offset_s: float
+                     ) -> dict[str, Any] | None:
+    """Run with each save phase slowed by `delay_s`; once step `target_step` is logged and the next
+    save has opened its temporary directory, wait `offset_s` and SIGKILL. Returns what was left."""
+    proc = start_train(run_dir, overrides, env={SAVE_DELAY_ENV: str(delay_s)})
+    checkpoints = run_dir / "checkpoints"
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline and logged_step(run_dir) < target_step:
+        time.sleep(0.002)
+    while proc.poll() is None and time.monotonic() < deadline and not list(checkpoints.glob(".step-*.tmp-*")):
+        time.sleep(0.001)
+    time.sleep(offset_s)
+    if proc.poll() is not None:
+        return None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    return {"killed_at_step": logged_step(run_dir), "phase": save_phase(checkpoints)}
+
+
+def check_after_crash(run_dir: Path) -> tuple[list[str], Path | None]:
+    """No partial file at a final path; return (problems, the checkpoint a resume will use)."""
+    from gputrain.checkpoint import CorruptCheckpoint, find_resumable, verify_checkpoint
+
+    problems = []
+    for path in (run_dir / "checkpoints").glob("step-*"):
+        try:
+            verify_checkpoint(path)
+        except CorruptCheckpoint as err:
+            problems.append(f"partial checkpoint at a final path: {err}")
+    for name in ("model.safetensors", "summary.json"):
+        if (run_dir / name).exists():
+            problems.append(f"{name} exists although the run never finished")
+    return problems, find_resumable(run_dir / "checkpoints")
+
+
+def resumed_from(run_dir: Path, checkpoint: Path) -> bool:
+    """Whether the run's console output says it resumed from `checkpoint` (the console wraps lines)."""
+    text = "".join(run_dir.with_suffix(".log").read_text().split())
+    return f"resumedfrom{checkpoint}(step{checkpoint.name[5:]})" in text
