@@ -89,6 +89,8 @@ class DataConfig:
     """synthetic: number of classes for classification."""
     vocab_size: int = 256
     """synthetic: vocabulary size of token data (task=lm)."""
+    on_error: Literal["fail", "skip"] = "fail"
+    """A training sample that cannot be read mid-run (corrupt image, bad row): fail naming it, or skip it (counted in summary.json data.skipped_samples)."""
 
     def __post_init__(self) -> None:
         _fraction("data", "val_fraction", self.val_fraction)

@@ -8,6 +8,7 @@ driven by the `BatchPlan`; a user's own DataLoader is used as given, its batches
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -15,8 +16,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from gputrain.data.guard import GuardedBatch, GuardedDataset, guarded_collate, unwrap
 from gputrain.data.tensors import TensorData
 from gputrain.train.batches import BatchPlan, PlanBatchSampler
+
+log = logging.getLogger("gputrain")
 
 # In-memory data up to this size lives on the GPU for the whole run.
 _DEVICE_RESIDENT_BYTES = 2 << 30
@@ -46,8 +50,12 @@ class BatchFeed:
     """Yields, per optimizer step, the list of this rank's micro-batches already on the device."""
 
     def __init__(self, data: Dataset | DataLoader, plan: BatchPlan | None, device: torch.device,
-                 num_workers: int | str = "auto") -> None:
+                 num_workers: int | str = "auto", on_error: str = "fail") -> None:
         self.device = device
+        self.on_error = on_error
+        self.skipped_samples = 0
+        """Unreadable samples dropped since the trainer last collected the count (data.on_error=skip)."""
+        self._warned_skip = False
         self.plan = plan
         self.loader: DataLoader | None = None
         self.tensors: TensorData | None = None
@@ -60,8 +68,8 @@ class BatchFeed:
             assert plan is not None
             workers = auto_num_workers(num_workers, data)
             self.sampler = PlanBatchSampler(plan)
-            self.loader = DataLoader(
-                data, batch_sampler=self.sampler, num_workers=workers, pin_memory=device.type == "cuda",
+            self.loader = DataLoader(  # guarded: an unreadable sample is named, then failed on or skipped
+                GuardedDataset(data), batch_sampler=self.sampler, collate_fn=guarded_collate, num_workers=workers, pin_memory=device.type == "cuda",
                 persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
                 # own generator: worker seeding must not draw from the global RNG the model uses
                 generator=torch.Generator().manual_seed(plan.seed),
@@ -100,7 +108,18 @@ class BatchFeed:
             group = list(itertools.islice(batches, self.grad_accum if self.plan is None else self.plan.grad_accum))
             if not group:
                 return
-            yield [to_device(b, self.device) for b in group]
+            yield [to_device(self._unwrap(b), self.device) for b in group]
+
+    def _unwrap(self, item: Any) -> Any:
+        if not isinstance(item, GuardedBatch):
+            return item
+        batch, skipped = unwrap(item, self.on_error)
+        if skipped and not self._warned_skip:
+            self._warned_skip = True
+            log.warning("skipping unreadable samples (data.on_error=skip), e.g. %s: %s", item.failed[0].where,
+                        item.failed[0].problem)
+        self.skipped_samples += skipped
+        return batch
 
 
 def eval_batches(data: Dataset | DataLoader, batch_size: int, device: torch.device) -> Iterator[Any]:

@@ -49,6 +49,7 @@ def build_summary(trainer: "Trainer", status: str, wall_s: float, test: dict[str
             "time_breakdown": None,
             "nonfinite_steps": state.nonfinite_steps,
         },
+        "data": {"skipped_samples": state.skipped_samples},
         "val": getattr(trainer, "val_metrics", {}),
         "test": test,
         "best": {"metric": state.best_metric, "step": state.best_step},

@@ -103,7 +103,7 @@ class Trainer:
             if self.plan.steps_per_epoch == 0:
                 raise ConfigError("train.batch_size", f"is larger than the {len(train_data)} training samples",  # type: ignore[arg-type]
                                   cfg.train.batch_size)
-        self.feed = BatchFeed(train_data, self.plan, self.device, cfg.data.num_workers)
+        self.feed = BatchFeed(train_data, self.plan, self.device, cfg.data.num_workers, on_error=cfg.data.on_error)
         self.feed.grad_accum = self.grad_accum
         if self.feed.steps_per_epoch == 0:
             raise ConfigError("train.grad_accum", "the DataLoader has fewer batches than one accumulation",
@@ -352,6 +352,7 @@ class Trainer:
                                 self.parts.guard.last_reason, state.nonfinite_steps)
                 state.global_step += 1
                 state.step_in_epoch += 1
+                state.skipped_samples, self.feed.skipped_samples = state.skipped_samples + self.feed.skipped_samples, 0
                 state.samples_seen += self.global_batch
                 self.last_loss = loss
                 if log_now:  # the only host sync of a training step

@@ -4,7 +4,6 @@ back to the previous valid one (issue 7, figure 3)."""
 from __future__ import annotations
 
 import json
-import logging
 import random
 import shutil
 import subprocess
@@ -60,7 +59,7 @@ def damage(path: Path, rng: random.Random) -> str:
 
 
 def test_100_damaged_checkpoints_are_all_detected_before_any_state_is_applied(
-        pristine: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        pristine: Path, tmp_path: Path, gputrain_warnings: list[str]) -> None:
     rng = random.Random(3)
     kinds: dict[str, int] = {}
     for trial in range(100):
@@ -73,10 +72,9 @@ def test_100_damaged_checkpoints_are_all_detected_before_any_state_is_applied(
         with pytest.raises(CorruptCheckpoint, match="step-8"):
             load_checkpoint(root / "step-8", model)
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), f"{how}: weights were applied"
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="gputrain"):
-            assert find_resumable(root) == root / "step-4", how
-        warnings = [r.getMessage() for r in caplog.records]
+        gputrain_warnings.clear()
+        assert find_resumable(root) == root / "step-4", how
+        warnings = list(gputrain_warnings)
         assert len(warnings) == 1 and "\n" not in warnings[0], warnings
         assert warnings[0].startswith("skipping damaged checkpoint: ") and str(root / "step-8") in warnings[0]
         load_checkpoint(root / "step-4", model)  # the fallback itself is intact
