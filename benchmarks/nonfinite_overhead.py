@@ -50,7 +50,21 @@ def main() -> None:
                 train_step(trainer.parts, batches, measure_grad_norm=False)
             _sync(trainer.device)
             times[name].append((time.perf_counter() - start) / args.steps)
+    # the check alone: one fused grad-norm reduction, isfinite, one .item() (the host sync)
+    loss = trainer._compute_loss(trainer.model, batches[0])
+    loss.backward()
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    check_times = []
+    for _ in range(args.repeats):
+        _sync(trainer.device)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            guard.check(loss, torch.nn.utils.get_total_norm(grads))
+        check_times.append((time.perf_counter() - start) / args.steps)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    check = statistics.median(check_times)
     off, on = statistics.median(times["off"]), statistics.median(times["on"])
+    print(f"the check alone: {check * 1e3:.3f} ms per step ({check / off * 100:.2f}% of a step)")
     print(f"device {trainer.device}, digits CNN, batch {trainer.global_batch}: "
           f"step {off * 1e3:.3f} ms without the check, {on * 1e3:.3f} ms with it "
           f"({(on - off) / off * 100:+.1f}%)")

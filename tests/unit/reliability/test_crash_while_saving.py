@@ -27,13 +27,13 @@ def test_sigkill_during_saves(tmp_path: Path, reference_run: Path) -> None:
         mode = ("sync", "async")[trial % 2]
         overrides = TINY + [f"checkpoint.async_save={str(mode == 'async').lower()}"]
         run_dir = tmp_path / f"t{trial}"
-        left = kill_during_save(run_dir, overrides, rng.randint(1, 30), 0.05, rng.uniform(0, 0.4))
+        left = kill_during_save(run_dir, overrides, rng.randint(1, 14), 0.05, rng.uniform(0, 0.4))
         assert left is not None, "the run finished before it could be killed"
         problems, resume_from = check_after_crash(run_dir)
         assert problems == [], (trial, left)
         lost = left["killed_at_step"] - (int(resume_from.name[5:]) if resume_from else 0)
         assert lost <= (EVERY if mode == "sync" else 2 * EVERY), (trial, left, resume_from)
-        if trial in (0, 1):  # a full resume, once per mode
+        if trial == 1:  # one full resume (async); test_kill_resume and the script cover many more
             assert run_train(run_dir, overrides) == 0
             assert resume_from is None or resumed_from(run_dir, resume_from)
             assert not list((run_dir / "checkpoints").glob(".step-*")), "temporaries left behind"
