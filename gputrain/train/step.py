@@ -1,4 +1,5 @@
-"""One optimizer step: accumulate micro-batches, clip, step. No host-device sync in here.
+"""One optimizer step: accumulate micro-batches, clip, check, step. The only host-device sync in
+here is the non-finite check's one boolean (see nonfinite.py for why it is worth it).
 
 fit → train_step → forward_backward: the whole hot path is these two functions.
 """
