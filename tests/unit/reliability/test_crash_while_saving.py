@@ -83,3 +83,18 @@ def test_async_save_failure_surfaces_at_the_next_wait(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="writing checkpoint .*step-1 failed"):
         saver.wait()
     saver.wait()  # reported once
+
+
+def test_a_crash_between_the_renames_of_a_resave_is_repaired(tmp_path: Path) -> None:
+    from gputrain.checkpoint import find_resumable, rotate_checkpoints, save_checkpoint
+
+    root = tmp_path / "checkpoints"
+    save_checkpoint(root, 4, nn.Linear(2, 2), {})
+    save_checkpoint(root, 8, nn.Linear(2, 2), {})
+    # what a kill between `final → .old` and `tmp → final` leaves: no step-8, its old copy, a new temporary
+    (root / "step-8").rename(root / ".step-8.old-999999")
+    (root / ".step-8.tmp-999999").mkdir()
+    assert find_resumable(root) == root / "step-8"
+    verify_checkpoint(root / "step-8")
+    rotate_checkpoints(root, keep_last=2)  # the next save's rotation sweeps the debris
+    assert sorted(p.name for p in root.iterdir()) == ["step-4", "step-8"]
