@@ -65,6 +65,11 @@ class Precision:
         self.scaler.step(optimizer)
         self.scaler.update()
 
+    def skip_step(self) -> None:
+        """Drop this step's update; the scaler still records any overflow and resets for the next step."""
+        if self.scaler is not None:
+            self.scaler.update()
+
     def state_dict(self) -> dict:
         return self.scaler.state_dict() if self.scaler is not None else {}
 

@@ -7,8 +7,9 @@ from gputrain.checkpoint.io import (
     load_checkpoint,
     rotate_checkpoints,
     save_checkpoint,
+    save_weights,
     verify_checkpoint,
 )
 
 __all__ = ["CorruptCheckpoint", "find_resumable", "list_checkpoints", "load_checkpoint", "rotate_checkpoints",
-           "save_checkpoint", "verify_checkpoint"]
+           "save_checkpoint", "save_weights", "verify_checkpoint"]

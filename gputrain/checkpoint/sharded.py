@@ -13,8 +13,6 @@ Checkpoints must go to a file system every rank sees (the run directory on share
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import warnings
 from collections.abc import Callable
@@ -37,13 +35,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from gputrain.checkpoint.io import (
-    MANIFEST,
-    MARKER,
     MODEL_FILE,
     STATE_FILE,
-    _fsync_dir,
-    _fsync_file,
-    _sha256,
+    commit_checkpoint_dir,
+    save_weights,
     step_dir_name,
     verify_checkpoint,
 )
@@ -119,24 +114,9 @@ class ShardedSaver:
 
 
 def _commit(tmp: Path, final: Path, step: int, state: dict[str, Any]) -> None:
-    """Rank 0, after every rank's shards are written: state.pt, manifest, marker, rename."""
+    """Rank 0, after every rank's shards are written: state.pt, then the shared commit protocol."""
     torch.save(state, tmp / STATE_FILE)
-    names = sorted(p.name for p in tmp.iterdir() if p.is_file())
-    files = {name: {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size} for name in names}
-    (tmp / MANIFEST).write_text(json.dumps({"step": step, "format": "dcp", "files": files}, indent=1))
-    for name in [*names, MANIFEST]:
-        _fsync_file(tmp / name)
-    (tmp / MARKER).write_text(str(step))
-    _fsync_file(tmp / MARKER)
-    _fsync_dir(tmp)
-    if final.exists():
-        trash = final.with_name(f".{final.name}.old-{os.getpid()}")
-        final.rename(trash)
-        tmp.rename(final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        tmp.rename(final)
-    _fsync_dir(final.parent)
+    commit_checkpoint_dir(tmp, final, step, fmt="dcp")
 
 
 def load_portable_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -211,12 +191,8 @@ def save_final_weights(path: Path, model: nn.Module, ctx: DistContext, pipeline:
     """Write model.safetensors with the full weights (collective when sharded; rank 0 writes)."""
     if not ctx.enabled or (not holds_dtensors(model) and not pipeline):
         if ctx.is_main:
-            from safetensors.torch import save_model
-
-            save_model(model, str(path))
+            save_weights(model, path)
         return
     weights = full_model_state_dict(model, ctx, pipeline)
     if weights is not None:
-        from safetensors.torch import save_file
-
-        save_file(weights, str(path))
+        save_weights(weights, path)

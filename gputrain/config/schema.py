@@ -122,6 +122,8 @@ class DataConfig:
     """Vocabulary size of token data: synthetic (unset: 256); tokens (unset: largest id in the file + 1, which reads the whole file once)."""
     augment: list[str] = field(default_factory=list)
     """On-device augmentation of training image batches: any of "crop" (random crop, zero padding H/8) and "flip" (horizontal)."""
+    on_error: Literal["fail", "skip"] = "fail"
+    """A training sample that cannot be read mid-run (corrupt image, bad row): fail naming it, or skip it (counted in summary.json data.skipped_samples)."""
 
     def __post_init__(self) -> None:
         bad = [a for a in self.augment if a not in ("crop", "flip")]
@@ -173,6 +175,8 @@ class TrainConfig:
     """Seed for the data split, shuffling, init and dropout."""
     deterministic: bool = False
     """Use deterministic algorithms (bitwise reproducible, sometimes slower)."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A NaN/Inf loss or gradient: stop (naming the step; the step is not applied) or skip the step and count it (the LR schedule does not advance)."""
 
     def __post_init__(self) -> None:
         _positive("train", "epochs", self.epochs)
@@ -267,10 +271,10 @@ class CheckpointConfig:
     """Keep this many recent checkpoints (the best one is kept as well)."""
     keep_best: bool = True
     """Also keep the checkpoint with the best monitored validation metric."""
+    async_save: bool = False
+    """Write checkpoints in the background while training continues (one save in flight): one process copies the state to host memory and writes it in a thread; several ranks use torch.distributed.checkpoint's async save."""
     resume: str = "auto"
     """auto: continue from the run directory's latest complete checkpoint; never; or a checkpoint PATH."""
-    async_save: bool = False
-    """Several ranks: write sharded checkpoints in the background while training continues."""
 
     def __post_init__(self) -> None:
         _positive("checkpoint", "every_steps", self.every_steps, allow_zero=True)

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from gputrain.distributed.blocks import find_blocks
 
 if TYPE_CHECKING:
     from gputrain.config.schema import Config

@@ -15,6 +15,14 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _step_of(line: str) -> float:
+    """The step of a logged line; a torn line (the process was killed mid-write) sorts last, so it is dropped."""
+    try:
+        return json.loads(line).get("step", 0)
+    except ValueError:
+        return math.inf
+
+
 class JsonlSink:
     """One JSON object per line. On resume, lines after the resumed step are dropped first, so the
     file reads exactly as if the run had never stopped."""
@@ -22,8 +30,7 @@ class JsonlSink:
     def __init__(self, path: Path, resume_step: int | None = None) -> None:
         self.path = path
         if resume_step is not None and path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= resume_step]
             path.write_text("".join(line + "\n" for line in kept))
         elif resume_step is None and path.exists():
             path.unlink()

@@ -8,6 +8,7 @@ driven by the `BatchPlan`; a user's own DataLoader is used as given, its batches
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,10 +16,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from gputrain.data.guard import GuardedBatch, GuardedDataset, guarded_collate, unwrap
 from gputrain.data.tensors import TensorData
 from gputrain.observe.breakdown import StepTimer
 from gputrain.train.batches import BatchPlan, PlanBatchSampler
 from gputrain.train.prefetch import prefetch_to_cuda
+
+log = logging.getLogger("gputrain")
 
 # In-memory data up to this size lives on the GPU for the whole run.
 _DEVICE_RESIDENT_BYTES = 2 << 30
@@ -69,8 +73,12 @@ class BatchFeed:
     """Yields, per optimizer step, the list of this rank's micro-batches already on the device."""
 
     def __init__(self, data: Dataset | DataLoader, plan: BatchPlan | None, device: torch.device,
-                 num_workers: int | str = "auto") -> None:
+                 num_workers: int | str = "auto", on_error: str = "fail") -> None:
         self.device = device
+        self.on_error = on_error
+        self.skipped_samples = 0
+        """Unreadable samples dropped since the trainer last collected the count (data.on_error=skip)."""
+        self._warned_skip = False
         self.plan = plan
         self.timer = StepTimer(device, every=0)  # the trainer puts its sampling timer here
         self.transform: Callable[[Any], Any] | None = None
@@ -86,9 +94,10 @@ class BatchFeed:
             assert plan is not None
             workers = auto_num_workers(num_workers, data)
             self.sampler = PlanBatchSampler(plan)
-            self.loader = DataLoader(
-                data, batch_sampler=self.sampler, num_workers=workers, pin_memory=device.type == "cuda",
-                persistent_workers=workers > 0, prefetch_factor=auto_prefetch_factor(workers),
+            self.loader = DataLoader(  # guarded: an unreadable sample is named, then failed on or skipped
+                GuardedDataset(data), batch_sampler=self.sampler, collate_fn=guarded_collate, num_workers=workers,
+                pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+                prefetch_factor=auto_prefetch_factor(workers),
                 # own generator: worker seeding must not draw from the global RNG the model uses
                 generator=torch.Generator().manual_seed(plan.seed),
             )
@@ -149,7 +158,7 @@ class BatchFeed:
             if not group:
                 return
             self.timer.mark("data")
-            yield group
+            yield [self._unwrap(b) for b in group]
 
     def _transformed(self, moved: list[Any]) -> list[Any]:
         """On-device batch work (augmentation, channels_last), charged to the data time."""
@@ -158,6 +167,17 @@ class BatchFeed:
         moved = [self.transform(b) for b in moved]
         self.timer.mark("data")
         return moved
+
+    def _unwrap(self, item: Any) -> Any:
+        if not isinstance(item, GuardedBatch):
+            return item
+        batch, skipped = unwrap(item, self.on_error)
+        if skipped and not self._warned_skip:
+            self._warned_skip = True
+            log.warning("skipping unreadable samples (data.on_error=skip), e.g. %s: %s", item.failed[0].where,
+                        item.failed[0].problem)
+        self.skipped_samples += skipped
+        return batch
 
 
 def eval_batches(data: Dataset | DataLoader, batch_size: int, device: torch.device) -> Iterator[Any]:

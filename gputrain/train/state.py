@@ -24,6 +24,10 @@ class LoopState:
     best_metric: float | None = None
     best_step: int | None = None
     evals_without_improvement: int = 0
+    nonfinite_steps: int = 0
+    """Steps skipped because the loss or gradients were NaN/Inf (train.on_nonfinite=skip)."""
+    skipped_samples: int = 0
+    """Unreadable training samples dropped (data.on_error=skip)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

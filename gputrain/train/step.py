@@ -1,4 +1,5 @@
-"""One optimizer step: accumulate micro-batches, clip, step. No host-device sync in here.
+"""One optimizer step: accumulate micro-batches, clip, check, step. The only host-device sync in
+here is the non-finite check's one boolean (see nonfinite.py for why it is worth it).
 
 fit → train_step → forward_backward: the whole hot path is these two functions.
 """
@@ -16,6 +17,7 @@ from gputrain.distributed.context import grad_sync
 from gputrain.distributed.grad_norm import grad_norm_and_clip
 from gputrain.observe.breakdown import StepTimer
 from gputrain.precision import Precision
+from gputrain.train.nonfinite import NonFiniteGuard
 
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -36,6 +38,8 @@ class StepParts:
     """The pipeline's process group: stages add up their gradient norms over it."""
     timer: StepTimer | None = None
     """Marks the step's parts on sampled steps (a no-op call on the others)."""
+    guard: NonFiniteGuard | None = None
+    """Checks loss and gradients before the update (one host sync per step); None: no check."""
 
 
 def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: bool) -> torch.Tensor:
@@ -62,16 +66,25 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
     if parts.timer is not None:
         parts.timer.mark("forward_backward")
     grad_norm = None
-    if parts.clip_grad_norm is not None or parts.clip_grad_value is not None or measure_grad_norm:
+    guard = parts.guard
+    if parts.clip_grad_norm is not None or parts.clip_grad_value is not None or measure_grad_norm or guard is not None:
         params = [p for p in parts.model.parameters() if p.grad is not None]
         parts.precision.unscale(parts.optimizer)
+        if guard is not None and parts.clip_grad_norm is None:
+            # before value clipping, which would turn an Inf gradient into a finite one
+            grad_norm = grad_norm_and_clip(params, None, parts.pp_group)
         if parts.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(params, parts.clip_grad_value)
-        if parts.clip_grad_norm is not None or measure_grad_norm:
+        if parts.clip_grad_norm is not None or (measure_grad_norm and grad_norm is None):
             grad_norm = grad_norm_and_clip(params, parts.clip_grad_norm, parts.pp_group)
-    parts.precision.step(parts.optimizer)
+    verdict = guard.check(loss_sum, grad_norm) if guard is not None else "apply"
+    if verdict == "nonfinite":
+        parts.precision.skip_step()  # the update never happens; the scaler (if any) still lowers its scale
+    else:
+        parts.precision.step(parts.optimizer)  # on "overflow" the GradScaler skips the update itself
     parts.optimizer.zero_grad(set_to_none=True)
-    parts.scheduler.step()
+    if verdict == "apply":  # a skipped step does not move the LR schedule
+        parts.scheduler.step()
     if parts.timer is not None:
         parts.timer.mark("optimizer")
     return (loss_sum if n == 1 else loss_sum / n), grad_norm

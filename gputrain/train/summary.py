@@ -44,7 +44,9 @@ def build_summary(trainer: "Trainer", status: str, wall_s: float, test: dict[str
             "peak_memory_bytes": peak_memory_bytes(trainer.device),
             # flops_per_step, achieved_flops, mfu, mfu_peak_source, time_breakdown (+ GPT formula, host RSS)
             **trainer.speed.summary_fields(state.global_step, train_time),
+            "nonfinite_steps": state.nonfinite_steps,
         },
+        "data": {"skipped_samples": state.skipped_samples},
         "val": getattr(trainer, "val_metrics", {}),
         "test": test,
         "best": {"metric": state.best_metric, "step": state.best_step},

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from gputrain.checkpoint import find_resumable, load_checkpoint, rotate_checkpoints, save_checkpoint
+from gputrain.checkpoint.async_save import AsyncSaver
 from gputrain.checkpoint.sharded import (
     ShardedSaver,
     is_sharded_checkpoint,
@@ -45,6 +46,7 @@ from gputrain.precision import Precision, resolve_precision
 from gputrain.train.batches import BatchPlan
 from gputrain.train.evaluate import evaluate, resolve_metrics
 from gputrain.train.feed import BatchFeed, eval_batches
+from gputrain.train.nonfinite import NonFiniteGuard
 from gputrain.train.run_files import default_run_dir, write_json, write_text
 from gputrain.train.signals import StopRequest
 from gputrain.train.state import LoopState, capture_rng, restore_rng, seed_everything
@@ -103,6 +105,8 @@ class Trainer:
             self.loss_fn = default_loss(self.task)
         self.num_classes = spec.num_classes if spec is not None else None
         self.val_data, self.test_data = val_data, test_data
+        if self.task is not None:
+            self._check_eval_metrics()
         model_name, data_name = names or (type(model).__name__.lower(), type(train_data).__name__.lower())
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(model_name, data_name)
         self.run_dir = agree_on_path(self.run_dir, self.dist)  # rank 0's timestamp, for every rank's shards
@@ -120,7 +124,7 @@ class Trainer:
             if self.plan.steps_per_epoch == 0:
                 raise ConfigError("train.batch_size", f"is larger than the {len(train_data)} training samples",  # type: ignore[arg-type]
                                   cfg.train.batch_size)
-        self.feed = BatchFeed(train_data, self.plan, self.device, cfg.data.num_workers)
+        self.feed = BatchFeed(train_data, self.plan, self.device, cfg.data.num_workers, on_error=cfg.data.on_error)
         self.feed.grad_accum = self.grad_accum
         self.feed.transform = build_batch_transform(cfg.data.augment, channels_last)
         if cfg.train.cuda_graphs and self.device.type != "cuda":
@@ -150,7 +154,9 @@ class Trainer:
         self.parts = StepParts(model=self.step_model, optimizer=self.optimizer, scheduler=self.scheduler,
                                precision=self.precision, compute_loss=self._compute_loss,
                                clip_grad_norm=cfg.train.clip_grad_norm, clip_grad_value=cfg.train.clip_grad_value,
-                               pipeline=self.pipeline, pp_group=pp_group(self.dist))
+                               pipeline=self.pipeline, pp_group=pp_group(self.dist),
+                               guard=NonFiniteGuard(cfg.train.on_nonfinite, distributed=self.dist.enabled,
+                                                    scaler_active=self.precision.scaler is not None))
         self.speed = SpeedMeter(self.model, self.device, self.precision_mode, self.dist.world_size, self.global_batch,
                                 spec.input_shape[0] if spec is not None and spec.task == "lm" else None,
                                 cfg.log.breakdown_every, count_flops=self.pipeline is None)
@@ -159,7 +165,9 @@ class Trainer:
         self.parts.timer = self.feed.timer = self.speed.timer
         self.state = LoopState()
         self.stop = StopRequest()
-        self.saver = ShardedSaver(self.dist, cfg.checkpoint.async_save)
+        # several ranks: sharded saves (asynchronous with DCP when asked); one process: a background
+        # thread when checkpoint.async_save, else plain synchronous saves
+        self.saver = ShardedSaver(self.dist, cfg.checkpoint.async_save) if self.dist.enabled else AsyncSaver()
 
     # ----------------------------------------------------------------- building from a config
     @classmethod
@@ -212,6 +220,7 @@ class Trainer:
             self.loss_fn = default_loss(task)
         if task == "classification" and self.num_classes is None:
             self.num_classes = outputs.shape[-1]
+        self._check_eval_metrics()
 
     # ----------------------------------------------------------------- resume
     def _check_resume_path(self) -> None:
@@ -231,19 +240,25 @@ class Trainer:
     def _load(self, path: Path) -> None:
         from gputrain.checkpoint import CorruptCheckpoint
 
+        portable = self.dist.enabled or is_sharded_checkpoint(path)  # any format onto any layout, by name
         try:
-            if self.dist.enabled or is_sharded_checkpoint(path):  # any format onto any layout, by name
+            if portable:
                 saved = load_portable_checkpoint(path, self.model, self.optimizer)
             else:
                 saved = load_checkpoint(path, self.model)
-                self.optimizer.load_state_dict(saved["optimizer"])
         except CorruptCheckpoint as err:
             raise RunError(f"cannot resume: {err}") from None
-        self.scheduler.load_state_dict(saved["scheduler"])
-        self.precision.load_state_dict(saved["precision"])
-        self.state = LoopState.from_dict(saved["loop"])
-        restore_rng(saved["rng"][min(self.dist.rank, len(saved["rng"]) - 1)] if isinstance(saved["rng"], list)
-                    else saved["rng"])
+        try:
+            if not portable:
+                self.optimizer.load_state_dict(saved["optimizer"])
+            self.scheduler.load_state_dict(saved["scheduler"])
+            self.precision.load_state_dict(saved["precision"])
+            self.state = LoopState.from_dict(saved["loop"])
+            restore_rng(saved["rng"][min(self.dist.rank, len(saved["rng"]) - 1)] if isinstance(saved["rng"], list)
+                        else saved["rng"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as err:  # verified bytes, but not our state
+            raise RunError(f"cannot resume: {path}: state.pt does not hold this run's training state "
+                           f"({type(err).__name__}: {str(err)[:120]})") from None
         if saved.get("task"):
             self.task, self.num_classes = saved["task"], saved.get("num_classes")
             if self.loss_fn is None and self.step_fn is None:
@@ -262,6 +277,9 @@ class Trainer:
                                    on_commit=lambda: rotate_checkpoints(root, self.config.checkpoint.keep_last, keep))
         state["optimizer"] = self.optimizer.state_dict()
         state["param_names"] = [name for name, _ in self.model.named_parameters()]  # lets a multi-rank job resume it
+        if self.config.checkpoint.async_save:  # rotation runs once the background save has committed
+            return self.saver.save(root, self.state.global_step, self.model, state,
+                                   after=lambda _: rotate_checkpoints(root, self.config.checkpoint.keep_last, keep))
         path = save_checkpoint(root, self.state.global_step, self.model, state)
         rotate_checkpoints(root, self.config.checkpoint.keep_last, keep)
         return path
@@ -276,6 +294,14 @@ class Trainer:
         return evaluate(self.step_model, batches, task=self.task, metric_names=names,
                         loss_fn=self.loss_fn, num_classes=self.num_classes, device=self.device,
                         autocast=self.precision.autocast, step_fn=self.step_fn)
+
+    def _check_eval_metrics(self) -> None:
+        """Unknown metric names fail before training starts, not after its first epoch."""
+        names = resolve_metrics(self.config.eval.metrics, self.task)  # type: ignore[arg-type]
+        monitored = self.config.eval.early_stop_metric
+        if monitored is not None and monitored not in names:
+            raise ConfigError("eval.early_stop_metric", "is not among the validation metrics: " + ", ".join(names),
+                              monitored)
 
     def _early_stop_check(self, metrics: dict[str, float]) -> bool:
         """Track the best monitored value; True when patience has run out."""
@@ -308,7 +334,14 @@ class Trainer:
         status = "completed"
         error: str | None = None
         try:
-            status = self._loop(sinks)
+            try:
+                status = self._loop(sinks)
+            except KeyboardInterrupt:
+                raise  # a second signal leaves at once; an unfinished background save is never at a final path
+            except BaseException:
+                self.saver.wait()  # keep the last good checkpoint the failed run was writing
+                raise
+            self.saver.wait()  # no checkpoint write outlives the loop
         except Interrupted:
             raise
         except GputrainError:
@@ -375,8 +408,15 @@ class Trainer:
                 log_now = (state.global_step + 1) % every_log == 0 or state.global_step + 1 == self.total_steps
                 with self.speed.step_context():  # counts the FLOPs of the first step only
                     loss, grad_norm = train_step(self.parts, micro_batches, measure_grad_norm=log_now)
+                if self.parts.guard is not None and self.parts.guard.last == "nonfinite":
+                    if self.config.train.on_nonfinite == "stop":
+                        raise self.parts.guard.error(state.global_step + 1, self.dist.rank if self.dist.enabled else None)
+                    state.nonfinite_steps += 1
+                    log.warning("step %d: %s; step skipped (%d so far)", state.global_step + 1,
+                                self.parts.guard.last_reason, state.nonfinite_steps)
                 state.global_step += 1
                 state.step_in_epoch += 1
+                state.skipped_samples, self.feed.skipped_samples = state.skipped_samples + self.feed.skipped_samples, 0
                 state.samples_seen += self.global_batch
                 self.last_loss = loss
                 if log_now:  # the only host sync of a training step
@@ -442,6 +482,7 @@ class Trainer:
 
     def _interrupted(self) -> str:
         path = self._save()
+        self.saver.wait()
         where = f"checkpoint saved at {path}; " if path else ""
         raise Interrupted(f"stopped by {self.stop.requested} at step {self.state.global_step}; {where}"
                           f"run again with --run-dir {self.run_dir} to resume")

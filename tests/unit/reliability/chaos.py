@@ -1,0 +1,189 @@
+"""Real `gputrain train` processes to kill, and exact comparisons of what they leave behind.
+
+Shared by the reliability tests (few trials) and `scripts/kill_resume.py` /
+`scripts/kill_during_save.py` (the published figures).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[3]
+
+# A tiny deterministic CPU run: digits, a small MLP, every step logged (so progress can be watched).
+TINY = ["model.name=mlp", "model.hidden_sizes=[32]", "train.device=cpu", "train.deterministic=true",
+        "train.epochs=2", "train.batch_size=64", "optim.schedule=cosine", "log.every_steps=1",
+        "log.progress=plain", "log.tensorboard=false", "checkpoint.every_steps=4", "checkpoint.keep_last=2"]
+# measured speed and memory: they differ between any two runs (see observe/speed.py::record_fields)
+SPEED_KEYS = {"samples_per_s", "tokens_per_s", "step_time_s", "achieved_flops", "mfu", "mfu_formula",
+              "peak_memory_bytes"}
+
+
+def start_train(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Launch `python -m gputrain train` on this checkout; output goes to <run_dir>.log."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    log = open(run_dir.with_suffix(".log"), "ab")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen([sys.executable, "-m", "gputrain", "train", "--run-dir", str(run_dir), *overrides],
+                            cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def run_train(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None, timeout: float = 300
+              ) -> int:
+    proc = start_train(run_dir, overrides, env)
+    return proc.wait(timeout=timeout)
+
+
+def logged_step(run_dir: Path) -> int:
+    """The highest training step in metrics.jsonl (0 if none yet)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    step = 0
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if "split" not in record:
+            step = max(step, record["step"])
+    return step
+
+
+def kill_at_step(proc: subprocess.Popen, run_dir: Path, step: int, sig: int = signal.SIGKILL,
+                 timeout: float = 300) -> int | None:
+    """Send `sig` once metrics.jsonl shows `step`; return the step seen then, or None if the run ended first."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen = logged_step(run_dir)
+        if seen >= step:
+            proc.send_signal(sig)
+            proc.wait(timeout=timeout)
+            return seen
+        time.sleep(0.002)
+    proc.wait(timeout=timeout)
+    return None
+
+
+def train_log(run_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl without the timing fields, which differ between any two runs."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in SPEED_KEYS and not k.startswith("time_")}
+            for line in lines]
+
+
+def last_checkpoint_state(run_dir: Path) -> tuple[str, dict[str, Any]]:
+    from gputrain.checkpoint import list_checkpoints
+
+    path = list_checkpoints(run_dir / "checkpoints")[0]
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    state["loop"].pop("train_time_s")  # wall time, not training state
+    return path.name, state
+
+
+def differences(a: Any, b: Any, where: str = "") -> list[str]:
+    """Every place two nested structures of tensors and plain values differ (bit for bit)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        same = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and a.shape == b.shape and torch.equal(a, b))
+        return [] if same else [where or "tensor"]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{where}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"]
+        return [d for k in a for d in differences(a[k], b[k], f"{where}.{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{where}: length {len(a)} vs {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{where}[{i}]")]
+    return [] if a == b else [f"{where}: {a!r} vs {b!r}"]
+
+
+def compare_runs(reference: Path, resumed: Path) -> list[str]:
+    """What differs between an unbroken run and a killed-and-resumed one: per-step log (losses, LR,
+    grad norm, evaluations), final weights, and the last checkpoint's optimizer, schedule, RNG,
+    loop counters (data position) and scaler."""
+    problems = []
+    ref_log, res_log = train_log(reference), train_log(resumed)
+    if ref_log != res_log:
+        first = next((i for i, (x, y) in enumerate(zip(ref_log, res_log)) if x != y), min(len(ref_log), len(res_log)))
+        problems.append(f"metrics.jsonl differs from line {first + 1}: "
+                        f"{ref_log[first] if first < len(ref_log) else None} vs "
+                        f"{res_log[first] if first < len(res_log) else None}")
+    if (reference / "model.safetensors").read_bytes() != (resumed / "model.safetensors").read_bytes():
+        problems.append("model.safetensors differs")
+    ref_name, ref_state = last_checkpoint_state(reference)
+    res_name, res_state = last_checkpoint_state(resumed)
+    if ref_name != res_name:
+        problems.append(f"last checkpoint {ref_name} vs {res_name}")
+    problems += [f"checkpoint state{d}" for d in differences(ref_state, res_state)]
+    return problems
+
+
+# ----------------------------------------------------------------------- crash while saving
+SAVE_DELAY_ENV = "GPUTRAIN_TEST_SAVE_PHASE_DELAY_S"
+
+
+def save_phase(checkpoints: Path) -> str:
+    """Where an interrupted save stood, from what it left on disk."""
+    olds = list(checkpoints.glob(".step-*.old-*"))
+    if olds:
+        return "between the two renames of a re-save"
+    tmps = [p for p in checkpoints.glob(".step-*.tmp-*") if p.is_dir()]
+    if not tmps:
+        return "no save open (committed, or training)"
+    files = {p.name for p in tmps[0].iterdir()}
+    for needed, phase in (("COMMITTED", "marker written, before the rename"), ("manifest.json", "manifest written"),
+                          ("state.pt", "weights and state written"), ("model.safetensors", "weights written")):
+        if needed in files:
+            return phase
+    return "directory created, nothing written"
+
+
+def kill_during_save(run_dir: Path, overrides: list[str], target_step: int, delay_s: float, offset_s: float
+                     ) -> dict[str, Any] | None:
+    """Run with each save phase slowed by `delay_s`; once step `target_step` is logged and the next
+    save has opened its temporary directory, wait `offset_s` and SIGKILL. Returns what was left."""
+    proc = start_train(run_dir, overrides, env={SAVE_DELAY_ENV: str(delay_s)})
+    checkpoints = run_dir / "checkpoints"
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline and logged_step(run_dir) < target_step:
+        time.sleep(0.002)
+    while proc.poll() is None and time.monotonic() < deadline and not list(checkpoints.glob(".step-*.tmp-*")):
+        time.sleep(0.001)
+    time.sleep(offset_s)
+    if proc.poll() is not None:
+        return None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    return {"killed_at_step": logged_step(run_dir), "phase": save_phase(checkpoints)}
+
+
+def check_after_crash(run_dir: Path) -> tuple[list[str], Path | None]:
+    """No partial file at a final path; return (problems, the checkpoint a resume will use)."""
+    from gputrain.checkpoint import CorruptCheckpoint, find_resumable, verify_checkpoint
+
+    problems = []
+    for path in (run_dir / "checkpoints").glob("step-*"):
+        try:
+            verify_checkpoint(path)
+        except CorruptCheckpoint as err:
+            problems.append(f"partial checkpoint at a final path: {err}")
+    for name in ("model.safetensors", "summary.json"):
+        if (run_dir / name).exists():
+            problems.append(f"{name} exists although the run never finished")
+    return problems, find_resumable(run_dir / "checkpoints")
+
+
+def resumed_from(run_dir: Path, checkpoint: Path) -> bool:
+    """Whether the run's console output says it resumed from `checkpoint` (the console wraps lines)."""
+    text = "".join(run_dir.with_suffix(".log").read_text().split())
+    return f"resumedfrom{checkpoint}(step{checkpoint.name[5:]})" in text

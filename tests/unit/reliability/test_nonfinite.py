@@ -1,0 +1,157 @@
+"""NaN/Inf in the loss or the gradients: the step is never applied (issue 7, figure 4)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gputrain.checkpoint import find_resumable, verify_checkpoint
+from gputrain.data.tensors import TensorData
+from gputrain.precision import Precision
+from gputrain.train.nonfinite import NonFiniteGuard, NonFiniteStep
+from gputrain.train.step import StepParts, train_step
+from gputrain.train.trainer import Trainer
+
+KINDS = ["loss_nan", "loss_inf", "grad_nan", "grad_inf"]
+BAD = {"nan": float("nan"), "inf": float("inf")}
+
+
+def _data() -> TensorData:
+    g = torch.Generator().manual_seed(0)
+    return TensorData(torch.randn(256, 8, generator=g), torch.randint(0, 3, (256,), generator=g))
+
+
+def _trainer(run_dir: Path, mode: str, inject_step: int | None, kind: str, max_steps: int
+             ) -> tuple[Trainer, dict[int, list[torch.Tensor]]]:
+    """A tiny MLP whose step_fn poisons step `inject_step` and records the parameters each step starts from."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    seen: dict[int, list[torch.Tensor]] = {}
+    calls = [0]
+
+    def step_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        calls[0] += 1
+        step = calls[0]
+        seen[step] = [p.detach().clone() for p in m.parameters()]
+        out = m(batch[0])
+        bad = BAD[kind.split("_")[1]]
+        if step == inject_step and kind.startswith("grad"):
+            out.register_hook(lambda g: torch.full_like(g, bad))  # finite loss, poisoned gradients
+        loss = F.cross_entropy(out, batch[1])
+        return loss * bad if step == inject_step and kind.startswith("loss") else loss
+
+    config = {"train.max_steps": max_steps, "train.epochs": 1, "train.batch_size": 16, "train.device": "cpu",
+              "train.on_nonfinite": mode, "optim.schedule": "cosine", "log.progress": "none",
+              "log.tensorboard": False, "log.every_steps": 4, "checkpoint.every_steps": 3, "checkpoint.keep_last": 1}
+    return Trainer(model, _data(), step_fn=step_fn, config=config, run_dir=run_dir), seen
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _params(trainer: Trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in trainer.model.parameters()]
+
+
+def test_30_random_injections_never_apply_the_step(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    max_steps = 8
+    for trial in range(30):
+        mode = ("stop", "skip")[trial % 2]
+        kind = KINDS[(trial // 2) % 4]
+        inject = rng.randint(1, max_steps)
+        trainer, seen = _trainer(tmp_path / f"t{trial}", mode, inject, kind, max_steps)
+        if mode == "stop":
+            with pytest.raises(NonFiniteStep) as err:
+                trainer.fit()
+            # an Inf gradient turns into NaN on its way through the layers (inf * 0), so only the loss's is exact
+            expected = f"step {inject}: loss is {kind[5:]}" if kind.startswith("loss") else f"step {inject}: gradient norm is "
+            assert str(err.value).startswith(expected), err.value
+            assert _same(_params(trainer), seen[inject]), f"trial {trial}: parameters changed"
+            assert trainer.scheduler.last_epoch == inject - 1
+            latest = find_resumable(tmp_path / f"t{trial}" / "checkpoints")
+            good = (inject - 1) // 3 * 3  # the last checkpoint step before the poisoned one
+            if good == 0:
+                assert latest is None  # nothing good to keep yet, and nothing bad was written
+            else:
+                assert latest is not None and latest.name == f"step-{good}"
+                verify_checkpoint(latest)
+        else:
+            summary = trainer.fit()
+            after = seen.get(inject + 1, _params(trainer))
+            assert _same(after, seen[inject]), f"trial {trial}: a skipped step changed the parameters"
+            assert trainer.scheduler.last_epoch == max_steps - 1  # one step did not move the schedule
+            assert summary["train"]["nonfinite_steps"] == 1
+            assert summary["global_step"] == max_steps
+            assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_skip_count_survives_resume(tmp_path: Path) -> None:
+    trainer, _ = _trainer(tmp_path, "skip", 3, "loss_nan", 8)
+    assert trainer.fit()["train"]["nonfinite_steps"] == 1
+    resumed, seen = _trainer(tmp_path, "skip", None, "loss_nan", 12)
+    summary = resumed.fit()
+    assert min(seen) == 1 and len(seen) == 4  # only steps 9..12 ran in the resumed trainer
+    assert summary["train"]["nonfinite_steps"] == 1
+    assert resumed.scheduler.last_epoch == 11
+
+
+def _scaled_parts(scale: float) -> tuple[StepParts, nn.Module]:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
+    precision = Precision("fp32", torch.device("cpu"))
+    precision.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)  # stands in for the CUDA fp16 scaler
+
+    def compute_loss(m: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        return m(batch).sum() * scale
+
+    guard = NonFiniteGuard("stop", scaler_active=True)
+    return StepParts(model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
+                     compute_loss=compute_loss, guard=guard), model
+
+
+def test_grad_scaler_overflow_skips_without_moving_the_schedule() -> None:
+    parts, model = _scaled_parts(scale=1e36)  # finite loss, gradients overflow once scaled by 2**16
+    before = [p.detach().clone() for p in model.parameters()]
+    train_step(parts, [torch.ones(3, 4)], measure_grad_norm=False)
+    assert parts.guard is not None and parts.guard.last == "overflow"
+    assert _same([p.detach() for p in model.parameters()], before)
+    assert parts.scheduler.last_epoch == 0
+    assert parts.precision.scaler is not None and parts.precision.scaler.get_scale() == 2.0**15
+
+
+def test_grad_scaler_normal_step_advances_the_schedule() -> None:
+    parts, model = _scaled_parts(scale=1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    train_step(parts, [torch.ones(3, 4)], measure_grad_norm=False)
+    assert parts.guard is not None and parts.guard.last == "apply"
+    assert not _same([p.detach() for p in model.parameters()], before)
+    assert parts.scheduler.last_epoch == 1
+
+
+def test_clip_grad_value_does_not_hide_an_inf_gradient() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+
+    def compute_loss(m: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        out = m(batch)
+        out.register_hook(lambda g: torch.full_like(g, float("inf")))
+        return out.sum()
+
+    parts = StepParts(model=model, optimizer=optimizer, scheduler=scheduler,
+                      precision=Precision("fp32", torch.device("cpu")), compute_loss=compute_loss,
+                      clip_grad_value=1.0, guard=NonFiniteGuard("skip"))
+    before = [p.detach().clone() for p in model.parameters()]
+    train_step(parts, [torch.ones(3, 4)], measure_grad_norm=False)
+    assert parts.guard is not None and parts.guard.last == "nonfinite"
+    assert _same([p.detach() for p in model.parameters()], before)
