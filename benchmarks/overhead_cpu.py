@@ -12,6 +12,9 @@ Models: the digits CNN (`gputrain train`'s default model, batch 64) and a tiny M
 
     python benchmarks/overhead_cpu.py [--repeats 5] [--threads 1]
 
+The last line is the foundation issue's figure: the wall time of a whole `Trainer.fit` (set-up,
+first-step FLOP count and all) against the hand loop over the default job's 380 steps.
+
 One intra-op thread by default: on a small shared machine a second OpenMP thread adds
 milliseconds of scheduling noise to a microsecond-scale step.
 """
@@ -109,18 +112,40 @@ def measure(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: 
     return result
 
 
+def measure_wall(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: int, repeats: int) -> dict:
+    """Wall time of the whole call, set-up included: Trainer(...).fit() against the hand loop, alternating."""
+    make_model, data = case
+    walls: dict[str, list[float]] = {"hand": [], "gputrain": []}
+    for r in range(repeats + 1):
+        for label, loop in (("hand", hand_loop), ("gputrain", gputrain_loop)):
+            torch.manual_seed(r)
+            model = make_model()
+            start = time.perf_counter()
+            loop(model, data, 64, steps, r)
+            if r > 0:
+                walls[label].append(time.perf_counter() - start)
+    ratios = [g / h for h, g in zip(walls["hand"], walls["gputrain"])]
+    hand, ours = statistics.median(walls["hand"]), statistics.median(walls["gputrain"])
+    print(f"{name:12s} wall: hand {hand:7.3f} s  Trainer.fit {ours:7.3f} s  ratio {statistics.median(ratios):.3f} "
+          f"(median of {repeats} paired runs of {steps} steps, set-up included)")
+    return {"case": name, "hand_s": hand, "gputrain_s": ours, "ratio": statistics.median(ratios)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--mlp-steps", type=int, default=2000)
     parser.add_argument("--cnn-steps", type=int, default=300)
+    parser.add_argument("--wall-steps", type=int, default=380, help="steps of the wall-time comparison "
+                        "(380 = the default job: 20 epochs of digits at batch 64)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"{time.strftime('%Y-%m-%d')}")
     measure("tiny MLP", mlp_case(), args.mlp_steps, args.repeats)
     measure("digits CNN", digits_case(), args.cnn_steps, args.repeats)
+    measure_wall("digits CNN", digits_case(), args.wall_steps, args.repeats)
 
 
 if __name__ == "__main__":

@@ -50,20 +50,31 @@ class NonFiniteGuard:
         self.last_reason = ""
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> Verdict:
-        """Return and remember the verdict for this step (one host sync)."""
-        bad_loss = ~torch.isfinite(loss.detach().float())
-        bad_grad = (~torch.isfinite(grad_norm.float())) if grad_norm is not None else torch.zeros_like(bad_loss)
-        # bits: 1 = this rank's loss, 2 = this rank's gradients (gradients are already synced under DDP)
-        flags = bad_loss.to(torch.int32) + 2 * bad_grad.to(torch.int32)
+        """Return and remember the verdict for this step.
+
+        The common case costs one add and one host sync: `loss + grad_norm` is finite exactly when
+        both are (a norm is >= 0, so nothing cancels), and across ranks a SUM carries any rank's
+        NaN/Inf to all of them. Only a bad step looks closer, to say what was bad and where.
+        """
+        total = loss.detach() if grad_norm is None else loss.detach() + grad_norm
         if self.distributed:
-            worst_flags = flags.clone()
-            dist.all_reduce(worst_flags, op=dist.ReduceOp.MAX)  # the worst any rank saw
-            local, worst = torch.stack([flags, worst_flags]).tolist()
-        else:
-            local = worst = int(flags.item())
-        if worst == 0:
+            total = total.float().clone()  # all_reduce works in place: never on the loss itself
+            dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        if math.isfinite(total.item()):
             self.last, self.last_reason = "apply", ""
-        elif worst == 2 and self.scaler_active:
+            return self.last
+        return self._diagnose(loss, grad_norm)
+
+    def _diagnose(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> Verdict:
+        bad_loss = not math.isfinite(float(loss.detach().float()))
+        bad_grad = grad_norm is not None and not math.isfinite(float(grad_norm.float()))
+        local = int(bad_loss) + 2 * int(bad_grad)  # bits: 1 = this rank's loss, 2 = its gradients
+        any_loss, any_grad = bad_loss, bad_grad
+        if self.distributed:  # how many ranks saw each kind (gradients are already synced under DDP)
+            counts = torch.tensor([int(bad_loss), int(bad_grad)], device=loss.device, dtype=torch.int32)
+            dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+            any_loss, any_grad = (bool(c) for c in counts.tolist())
+        if any_grad and not any_loss and self.scaler_active:
             self.last, self.last_reason = "overflow", "fp16 loss scale overflow"
         else:
             self.last = "nonfinite"

@@ -40,6 +40,9 @@ class StepParts:
     """Marks the step's parts on sampled steps (a no-op call on the others)."""
     guard: NonFiniteGuard | None = None
     """Checks loss and gradients before the update (one host sync per step); None: no check."""
+    params: list[torch.Tensor] | None = None
+    """The parameters the optimizer updates, listed once (walking the module tree every step costs
+    more than a tiny model's whole step); None: read from `model` each step."""
 
 
 def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: bool) -> torch.Tensor:
@@ -68,7 +71,7 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
     grad_norm = None
     guard = parts.guard
     if parts.clip_grad_norm is not None or parts.clip_grad_value is not None or measure_grad_norm or guard is not None:
-        params = [p for p in parts.model.parameters() if p.grad is not None]
+        params = [p for p in (parts.params or parts.model.parameters()) if p.grad is not None]
         parts.precision.unscale(parts.optimizer)
         if guard is not None and parts.clip_grad_norm is None:
             # before value clipping, which would turn an Inf gradient into a finite one

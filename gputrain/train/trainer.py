@@ -155,6 +155,7 @@ class Trainer:
                                precision=self.precision, compute_loss=self._compute_loss,
                                clip_grad_norm=cfg.train.clip_grad_norm, clip_grad_value=cfg.train.clip_grad_value,
                                pipeline=self.pipeline, pp_group=pp_group(self.dist),
+                               params=list(self.step_model.parameters()),
                                guard=NonFiniteGuard(cfg.train.on_nonfinite, distributed=self.dist.enabled,
                                                     scaler_active=self.precision.scaler is not None))
         self.speed = SpeedMeter(self.model, self.device, self.precision_mode, self.dist.world_size, self.global_batch,
