@@ -71,7 +71,9 @@ def run_benchmarks(device: torch.device, *, quick: bool) -> BenchReport:
         report.notes.append("no GPU: host↔device transfers and the GPU-over-CPU speed-up are not measured")
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     if gpus > 1:
-        from gputrain.bench.dist_run import spawn_allreduce_benchmark  # it imports this module
+        from gputrain.bench.dist_run import (
+            spawn_allreduce_benchmark,  # it imports this module
+        )
 
         result, note = spawn_allreduce_benchmark("cuda", gpus, quick=quick)
         report.results.extend([result] if result else [])

@@ -13,6 +13,7 @@ Checkpoints must go to a file system every rank sees (the run directory on share
 
 from __future__ import annotations
 
+import pickle
 import shutil
 import warnings
 from collections.abc import Callable
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -37,10 +39,16 @@ from torch.distributed.tensor import DTensor
 from gputrain.checkpoint.io import (
     MODEL_FILE,
     STATE_FILE,
+    CorruptCheckpoint,
     commit_checkpoint_dir,
     save_weights,
     step_dir_name,
     verify_checkpoint,
+)
+from gputrain.checkpoint.safe_dcp import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    UnsafeCheckpointContent,
 )
 from gputrain.distributed.context import DistContext
 from gputrain.errors import RunError
@@ -129,11 +137,22 @@ def load_portable_checkpoint(path: Path, model: nn.Module, optimizer: torch.opti
         # reads just the slices this rank holds; on one process, all of them
         with warnings.catch_warnings():  # DCP warns that one process is one process
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(payload, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+            reader = SafeFileSystemReader(str(path))  # never DCP's own: it unpickles without limits
+            try:
+                dcp.load(payload, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=not dist.is_initialized())
+            except (Exception, CheckpointException) as err:  # CheckpointException is a BaseException
+                refusal = reader.refusal or (err if isinstance(err, UnsafeCheckpointContent) else None)
+                if refusal is None:
+                    raise
+                raise CorruptCheckpoint(f"{path}: {refusal}; refused to load it (it could run code)") from None
         set_state_dict(model, optimizer, model_state_dict=payload["model"], optim_state_dict=payload["optim"])
     else:
         _load_single_process_checkpoint(path, model, optimizer)
-    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CorruptCheckpoint(f"{path}: {STATE_FILE} holds objects other than tensors and plain values; "
+                                "refused to load it (it could run code)") from None
 
 
 def _load_single_process_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

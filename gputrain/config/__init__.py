@@ -1,6 +1,11 @@
 """Config: schema (dataclasses), loading (TOML + overrides), validation with suggestions."""
 
-from gputrain.config.load import config_to_dict, config_to_toml, load_config, parse_override
+from gputrain.config.load import (
+    config_to_dict,
+    config_to_toml,
+    load_config,
+    parse_override,
+)
 from gputrain.config.schema import (
     CheckpointConfig,
     Config,

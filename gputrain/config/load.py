@@ -167,7 +167,9 @@ def build_config(base: Mapping[str, Any] | None = None, overrides: Mapping[str, 
                 raise ConfigError(section, "must be a table of keys, e.g. [train] epochs = 5")
             merged.setdefault(section, {}).update(values)
     config = Config(**{name: _build_section(name, cls, merged.get(name, {})) for name, cls in SECTIONS.items()})
-    from gputrain.config.validate import validate_config  # registries import torch: keep it late
+    from gputrain.config.validate import (
+        validate_config,  # registries import torch: keep it late
+    )
 
     validate_config(config)
     return config

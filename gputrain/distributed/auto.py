@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-
 if TYPE_CHECKING:
     from gputrain.config.schema import Config
     from gputrain.distributed.parallelize import StrategyChoice

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gputrain.errors import RunError, UsageError
 
+
 @dataclass(slots=True)
 class LaunchOptions:
     nproc_per_node: int

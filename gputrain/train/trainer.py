@@ -19,7 +19,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from gputrain.checkpoint import find_resumable, load_checkpoint, rotate_checkpoints, save_checkpoint
+from gputrain.checkpoint import (
+    find_resumable,
+    load_checkpoint,
+    rotate_checkpoints,
+    save_checkpoint,
+)
 from gputrain.checkpoint.async_save import AsyncSaver
 from gputrain.checkpoint.sharded import (
     ShardedSaver,
@@ -31,12 +36,28 @@ from gputrain.config import Config, config_to_toml, load_config, resolve_grad_ac
 from gputrain.data.augment import apply_channels_last, build_batch_transform
 from gputrain.data.spec import DataSpec
 from gputrain.data.tensors import TensorData
-from gputrain.distributed import DistContext, all_reduce_mean, init_distributed, parallelize
+from gputrain.distributed import (
+    DistContext,
+    all_reduce_mean,
+    init_distributed,
+    parallelize,
+)
 from gputrain.distributed.context import agree_on_path
 from gputrain.distributed.faults import install_test_fault
-from gputrain.distributed.parallelize import choose_strategy, describe_choice, pp_group, setup_parallel
+from gputrain.distributed.parallelize import (
+    choose_strategy,
+    describe_choice,
+    pp_group,
+    setup_parallel,
+)
 from gputrain.env.device import resolve_device
-from gputrain.errors import ConfigError, GputrainError, Interrupted, RunError, UsageError
+from gputrain.errors import (
+    ConfigError,
+    GputrainError,
+    Interrupted,
+    RunError,
+    UsageError,
+)
 from gputrain.observe.console import RunConsole
 from gputrain.observe.logger import setup_logging
 from gputrain.observe.sinks import JsonlSink, Sinks, TensorBoardSink

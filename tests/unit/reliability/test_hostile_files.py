@@ -120,9 +120,14 @@ def test_pickle_disguised_as_manifest_is_refused(trained_run: Path, tmp_path: Pa
 
 # ----------------------------------------------------------------------- no unsafe load in the package
 def _unsafe_calls(source: str) -> list[str]:
-    """Calls that can unpickle arbitrary objects."""
+    """Calls that can unpickle arbitrary objects, and Unpickler subclasses that do not restrict
+    `find_class` (a subclass that allow-lists classes, like checkpoint/safe_dcp.py's, is the safe way)."""
     found = []
     for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("Unpickler") for b in node.bases):
+            if not any(isinstance(f, ast.FunctionDef) and f.name == "find_class" for f in node.body):
+                found.append(f"class {node.name}(Unpickler) without find_class at line {node.lineno}")
+            continue
         if not isinstance(node, ast.Call):
             continue
         func = ast.unparse(node.func)
@@ -146,6 +151,8 @@ def test_the_scanner_catches_unsafe_loads() -> None:
     bad = ("import pickle, torch\npickle.load(f)\npickle.loads(b)\ntorch.load(p)\n"
            "torch.load(p, weights_only=False)\nnp.load(p, allow_pickle=True)\n")
     assert len(_unsafe_calls(bad)) == 5
+    assert len(_unsafe_calls("import pickle\nclass U(pickle.Unpickler):\n    pass\n")) == 1
+    assert _unsafe_calls("class U(pickle.Unpickler):\n    def find_class(self, m, n):\n        raise X\n") == []
     assert _unsafe_calls("torch.load(p, map_location='cpu', weights_only=True)\n") == []
 
 
