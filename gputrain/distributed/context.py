@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from gputrain.distributed.orphans import die_with_launcher
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -58,6 +60,8 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0) -> DistCont
     `timeout_s` bounds every collective: a rank whose peer died fails after it instead of hanging.
     """
     rank, world, local_rank = env_world()
+    if world > 1:
+        die_with_launcher()
     if world > 1 and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(local_rank)

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gputrain.distributed.orphans import LAUNCHER_ENV
 from gputrain.errors import RunError, UsageError
 
 
@@ -76,6 +77,7 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     # CPU threads per rank: share the cores (torchrun would set 1 and print a warning banner)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // opts.nproc_per_node)))
     args = get_args_parser().parse_args(torchrun_args(opts, child_argv))
+    os.environ[LAUNCHER_ENV] = str(os.getpid())  # the ranks die with this process (distributed/orphans.py)
     started = time.time() - 1.0  # file-system timestamps may be coarse
     try:
         run(args)

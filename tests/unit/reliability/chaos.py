@@ -23,18 +23,21 @@ REPO = Path(__file__).resolve().parents[3]
 TINY = ["model.name=mlp", "model.hidden_sizes=[32]", "train.device=cpu", "train.deterministic=true",
         "train.epochs=2", "train.batch_size=64", "optim.schedule=cosine", "log.every_steps=1",
         "log.progress=plain", "log.tensorboard=false", "checkpoint.every_steps=4", "checkpoint.keep_last=2"]
+# The same run on two gloo ranks (DDP; the global batch, and so the optimisation, stays the same).
+TINY_2_RANKS = ["--nproc-per-node", "2", *TINY, "parallel.strategy=ddp", "parallel.timeout_s=30"]
 # measured speed and memory: they differ between any two runs (see observe/speed.py::record_fields)
 SPEED_KEYS = {"samples_per_s", "tokens_per_s", "step_time_s", "achieved_flops", "mfu", "mfu_formula",
               "peak_memory_bytes"}
 
 
 def start_train(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Launch `python -m gputrain train` on this checkout; output goes to <run_dir>.log."""
+    """Launch `python -m gputrain train` on this checkout; output goes to <run_dir>.log. The run gets a
+    process group of its own, so a signal can reach all of it (a launcher and its ranks) at once."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     log = open(run_dir.with_suffix(".log"), "ab")  # noqa: SIM115 - closed with the process
     return subprocess.Popen([sys.executable, "-m", "gputrain", "train", "--run-dir", str(run_dir), *overrides],
-                            cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+                            cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def run_train(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None, timeout: float = 300
@@ -61,12 +64,14 @@ def logged_step(run_dir: Path) -> int:
 
 def kill_at_step(proc: subprocess.Popen, run_dir: Path, step: int, sig: int = signal.SIGKILL,
                  timeout: float = 300) -> int | None:
-    """Send `sig` once metrics.jsonl shows `step`; return the step seen then, or None if the run ended first."""
+    """Send `sig` to the run's whole process group (as a terminal's Ctrl-C, or a node dying, reaches every
+    process of a job) once metrics.jsonl shows `step`; return the step seen then, or None if the run
+    ended first."""
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
         seen = logged_step(run_dir)
         if seen >= step:
-            proc.send_signal(sig)
+            os.killpg(proc.pid, sig)
             proc.wait(timeout=timeout)
             return seen
         time.sleep(0.002)

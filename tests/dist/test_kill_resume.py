@@ -1,0 +1,34 @@
+"""SIGKILL a whole 2-rank job (the launcher and both gloo ranks, as a node failure would) at a
+random step, run the same command again, and get the unbroken 2-rank run bit for bit
+(issue 7, figure 1 with 2 ranks; `scripts/kill_resume.py --ranks 2 --trials 20` prints the figure)."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.unit.reliability.chaos import TINY_2_RANKS, compare_runs, kill_at_step, run_train, start_train
+
+
+def _no_rank_survives(run_dir: Path) -> bool:
+    """No process of the killed job still writes into the run directory (an orphaned rank would)."""
+    before = (run_dir / "metrics.jsonl").stat().st_mtime_ns
+    time.sleep(1.0)
+    return (run_dir / "metrics.jsonl").stat().st_mtime_ns == before and not (run_dir / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_two_rank_job_then_resume_is_bit_identical(tmp_path: Path) -> None:
+    reference = tmp_path / "reference"
+    assert run_train(reference, TINY_2_RANKS) == 0, reference.with_suffix(".log").read_text()[-2000:]
+    total = json.loads((reference / "summary.json").read_text())["global_step"]
+    run_dir = tmp_path / "killed"
+    killed_at = kill_at_step(start_train(run_dir, TINY_2_RANKS), run_dir, random.Random(5).randint(5, total - 5))
+    assert killed_at is not None and killed_at < total, "the job ended before it could be killed"
+    assert _no_rank_survives(run_dir), "a rank outlived its killed launcher"
+    assert run_train(run_dir, TINY_2_RANKS) == 0, run_dir.with_suffix(".log").read_text()[-2000:]
+    assert compare_runs(reference, run_dir) == [], f"killed at step {killed_at}"
