@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
-from gputrain.errors import GputrainError
+from gputrain.errors import GputrainError, Interrupted
 
 # name -> (module, one-line help). Modules are imported lazily so `gputrain doctor` does not pay
 # for the training stack, and a broken optional piece cannot break the other subcommands.
@@ -61,7 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except GputrainError as err:
-        print(f"gputrain {name}: {err}", file=sys.stderr)
+        # an interrupted multi-rank job: rank 0 (and the launcher) say so once, not every rank
+        if not (isinstance(err, Interrupted) and os.environ.get("RANK", "0") != "0"):
+            print(f"gputrain {name}: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print(f"gputrain {name}: interrupted", file=sys.stderr)

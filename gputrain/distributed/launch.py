@@ -9,13 +9,14 @@ restarts all ranks up to --max-restarts times when one fails.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from gputrain.distributed.orphans import LAUNCHER_ENV
-from gputrain.errors import RunError, UsageError
+from gputrain.errors import Interrupted, RunError, UsageError
 
 
 @dataclass(slots=True)
@@ -70,6 +71,7 @@ def first_failed_rank(run_dir: Path | None, since: float) -> int | None:
 
 def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = None) -> int:
     """Run torchrun's agent in this process; return 0, or raise RunError naming the failed rank(s)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -79,9 +81,15 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     args = get_args_parser().parse_args(torchrun_args(opts, child_argv))
     os.environ[LAUNCHER_ENV] = str(os.getpid())  # the ranks die with this process (distributed/orphans.py)
     started = time.time() - 1.0  # file-system timestamps may be coarse
+    resume_hint = f"run the same command again{f' (--run-dir {run_dir})' if run_dir else ''} to resume"
     try:
         run(args)
+    except SignalException as err:  # the agent passed the signal on to the ranks, which checkpointed
+        name = signal.Signals(err.sigval).name
+        raise Interrupted(f"stopped by {name}: the ranks saved a checkpoint; {resume_hint}") from None
     except ChildFailedError as err:
+        if all(failure.exitcode == 130 for failure in err.failures.values()):
+            raise Interrupted(f"stopped by a signal: the ranks saved a checkpoint; {resume_hint}") from None
         rank, failure = err.get_first_failure()
         logged = first_failed_rank(run_dir, started)
         if logged is not None and logged in err.failures:

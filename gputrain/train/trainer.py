@@ -457,7 +457,7 @@ class Trainer:
                     self._save()
                     epoch_start = time.perf_counter()
                 timer.begin(state.global_step + 1)
-                if self.stop.requested:
+                if self._stop_agreed(log_now):
                     state.train_time_s += time.perf_counter() - epoch_start
                     return self._interrupted()
                 if state.global_step >= self.total_steps:
@@ -483,9 +483,24 @@ class Trainer:
                 self.console.info(f"early stop: {cfg.eval.early_stop_metric} has not improved for "
                                   f"{cfg.eval.patience} evaluations")
                 return "stopped_early"
-            if self.stop.requested:
+            if self._stop_agreed(True):
                 return self._interrupted()
         return "completed"
+
+    def _stop_agreed(self, sync_point: bool) -> bool:
+        """Whether to stop for a signal now. One process stops as soon as one came. Several ranks
+        agree first, on logging steps (which sync anyway): a signal reaches each rank at a slightly
+        different moment, and a rank that stopped alone would leave its peers waiting in the next
+        collective, where all ranks save the same step together."""
+        if not self.dist.enabled:
+            return self.stop.requested is not None
+        if not sync_point:
+            return False
+        flag = torch.tensor([0 if self.stop.requested is None else 1], device=self.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        if flag.item() and self.stop.requested is None:
+            self.stop.requested = "a signal to another rank"
+        return bool(flag.item())
 
     def _step_record(self, loss: torch.Tensor, grad_norm: torch.Tensor | None, samples_per_s: float) -> dict[str, Any]:
         loss_value = all_reduce_mean(loss.float(), self.dist).item()

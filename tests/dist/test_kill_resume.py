@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import time
 from pathlib import Path
 
@@ -32,3 +33,21 @@ def test_sigkill_of_a_two_rank_job_then_resume_is_bit_identical(tmp_path: Path) 
     assert _no_rank_survives(run_dir), "a rank outlived its killed launcher"
     assert run_train(run_dir, TINY_2_RANKS) == 0, run_dir.with_suffix(".log").read_text()[-2000:]
     assert compare_runs(reference, run_dir) == [], f"killed at step {killed_at}"
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_two_rank_job_checkpoints_once_exits_130_and_resumes_exactly(tmp_path: Path) -> None:
+    """Slurm pre-empts with SIGTERM to every process of the job: the ranks agree on one step, save it
+    together, and the job exits 130 with one message; running it again continues bit for bit."""
+    reference = tmp_path / "reference"
+    assert run_train(reference, TINY_2_RANKS) == 0, reference.with_suffix(".log").read_text()[-2000:]
+    run_dir = tmp_path / "stopped"
+    proc = start_train(run_dir, TINY_2_RANKS)
+    assert kill_at_step(proc, run_dir, 10, sig=signal.SIGTERM) is not None
+    log = run_dir.with_suffix(".log").read_text()
+    assert proc.returncode == 130, log[-2000:]
+    assert "Traceback" not in log
+    stopped = [line for line in log.splitlines() if line.startswith("gputrain train: stopped by SIGTERM")]
+    assert len(stopped) == 2, stopped  # rank 0 (with the checkpoint) and the launcher; not every rank
+    assert run_train(run_dir, TINY_2_RANKS) == 0, run_dir.with_suffix(".log").read_text()[-2000:]
+    assert compare_runs(reference, run_dir) == []
