@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from gputrain.errors import GputrainError, Interrupted
 
@@ -25,8 +26,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (the usage block can run to many lines; --help has it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _top_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gputrain",
         description="Train neural networks fast on GPUs: doctor → bench → train → profile → report.",
     )
@@ -38,7 +46,7 @@ def _top_parser() -> argparse.ArgumentParser:
 
 def _command_parser(name: str) -> argparse.ArgumentParser:
     help_text = SUBCOMMANDS[name][1]
-    parser = argparse.ArgumentParser(prog=f"gputrain {name}", description=help_text,
+    parser = _Parser(prog=f"gputrain {name}", description=help_text,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     importlib.import_module(SUBCOMMANDS[name][0]).add_arguments(parser)
     return parser
