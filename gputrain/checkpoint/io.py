@@ -160,7 +160,7 @@ def verify_checkpoint(path: Path) -> None:
             raise CorruptCheckpoint(f"{path}: {name} does not match its checksum")
 
 
-def load_checkpoint(path: Path, model: nn.Module) -> dict[str, Any]:
+def load_checkpoint(path: Path, model: nn.Module, *, verified: bool = False) -> dict[str, Any]:
     """Verify, then read the training state and load the weights into `model`.
 
     Nothing in a checkpoint can run code: weights are safetensors (raw tensors and a JSON header)
@@ -172,7 +172,8 @@ def load_checkpoint(path: Path, model: nn.Module) -> dict[str, Any]:
         CorruptCheckpoint: a damaged or hostile file, naming it.
         RunError: the weights do not fit this model.
     """
-    verify_checkpoint(path)
+    if not verified:  # find_resumable has already checked every byte; hashing twice doubles resume I/O
+        verify_checkpoint(path)
     try:
         state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:

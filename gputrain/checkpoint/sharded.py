@@ -127,10 +127,12 @@ def _commit(tmp: Path, final: Path, step: int, state: dict[str, Any]) -> None:
     commit_checkpoint_dir(tmp, final, step, fmt="dcp")
 
 
-def load_portable_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def load_portable_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                             verified: bool = False) -> dict[str, Any]:
     """Load model and optimizer state from either format onto this job's layout; return the rest of
     the training state. Works on one process or many, whatever the strategy saved or loads."""
-    verify_checkpoint(path)
+    if not verified:  # see load_checkpoint
+        verify_checkpoint(path)
     if is_sharded_checkpoint(path):
         model_sd, optim_sd = get_state_dict(model, optimizer)
         payload = {"model": model_sd, "optim": optim_sd}

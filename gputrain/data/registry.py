@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -10,6 +9,7 @@ from torch.utils.data import Dataset
 
 from gputrain.config.schema import DataConfig
 from gputrain.data.spec import DataSpec
+from gputrain.registry import Registry
 
 
 @dataclass(slots=True)
@@ -23,29 +23,15 @@ class DataBundle:
 
 
 DataBuilder = Callable[[DataConfig, int], DataBundle]
-_SOURCES: dict[str, DataBuilder] = {}
-_SOURCE_MODULES = ["gputrain.data.digits", "gputrain.data.csv_table", "gputrain.data.synthetic", "gputrain.data.mnist",
-                   "gputrain.data.image_folder", "gputrain.data.text", "gputrain.data.tokens"]
-
-
-def register_data(name: str) -> Callable[[DataBuilder], DataBuilder]:
-    def decorate(builder: DataBuilder) -> DataBuilder:
-        _SOURCES[name] = builder
-        return builder
-
-    return decorate
-
-
-def _load_sources() -> None:
-    for module in _SOURCE_MODULES:
-        importlib.import_module(module)
+SOURCES: Registry[DataBuilder] = Registry(
+    ["gputrain.data.digits", "gputrain.data.csv_table", "gputrain.data.synthetic", "gputrain.data.mnist",
+     "gputrain.data.image_folder", "gputrain.data.text", "gputrain.data.tokens"])
+register_data = SOURCES.register
 
 
 def available_data() -> list[str]:
-    _load_sources()
-    return sorted(_SOURCES)
+    return SOURCES.names()
 
 
 def build_data(config: DataConfig, seed: int) -> DataBundle:
-    _load_sources()
-    return _SOURCES[config.name](config, seed)
+    return SOURCES[config.name](config, seed)

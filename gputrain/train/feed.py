@@ -103,10 +103,6 @@ class BatchFeed:
             )
 
     @property
-    def user_loader(self) -> bool:
-        return self.plan is None
-
-    @property
     def steps_per_epoch(self) -> int:
         if self.plan is not None:
             return self.plan.steps_per_epoch

@@ -14,14 +14,12 @@ def default_run_dir(model_name: str, data_name: str) -> Path:
     return Path("runs") / f"{model_name}-{data_name}-{stamp}"
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write via a temporary file and rename, so a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
-
-
 def write_text(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a reader never sees half a file."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n")

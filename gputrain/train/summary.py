@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import resource
-import sys
 from typing import TYPE_CHECKING, Any
 
-import torch
+from gputrain.observe.speed import device_peak_memory_bytes
 
 if TYPE_CHECKING:
     from gputrain.train.trainer import Trainer
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak device memory on CUDA; on CPU the process's peak resident set size."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB
 
 
 def build_summary(trainer: "Trainer", status: str, wall_s: float, test: dict[str, float]) -> dict[str, Any]:
@@ -41,7 +31,7 @@ def build_summary(trainer: "Trainer", status: str, wall_s: float, test: dict[str
             "samples_per_s": samples_per_s,
             "tokens_per_s": tokens_per_s,
             "step_time_s": train_time / state.global_step if state.global_step else None,
-            "peak_memory_bytes": peak_memory_bytes(trainer.device),
+            "peak_memory_bytes": device_peak_memory_bytes(trainer.device),
             # flops_per_step, achieved_flops, mfu, mfu_peak_source, time_breakdown (+ GPT formula, host RSS)
             **trainer.speed.summary_fields(state.global_step, train_time),
             "nonfinite_steps": state.nonfinite_steps,

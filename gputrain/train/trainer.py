@@ -35,7 +35,6 @@ from gputrain.checkpoint.sharded import (
 from gputrain.config import Config, config_to_toml, load_config, resolve_grad_accum
 from gputrain.data.augment import apply_channels_last, build_batch_transform
 from gputrain.data.spec import DataSpec
-from gputrain.data.tensors import TensorData
 from gputrain.distributed import (
     DistContext,
     all_reduce_mean,
@@ -56,7 +55,6 @@ from gputrain.errors import (
     GputrainError,
     Interrupted,
     RunError,
-    UsageError,
 )
 from gputrain.observe.console import RunConsole
 from gputrain.observe.logger import setup_logging
@@ -251,23 +249,24 @@ class Trainer:
             raise ConfigError("checkpoint.resume", "no such checkpoint directory; use auto, never or a path like "
                               "runs/NAME/checkpoints/step-100", resume)
 
-    def _resume_point(self) -> Path | None:
+    def _resume_point(self) -> tuple[Path | None, bool]:
+        """(checkpoint to resume from or None, whether it has been verified already)."""
         resume = self.config.checkpoint.resume
         if resume == "never":
-            return None
+            return None, False
         if resume == "auto":
-            return find_resumable(self.run_dir / "checkpoints")
-        return Path(resume)
+            return find_resumable(self.run_dir / "checkpoints"), True
+        return Path(resume), False
 
-    def _load(self, path: Path) -> None:
+    def _load(self, path: Path, verified: bool = False) -> None:
         from gputrain.checkpoint import CorruptCheckpoint
 
         portable = self.dist.enabled or is_sharded_checkpoint(path)  # any format onto any layout, by name
         try:
             if portable:
-                saved = load_portable_checkpoint(path, self.model, self.optimizer)
+                saved = load_portable_checkpoint(path, self.model, self.optimizer, verified=verified)
             else:
-                saved = load_checkpoint(path, self.model)
+                saved = load_checkpoint(path, self.model, verified=verified)
         except CorruptCheckpoint as err:
             raise RunError(f"cannot resume: {err}") from None
         try:
@@ -348,9 +347,9 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train to the end (epochs, max_steps or early stop); return the summary (summary.json)."""
         started = time.perf_counter()
-        resume_from = self._resume_point()
+        resume_from, verified = self._resume_point()
         if resume_from is not None:
-            self._load(resume_from)
+            self._load(resume_from, verified)
             self.console.info(f"resumed from {resume_from} (step {self.state.global_step})")
         sinks = self._open_run_dir(resume_from is not None)
         status = "completed"
@@ -441,7 +440,7 @@ class Trainer:
                 state.skipped_samples, self.feed.skipped_samples = state.skipped_samples + self.feed.skipped_samples, 0
                 state.samples_seen += self.global_batch
                 self.last_loss = loss
-                if log_now:  # the only host sync of a training step
+                if log_now:  # the loss and grad norm reach the host only here (the non-finite guard syncs one flag)
                     now = time.perf_counter()
                     record = self._step_record(loss, grad_norm, (state.samples_seen - last_log_samples)
                                                / max(now - last_log_time, 1e-9))
@@ -525,4 +524,4 @@ class Trainer:
                           f"run again with --run-dir {self.run_dir} to resume")
 
 
-__all__ = ["Trainer", "UsageError", "TensorData"]
+__all__ = ["Trainer"]

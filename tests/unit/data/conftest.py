@@ -1,16 +1,2 @@
-from __future__ import annotations
-
-from collections.abc import Iterator
-
-import pytest
-import torch
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine their spinning
-    makes each small convolution ~50x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# The models' and data sources' tests train tiny models: one intra-op thread (see tests/one_thread.py).
+from tests.one_thread import one_thread  # noqa: F401  (an autouse fixture)
