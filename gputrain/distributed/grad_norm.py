@@ -8,6 +8,11 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a (possibly sharded) tensor."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def _plain_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """L2 norm over local gradients. With one device and dtype (the usual case) this is one fused
     per-tensor norm and one reduction, skipping the grouping that get_total_norm does in Python

@@ -11,9 +11,13 @@ Marks in one step run: start → "data" (host batch ready) → "h2d" (on the dev
 "forward_backward" → "optimizer" → "other" (the rest of the loop body). Each mark is charged with
 the time since the mark before it; a category marked twice (several micro-batches) adds up.
 
-"comm" is 0 on one process. Under DDP the gradient all-reduce overlaps the backward pass and its
-exposed part is not yet separated from it: the speed report gives comm as null there (not
-measured) and forward_backward includes it.
+"comm" is the data-parallel gradient communication the step waits for: DDP's all-reduce and
+FSDP's reduce-scatter overlap the backward pass, and what is left of them when autograd has
+computed the last gradient is waited for before `backward()` returns. `split_backward` marks that
+moment on sampled steps (a callback queued at the start of the backward pass runs before the
+wrappers' own end-of-backward waits), so the tail is charged to "comm". Collectives inside the
+computation (FSDP's all-gathers, tensor- and pipeline-parallel traffic) stay in forward_backward;
+the speed report gives comm as null where nothing is timed apart. One process: comm is 0.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 from typing import Any
 
 import torch
+from torch.autograd import Variable
 
 CATEGORIES = ("data", "h2d", "forward_backward", "optimizer", "comm", "other")
 
@@ -55,6 +60,19 @@ class StepTimer:
     def mark(self, category: str) -> None:
         if self.active:
             self._marks.append((category, self._now()))
+
+    def split_backward(self, loss: torch.Tensor) -> None:
+        """On a sampled step, mark "forward_backward" where autograd finishes computing gradients
+        of `loss`, before any data-parallel wrapper waits for its gradient communication; the
+        caller marks "comm" when backward() returns. Call just before backward()."""
+        if not self.active or loss.grad_fn is None:
+            return
+
+        def queue_mark(_grad_outputs: object) -> None:
+            # runs as the backward pass starts, so this callback is queued ahead of DDP's and FSDP's
+            Variable._execution_engine.queue_callback(lambda: self.mark("forward_backward"))
+
+        loss.grad_fn.register_prehook(queue_mark)
 
     def end(self) -> None:
         if not self.active:

@@ -44,11 +44,15 @@ class SpeedMeter:
         breakdown_every: time every N-th step (0: never).
         count_flops: False where the counter cannot run (pipeline schedules call autograd.grad,
             which rejects the counter's module hooks); the FLOP figures are then null.
+        comm_timed: the step times data-parallel gradient communication apart (breakdown.py); on
+            several ranks without it, comm is reported as null (not measured), not as 0.
     """
 
     def __init__(self, model: nn.Module, device: torch.device, precision: str, world_size: int,
-                 global_batch: int, seq_len: int | None, breakdown_every: int, count_flops: bool = True) -> None:
+                 global_batch: int, seq_len: int | None, breakdown_every: int, count_flops: bool = True,
+                 comm_timed: bool = False) -> None:
         self.device = device
+        self.comm_timed = comm_timed
         self.precision = precision
         self.world_size = world_size
         self.timer = StepTimer(device, breakdown_every)
@@ -96,9 +100,9 @@ class SpeedMeter:
         return fields
 
     def _breakdown(self, values: dict[str, float] | None) -> dict[str, float | None] | None:
-        if values is None or self.world_size == 1:
+        if values is None or self.world_size == 1 or self.comm_timed:
             return values  # type: ignore[return-value]
-        return {**values, "comm": None}  # inside forward_backward under DDP, not measured apart
+        return {**values, "comm": None}  # TP/PP traffic is inside forward_backward, not measured apart
 
     def record_fields(self, steps: int, seconds: float) -> dict[str, Any]:
         """Speed figures for a metrics.jsonl row covering `steps` steps in `seconds`."""

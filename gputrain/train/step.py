@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from gputrain.distributed.context import grad_sync
-from gputrain.distributed.grad_norm import grad_norm_and_clip
+from gputrain.distributed.grad_norm import grad_norm_and_clip, local_tensor
 from gputrain.observe.breakdown import StepTimer
 from gputrain.precision import Precision
 from gputrain.train.nonfinite import NonFiniteGuard
@@ -40,6 +40,8 @@ class StepParts:
     """Marks the step's parts on sampled steps (a no-op call on the others)."""
     guard: NonFiniteGuard | None = None
     """Checks loss and gradients before the update (one host sync per step); None: no check."""
+    time_comm: bool = False
+    """Time the data-parallel gradient communication apart from the backward pass (DDP, FSDP)."""
     params: list[torch.Tensor] | None = None
     """The parameters the optimizer updates, listed once (walking the module tree every step costs
     more than a tiny model's whole step); None: read from `model` each step."""
@@ -51,7 +53,12 @@ def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: boo
     with grad_sync(parts.model, sync_grads):
         with parts.precision.autocast():
             loss = parts.compute_loss(parts.model, batch)
+        time_comm = sync_grads and parts.time_comm and parts.timer is not None and parts.timer.active
+        if time_comm:
+            parts.timer.split_backward(loss)  # type: ignore[union-attr]
         parts.precision.backward(loss * scale if scale != 1.0 else loss)
+        if time_comm:
+            parts.timer.mark("comm")  # type: ignore[union-attr]
     return loss.detach()
 
 
@@ -70,17 +77,22 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
         parts.timer.mark("forward_backward")
     grad_norm = None
     guard = parts.guard
+    verdict: str | None = None if guard is not None else "apply"
     if parts.clip_grad_norm is not None or parts.clip_grad_value is not None or measure_grad_norm or guard is not None:
         params = [p for p in (parts.params or parts.model.parameters()) if p.grad is not None]
         parts.precision.unscale(parts.optimizer)
+        # the guard looks before value clipping, which would turn an Inf gradient into a finite one
         if guard is not None and parts.clip_grad_norm is None:
-            # before value clipping, which would turn an Inf gradient into a finite one
-            grad_norm = grad_norm_and_clip(params, None, parts.pp_group)
+            if measure_grad_norm:
+                grad_norm = grad_norm_and_clip(params, None, parts.pp_group)
+            else:  # no norm wanted this step: the cheaper flag check
+                verdict = guard.check_gradients(loss_sum, [local_tensor(p.grad) for p in params])
         if parts.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(params, parts.clip_grad_value)
         if parts.clip_grad_norm is not None or (measure_grad_norm and grad_norm is None):
             grad_norm = grad_norm_and_clip(params, parts.clip_grad_norm, parts.pp_group)
-    verdict = guard.check(loss_sum, grad_norm) if guard is not None else "apply"
+    if verdict is None:
+        verdict = guard.check(loss_sum, grad_norm)  # type: ignore[union-attr]
     if verdict == "nonfinite":
         parts.precision.skip_step()  # the update never happens; the scaler (if any) still lowers its scale
     else:

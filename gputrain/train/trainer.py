@@ -177,9 +177,14 @@ class Trainer:
                                params=list(self.step_model.parameters()),
                                guard=NonFiniteGuard(cfg.train.on_nonfinite, distributed=self.dist.enabled,
                                                     scaler_active=self.precision.scaler is not None))
+        dims = self.dist.dims
+        # data-parallel gradient traffic is timed apart from backward; PP runs its own backward
+        self.parts.time_comm = (dims is not None and (dims.ddp_enabled or dims.fsdp_enabled)
+                                and self.pipeline is None)
         self.speed = SpeedMeter(self.model, self.device, self.precision_mode, self.dist.world_size, self.global_batch,
                                 spec.input_shape[0] if spec is not None and spec.task == "lm" else None,
-                                cfg.log.breakdown_every, count_flops=self.pipeline is None)
+                                cfg.log.breakdown_every, count_flops=self.pipeline is None,
+                                comm_timed=self.parts.time_comm)
         if self.pipeline is not None:
             log.info("FLOPs are not counted under pipeline parallelism: MFU stays null for this run")
         self.parts.timer = self.feed.timer = self.speed.timer

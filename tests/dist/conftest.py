@@ -17,13 +17,13 @@ CKPT = ["checkpoint.enabled=true", "checkpoint.every_steps=2"]
 
 # name -> (overrides on 2 ranks, name of the one-process run it must equal)
 TWO_RANK_CASES: dict[str, tuple[list[str], str]] = {
-    "ddp": (["parallel.strategy=ddp"], "single"),
-    "fsdp": (["parallel.strategy=fsdp"], "single"),
+    "ddp": (["parallel.strategy=ddp", "log.breakdown_every=1"], "single"),
+    "fsdp": (["parallel.strategy=fsdp", "log.breakdown_every=1"], "single"),
     "ddp_accum": (["parallel.strategy=ddp", "train.grad_accum=2"], "single"),
     "fsdp_accum": (["parallel.strategy=fsdp", "train.grad_accum=2"], "single"),
     "fsdp_ac_full": (["parallel.strategy=fsdp", "parallel.activation_checkpointing=full"], "single"),
     "ddp_ac_selective": (["parallel.strategy=ddp", "parallel.activation_checkpointing=selective"], "single"),
-    "tp": (["parallel.strategy=tp"], "single"),
+    "tp": (["parallel.strategy=tp", "log.breakdown_every=1"], "single"),
     "pp_gpipe": (["parallel.strategy=pp", "parallel.pp_schedule=gpipe", "train.grad_accum=2"], "single"),
     "pp_1f1b": (["parallel.strategy=pp", "parallel.pp_schedule=1f1b", "train.grad_accum=2"], "single"),
     "pp_interleaved": (["parallel.strategy=pp", "parallel.pp_schedule=interleaved_1f1b", "train.grad_accum=2",
@@ -61,8 +61,9 @@ def dist_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         Trainer.from_config(None, run_dir=dirs[name], overrides=BASE + ["parallel.strategy=none", *overrides]).fit()
     fill = {name: str(path) for name, path in dirs.items()}
     runs = [(str(dirs[n]), [o.format(**fill) for o in overrides]) for n, (overrides, _) in TWO_RANK_CASES.items()]
-    results = run_ranks(dist_job, runs, timeout_s=240)
-    return {"dirs": dirs, "gpt_tp": results[0]["gpt_tp"]}
+    nonfinite_dirs = {strategy: str(root / f"nonfinite_{strategy}") for strategy in ("ddp", "fsdp")}
+    results = run_ranks(dist_job, runs, nonfinite_dirs, timeout_s=300)
+    return {"dirs": dirs, "gpt_tp": results[0]["gpt_tp"], "by_rank": results}
 
 
 @pytest.fixture(scope="session")

@@ -62,6 +62,85 @@ def gpt_tp_check(rank: int) -> list[tuple[float, float]]:
     return losses
 
 
-def dist_job(rank: int, runs: list[tuple[str, list[str]]]) -> dict[str, Any]:
+COMM_DELAY_S = 0.15
+
+
+def comm_split_check(rank: int) -> dict[str, float]:
+    """DDP whose gradient all-reduce finishes COMM_DELAY_S late (a comm hook chains a sleep onto
+    it): the step timer must charge the wait to comm, not to forward_backward. Returns the mean
+    seconds per category over 3 sampled steps."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gputrain.observe.breakdown import StepTimer
+    from gputrain.precision import Precision
+    from gputrain.train.step import StepParts, train_step
+
+    if not dist.is_initialized():  # the trainer's runs before this one leave the group up
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+
+    def late_allreduce(group, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations here
+        return allreduce_hook(group, bucket).then(lambda fut: (time.sleep(COMM_DELAY_S), fut.value()[0])[1])
+
+    model.register_comm_hook(None, late_allreduce)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    timer = StepTimer(torch.device("cpu"), every=1)
+    parts = StepParts(model=model, optimizer=optimizer,
+                      scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+                      precision=Precision("fp32", torch.device("cpu")),
+                      compute_loss=lambda m, b: m(b).square().mean(), timer=timer, time_comm=True)
+    for step in range(1, 4):
+        timer.begin(step)
+        train_step(parts, [torch.randn(4, 8)], measure_grad_norm=False)
+        timer.end()
+    mean = timer.mean_seconds()
+    assert mean is not None
+    return mean
+
+
+def nonfinite_check(rank: int, run_dir: str, strategy: str) -> dict[str, Any]:
+    """Rank 1 alone poisons its gradients on step 3, which is not a logging step (the guard's flag
+    check, not the norm): with on_nonfinite=skip both ranks must skip that step together."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from gputrain.data.tensors import TensorData
+    from gputrain.train.trainer import Trainer
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    calls = [0]
+
+    def step_fn(m: nn.Module, batch: Any) -> torch.Tensor:
+        calls[0] += 1
+        out = m(batch[0])
+        if calls[0] == 3 and rank == 1:
+            out.register_hook(lambda g: torch.full_like(g, float("nan")))
+        return F.cross_entropy(out, batch[1])
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorData(torch.randn(256, 8, generator=g), torch.randint(0, 3, (256,), generator=g))
+    config = {"train.max_steps": 6, "train.epochs": 1, "train.batch_size": 16, "train.device": "cpu",
+              "train.on_nonfinite": "skip", "parallel.strategy": strategy, "log.progress": "none",
+              "log.tensorboard": False, "log.every_steps": 100, "checkpoint.enabled": False}
+    trainer = Trainer(model, data, step_fn=step_fn, config=config, run_dir=run_dir)
+    summary = trainer.fit()
+    return {"nonfinite_steps": summary["train"]["nonfinite_steps"], "schedule_steps": trainer.scheduler.last_epoch,
+            "finite": all(bool(torch.isfinite(p.full_tensor() if hasattr(p, "full_tensor") else p).all())
+                          for p in trainer.model.parameters())}
+
+
+def dist_job(rank: int, runs: list[tuple[str, list[str]]], nonfinite_dirs: dict[str, str]) -> dict[str, Any]:
     """Everything the 2-rank tests need, in one pair of processes."""
-    return {"train": train_runs(rank, runs), "gpt_tp": gpt_tp_check(rank)}
+    results = {"train": train_runs(rank, runs), "gpt_tp": gpt_tp_check(rank)}
+    results["nonfinite"] = {s: nonfinite_check(rank, d, s) for s, d in nonfinite_dirs.items()}
+    results["comm_split"] = comm_split_check(rank)
+    return results

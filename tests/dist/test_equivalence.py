@@ -54,3 +54,30 @@ def test_gpt_tensor_parallel_plan_matches_the_unsharded_model(dist_results: dict
     the expected structure: 3 AdamW steps, same losses as without TP."""
     tp, reference = zip(*dist_results["gpt_tp"])
     torch.testing.assert_close(torch.tensor(tp), torch.tensor(reference), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["ddp", "fsdp"])
+def test_data_parallel_runs_time_their_gradient_communication(dist_runs: dict[str, Path], case: str) -> None:
+    breakdown = json.loads((dist_runs[case] / "summary.json").read_text())["train"]["time_breakdown"]
+    assert breakdown["comm"] is not None and breakdown["comm"] > 0, breakdown
+    assert sum(breakdown.values()) == pytest.approx(1.0)
+
+
+def test_tensor_parallel_comm_is_not_reported_as_zero(dist_runs: dict[str, Path]) -> None:
+    breakdown = json.loads((dist_runs["tp"] / "summary.json").read_text())["train"]["time_breakdown"]
+    assert breakdown["comm"] is None  # inside forward_backward: unmeasured, never a made-up 0
+    assert breakdown["forward_backward"] > 0
+
+
+def test_a_late_all_reduce_is_charged_to_comm_not_backward(dist_results: dict[str, Any]) -> None:
+    from tests.dist.jobs import COMM_DELAY_S
+
+    for seconds in (r["comm_split"] for r in dist_results["by_rank"]):
+        assert seconds["comm"] >= COMM_DELAY_S * 0.95, seconds
+        assert seconds["forward_backward"] < COMM_DELAY_S / 2, seconds
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_one_rank_with_nan_gradients_makes_every_rank_skip(dist_results: dict[str, Any], strategy: str) -> None:
+    for result in (r["nonfinite"][strategy] for r in dist_results["by_rank"]):
+        assert result == {"nonfinite_steps": 1, "schedule_steps": 5, "finite": True}

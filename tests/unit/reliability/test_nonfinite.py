@@ -155,3 +155,26 @@ def test_clip_grad_value_does_not_hide_an_inf_gradient() -> None:
     train_step(parts, [torch.ones(3, 4)], measure_grad_norm=False)
     assert parts.guard is not None and parts.guard.last == "nonfinite"
     assert _same([p.detach() for p in model.parameters()], before)
+
+
+@pytest.mark.parametrize("bad", [None, "grad_nan", "grad_inf", "loss_nan", "bf16_grad_inf"])
+def test_flag_check_leaves_gradients_bit_identical_and_finds_every_bad_value(bad: str | None) -> None:
+    """Steps that need no gradient norm use the fused AMP finiteness check with a scale of 1: it must
+    not change a single gradient bit, and must see a bad value in any dtype or in the loss alone."""
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(5, 3, generator=g), torch.randn(7, generator=g), torch.randn(4, generator=g).bfloat16()]
+    loss = torch.tensor(2.5)
+    if bad == "grad_nan":
+        grads[0][2, 1] = float("nan")
+    elif bad == "grad_inf":
+        grads[1][6] = float("-inf")
+    elif bad == "bf16_grad_inf":
+        grads[2][0] = float("inf")
+    elif bad == "loss_nan":
+        loss = torch.tensor(float("nan"))
+    before = [t.clone() for t in grads]
+    verdict = NonFiniteGuard("skip").check_gradients(loss, grads)
+    assert verdict == ("apply" if bad is None else "nonfinite")
+    for old, new in zip(before, grads, strict=True):
+        assert torch.equal(old.view(torch.int16) if old.dtype == torch.bfloat16 else old.view(torch.int32),
+                           new.view(torch.int16) if new.dtype == torch.bfloat16 else new.view(torch.int32))
