@@ -2,7 +2,7 @@
 
 Both train the same model on the same in-memory data with the same optimizer (AdamW, torch's
 default CPU kernels), the same constant LR schedule and the same batch order, in one process;
-repeats alternate between the two and the median is reported. gputrain's loop time is the
+repeats alternate between the two, and the overhead is the median of the paired differences.
 The time per step is the slope of CPU time (`time.process_time`) over two runs of different
 length (N/5 and N steps): set-up costs cancel, and on a busy shared machine CPU time is not
 inflated by the process waiting for a core. The difference per step is what the framework adds.
@@ -10,7 +10,7 @@ inflated by the process waiting for a core. The difference per step is what the 
 Models: the digits CNN (`gputrain train`'s default model, batch 64) and a tiny MLP
 (32 → 64 → 10, batch 64), where a step is so short that overhead dominates.
 
-    python benchmarks/overhead_cpu.py [--repeats 5] [--threads 1]
+    python benchmarks/overhead_cpu.py [--repeats 9] [--threads 1]
 
 The last line is the foundation issue's figure: the wall time of a whole `Trainer.fit` (set-up,
 first-step FLOP count and all) against the hand loop over the default job's 380 steps.
@@ -103,12 +103,18 @@ def measure(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: 
             if r > 0:
                 times[label].append((cpu[1] - cpu[0]) / (steps - short))
     hand, ours = statistics.median(times["hand"]), statistics.median(times["gputrain"])
+    # the median of paired differences: each pair ran back to back, so a slow spell of the machine
+    # lands on both halves of a pair instead of on one side's median
+    overhead = statistics.median(g - h for h, g in zip(times["hand"], times["gputrain"]))
+    # and the difference of the fastest runs: noise only ever adds time, so each side's minimum is
+    # its least disturbed figure (timeit's convention)
+    overhead_min = min(times["gputrain"]) - min(times["hand"])
     result = {"case": name, "steps": steps, "hand_us": hand * 1e6, "gputrain_us": ours * 1e6,
-              "overhead_us": (ours - hand) * 1e6, "ratio": ours / hand,
+              "overhead_us": overhead * 1e6, "overhead_min_us": overhead_min * 1e6, "ratio": ours / hand,
               "peak_rss_mb": __import__("resource").getrusage(__import__("resource").RUSAGE_SELF).ru_maxrss / 1024}
     print(f"{name:12s} step: hand {result['hand_us']:8.1f} µs  gputrain {result['gputrain_us']:8.1f} µs  "
-          f"overhead {result['overhead_us']:+7.1f} µs/step  time ratio {result['ratio']:.3f}  "
-          f"(median of {repeats}; slope over {short} and {steps} steps)")
+          f"overhead {result['overhead_us']:+7.1f} µs/step (fastest runs: {result['overhead_min_us']:+.1f})  time ratio {result['ratio']:.3f}  "
+          f"(medians of {repeats} pairs; slope over {short} and {steps} steps)")
     return result
 
 
@@ -133,7 +139,7 @@ def measure_wall(name: str, case: tuple[Callable[[], nn.Module], TensorData], st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--mlp-steps", type=int, default=2000)
     parser.add_argument("--cnn-steps", type=int, default=300)

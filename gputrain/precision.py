@@ -10,6 +10,7 @@ import contextlib
 import torch
 
 from gputrain.errors import ConfigError
+from gputrain.observe.own_sync import own_sync
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NO_AUTOCAST = contextlib.nullcontext()
@@ -62,7 +63,8 @@ class Precision:
         if self.scaler is None:
             optimizer.step()
             return
-        self.scaler.step(optimizer)
+        with own_sync():  # the scaler reads its overflow flag before stepping: a sync of ours
+            self.scaler.step(optimizer)
         self.scaler.update()
 
     def skip_step(self) -> None:

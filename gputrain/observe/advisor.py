@@ -18,6 +18,8 @@ LAUNCH_BOUND_KERNELS = 500
 """This many kernels of < SHORT_KERNEL_US per step: the host's launch rate, not the GPU, sets the pace."""
 FP32_MATMUL_SHARE = 0.2
 """Share of device time in fp32 matmul/conv kernels worth moving to tensor cores."""
+COMM_BOUND_FRACTION = 0.2
+"""A step waiting this share of its time for gradient communication is worth fixing."""
 LOW_UTILISATION = 0.5
 """Device busy less than this share of a step (and not waiting for data): the work is too small."""
 
@@ -62,6 +64,11 @@ class RunFacts:
     """Share of the step's wall time the device is busy with kernels."""
     conv_net: bool = False
     channels_last: bool = False
+    comm_fraction: float | None = None
+    """Share of a step waiting for data-parallel gradient communication after the backward pass."""
+    strategy: str = "none"
+    """parallel.strategy as resolved for the run."""
+    grad_accum: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,6 +121,8 @@ def check_utilisation(f: RunFacts) -> Finding | None:
         return None
     if f.data_fraction is not None and f.data_fraction >= DATA_BOUND_FRACTION:
         return None  # the data finding explains the idle device
+    if f.comm_fraction is not None and f.comm_fraction >= COMM_BOUND_FRACTION:
+        return None  # so does the communication finding
     return Finding("batch too small to fill the GPU", f"utilisation {100 * f.device_utilisation:.0f}%",
                    f"train.batch_size={2 * f.batch_size} or more ({f.batch_size} now), or train.compile=true")
 
@@ -126,9 +135,21 @@ def check_channels_last(f: RunFacts) -> Finding | None:
                    "a user DataLoader should also yield channels_last images)")
 
 
+def check_comm_bound(f: RunFacts) -> Finding | None:
+    if f.comm_fraction is None or f.comm_fraction < COMM_BOUND_FRACTION:
+        return None
+    # each optimizer step pays one gradient exchange: more samples per step spread it thinner
+    change = f"train.grad_accum={2 * f.grad_accum} ({f.grad_accum} now) or a larger train.batch_size"
+    if f.strategy in ("fsdp", "hybrid"):
+        change += "; if the model fits on one device, parallel.strategy=ddp (one all-reduce instead of " \
+                  "all-gathers and reduce-scatters)"
+    return Finding("communication-bound",
+                   f"the step waits for gradient communication {100 * f.comm_fraction:.0f}% of its time", change)
+
+
 RULES: tuple[Callable[[RunFacts], Finding | None], ...] = (
-    check_data_bound, check_launch_bound, check_fp32_matmuls, check_host_syncs, check_utilisation,
-    check_channels_last,
+    check_data_bound, check_comm_bound, check_launch_bound, check_fp32_matmuls, check_host_syncs,
+    check_utilisation, check_channels_last,
 )
 
 

@@ -19,13 +19,19 @@ import torch
 from torch import nn
 
 from gputrain.observe.advisor import SHORT_KERNEL_US, Finding, RunFacts, advise
+from gputrain.observe.own_sync import OWN_SYNC
 
 if TYPE_CHECKING:
     from gputrain.train.trainer import Trainer
 
 WAIT_STEPS, WARMUP_STEPS = 1, 1
 _MATMUL_KERNEL_HINTS = ("gemm", "xmma", "cutlass", "conv", "wgrad", "dgrad", "matmul", "cublas")
-_SYNC_OPS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize")
+# a host-device sync on CUDA is one of these runtime calls; on CPU nothing syncs, so the places that
+# would (reading a tensor's value) are counted instead
+_SYNC_EVENTS = {"cuda": ("cudaStreamSynchronize", "cudaDeviceSynchronize"), "cpu": ("aten::_local_scalar_dense",)}
+# syncs that are not the user's: the loop's own (own_sync.py), and optimizers reading their CPU
+# step counters
+_NOT_THE_USERS = (OWN_SYNC, "Optimizer.step#")
 
 
 @dataclass(slots=True)
@@ -54,6 +60,16 @@ def _top_ops(prof: Any, key: str, limit: int) -> list[dict[str, Any]]:
                      "self_device_us": device_us})
     rows = [r for r in rows if r[key] > 0 and not r["name"].startswith("ProfilerStep")]
     return sorted(rows, key=lambda r: r[key], reverse=True)[:limit]
+
+
+def _user_syncs(events: Any, device_type: str) -> int:
+    """Syncs outside the ranges of `_NOT_THE_USERS`. Containment is judged by time on the same
+    thread, not by the event tree: the profiler's step ranges (stepped from inside the optimizer's
+    range) overlap the optimizer's without nesting, which leaves the tree's parents wrong there."""
+    names = _SYNC_EVENTS.get(device_type, _SYNC_EVENTS["cpu"])
+    ours = [(e.thread, e.time_range.start, e.time_range.end) for e in events if e.name.startswith(_NOT_THE_USERS)]
+    return sum(1 for e in events if e.name in names
+               and not any(t == e.thread and start <= e.time_range.start <= end for t, start, end in ours))
 
 
 def _device_kernels(events: Any) -> list[tuple[str, float]]:
@@ -91,7 +107,9 @@ def collect_facts(trainer: "Trainer", prof: Any, active_steps: int, summary: dic
         pin_memory=bool(loader.pin_memory) if loader is not None else False,
         loader_workers_apply=trainer.feed.tensors is None,
         compiled=trainer.config.train.compile, conv_net=conv_net, channels_last=channels_last,
-        syncs_per_step=sum(1 for e in events if e.name in _SYNC_OPS) / steps,
+        syncs_per_step=_user_syncs(events, trainer.device.type) / steps,
+        comm_fraction=breakdown.get("comm"), strategy=trainer.parallel_choice.strategy,
+        grad_accum=trainer.grad_accum,
     )
     if trainer.device.type == "cuda":
         kernels = _device_kernels(events)

@@ -24,8 +24,11 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
+from gputrain.distributed.grad_norm import local_tensor
 from gputrain.errors import RunError
+from gputrain.observe.own_sync import own_sync
 
 Verdict = Literal["apply", "nonfinite", "overflow"]
 
@@ -50,6 +53,7 @@ class NonFiniteGuard:
         self.scaler_active = scaler_active
         self.last: Verdict = "apply"
         self.last_reason = ""
+        self._found: dict[torch.device, torch.Tensor] = {}
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> Verdict:
         """Return and remember the verdict for this step.
@@ -62,7 +66,7 @@ class NonFiniteGuard:
         if self.distributed:
             total = total.float().clone()  # all_reduce works in place: never on the loss itself
             dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        if math.isfinite(total.item()):
+        if math.isfinite(_read(total)):
             self.last, self.last_reason = "apply", ""
             return self.last
         return self._diagnose(loss, grad_norm)
@@ -70,16 +74,25 @@ class NonFiniteGuard:
     def check_gradients(self, loss: torch.Tensor, grads: list[torch.Tensor]) -> Verdict:
         """The verdict on a step that has no gradient norm: the same single sync, without a norm.
 
-        `grads` are local tensors (a DTensor's shard, via `to_local()`); another rank's bad shard
+        A sharded (DTensor) gradient is checked on this rank's shard; another rank's bad shard
         reaches this one through the all-reduce.
         """
-        flags = _nonfinite_flags([*grads, loss.detach().reshape(1)])
-        bad = flags[0] if len(flags) == 1 else torch.stack([f.to(flags[0].device) for f in flags]).sum()
+        tensors = [*grads, loss.detach() if loss.requires_grad else loss]
+        found = self._found.get(loss.device)
+        if found is None:  # kept between steps: the kernel only ever sets it, and a bad step resets it
+            found = self._found[loss.device] = torch.zeros(1, device=loss.device)
+        dtype, device = loss.dtype, loss.device
+        if all(t.dtype == dtype and t.device == device and not isinstance(t, DTensor) for t in tensors):
+            torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, _one(device))
+        else:  # several dtypes or devices, or sharded gradients (their local shards are checked)
+            for flag in _nonfinite_flags([local_tensor(t) for t in tensors]):
+                found += flag.to(device)
         if self.distributed:
-            dist.all_reduce(bad, op=dist.ReduceOp.SUM)
-        if bad.item() == 0:
+            dist.all_reduce(found, op=dist.ReduceOp.SUM)
+        if _read(found) == 0:
             self.last, self.last_reason = "apply", ""
             return self.last
+        found.zero_()
         return self._diagnose(loss, None, grads)
 
     def _diagnose(self, loss: torch.Tensor, grad_norm: torch.Tensor | None,
@@ -115,6 +128,12 @@ class NonFiniteGuard:
         return NonFiniteStep(f"step {step}{where}: {self.last_reason}; the step was not applied and the "
                              "parameters are those before it. Lower optim.lr, set train.clip_grad_norm, "
                              "check the data, or set train.on_nonfinite=skip to skip such steps")
+
+
+def _read(value: torch.Tensor) -> float:
+    """The step's one host sync, labelled as ours for a profile."""
+    with own_sync():
+        return value.item()
 
 
 _ONES: dict[torch.device, torch.Tensor] = {}

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from gputrain.distributed.context import grad_sync
-from gputrain.distributed.grad_norm import grad_norm_and_clip, local_tensor
+from gputrain.distributed.grad_norm import grad_norm_and_clip
 from gputrain.observe.breakdown import StepTimer
 from gputrain.precision import Precision
 from gputrain.train.nonfinite import NonFiniteGuard
@@ -86,7 +86,7 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
             if measure_grad_norm:
                 grad_norm = grad_norm_and_clip(params, None, parts.pp_group)
             else:  # no norm wanted this step: the cheaper flag check
-                verdict = guard.check_gradients(loss_sum, [local_tensor(p.grad) for p in params])
+                verdict = guard.check_gradients(loss_sum, [p.grad for p in params])
         if parts.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(params, parts.clip_grad_value)
         if parts.clip_grad_norm is not None or (measure_grad_norm and grad_norm is None):

@@ -58,6 +58,7 @@ from gputrain.errors import (
 )
 from gputrain.observe.console import RunConsole
 from gputrain.observe.logger import setup_logging
+from gputrain.observe.own_sync import own_sync
 from gputrain.observe.sinks import JsonlSink, Sinks, TensorBoardSink
 from gputrain.observe.speed import SpeedMeter
 from gputrain.optim import build_optimizer, build_schedule
@@ -447,9 +448,11 @@ class Trainer:
                 self.last_loss = loss
                 if log_now:  # the loss and grad norm reach the host only here (the non-finite guard syncs one flag)
                     now = time.perf_counter()
-                    record = self._step_record(loss, grad_norm, (state.samples_seen - last_log_samples)
-                                               / max(now - last_log_time, 1e-9))
-                    record.update(self.speed.record_fields(state.global_step - last_log_step, now - last_log_time))
+                    with own_sync():
+                        record = self._step_record(loss, grad_norm, (state.samples_seen - last_log_samples)
+                                                   / max(now - last_log_time, 1e-9))
+                        record.update(self.speed.record_fields(state.global_step - last_log_step,
+                                                               now - last_log_time))
                     sinks.write(record)
                     self.console.logged(record, self.total_steps)
                     last_log_time, last_log_samples = time.perf_counter(), state.samples_seen
@@ -467,7 +470,8 @@ class Trainer:
                 if state.global_step >= self.total_steps:
                     break
             if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+                with own_sync():
+                    torch.cuda.synchronize(self.device)
             state.train_time_s += time.perf_counter() - epoch_start
             if state.step_in_epoch >= self.feed.steps_per_epoch:
                 state.epoch += 1
@@ -502,9 +506,11 @@ class Trainer:
             return False
         flag = torch.tensor([0 if self.stop.requested is None else 1], device=self.device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        if flag.item() and self.stop.requested is None:
+        with own_sync():
+            stop = bool(flag.item())
+        if stop and self.stop.requested is None:
             self.stop.requested = "a signal to another rank"
-        return bool(flag.item())
+        return stop
 
     def _step_record(self, loss: torch.Tensor, grad_norm: torch.Tensor | None, samples_per_s: float) -> dict[str, Any]:
         loss_value = all_reduce_mean(loss.float(), self.dist).item()

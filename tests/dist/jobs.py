@@ -66,10 +66,10 @@ COMM_DELAY_S = 0.15
 
 
 def comm_split_check(rank: int) -> dict[str, float]:
-    """DDP whose gradient all-reduce finishes COMM_DELAY_S late (a comm hook chains a sleep onto
-    it): the step timer must charge the wait to comm, not to forward_backward. Returns the mean
-    seconds per category over 3 sampled steps."""
-    import time
+    """DDP whose gradient all-reduce finishes COMM_DELAY_S late (its comm hook completes the future
+    on a timer thread): the step timer must charge the wait to comm, not to forward_backward.
+    Returns the mean seconds per category over 3 sampled steps."""
+    import threading
 
     import torch
     import torch.distributed as dist
@@ -87,7 +87,12 @@ def comm_split_check(rank: int) -> dict[str, float]:
     model = DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
 
     def late_allreduce(group, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations here
-        return allreduce_hook(group, bucket).then(lambda fut: (time.sleep(COMM_DELAY_S), fut.value()[0])[1])
+        # the delay runs on a timer thread: a callback on an already-finished future would run
+        # inline, inside backward, and be charged to it
+        late = torch.futures.Future()
+        allreduce_hook(group, bucket).add_done_callback(lambda fut: threading.Timer(
+            COMM_DELAY_S, lambda: late.set_result(fut.value()[0])).start())
+        return late
 
     model.register_comm_hook(None, late_allreduce)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -71,3 +71,12 @@ def test_conv_net_not_channels_last() -> None:
 @pytest.mark.parametrize("data_fraction", [0.14, None])
 def test_below_threshold_is_quiet(data_fraction: float | None) -> None:
     assert advise(healthy_gpu(data_fraction=data_fraction)) == []
+
+
+def test_comm_bound_suggests_more_samples_per_exchange() -> None:
+    found = only(advise(healthy_gpu(comm_fraction=0.37, strategy="ddp", grad_accum=1, device_utilisation=0.45)))
+    assert str(found) == ("communication-bound: the step waits for gradient communication 37% of its time → "
+                          "train.grad_accum=2 (1 now) or a larger train.batch_size")
+    fsdp = only(advise(healthy_gpu(comm_fraction=0.3, strategy="fsdp", grad_accum=2)))
+    assert fsdp.change.startswith("train.grad_accum=4 (2 now)") and "parallel.strategy=ddp" in fsdp.change
+    assert advise(healthy_gpu(comm_fraction=0.19, strategy="ddp")) == []

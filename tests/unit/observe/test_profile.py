@@ -51,6 +51,22 @@ def test_healthy_run_has_no_finding(tmp_path: Path) -> None:
     assert report.top_host_ops and report.top_device_ops == []  # no device on this machine
 
 
+def test_the_guards_own_sync_is_not_blamed_on_the_user(tmp_path: Path) -> None:
+    """The non-finite guard reads one flag per step; a step_fn calling .item() adds a sync of its own."""
+    data = TensorData(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+
+    def with_item(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
+        print(f"loss {loss.item():.3f}", end="\r")  # the habit the advisor warns about
+        return loss
+
+    ours = profile_trainer(Trainer(nn.Linear(8, 2), data, config=QUIET, run_dir=tmp_path / "ours")).facts
+    users = profile_trainer(Trainer(nn.Linear(8, 2), data, step_fn=with_item, config=QUIET,
+                                    run_dir=tmp_path / "users")).facts
+    assert ours.syncs_per_step == 0  # the guard's flag and the logging step's reads are labelled as ours
+    assert users.syncs_per_step is not None and users.syncs_per_step >= 1
+
+
 def test_cli_prints_top_ops_and_findings(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "gputrain", "profile", "--run-dir", str(tmp_path), "--steps", "4",
                              "model.name=mlp", "train.device=cpu", "log.progress=none"],
