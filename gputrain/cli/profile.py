@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks
 from gputrain.config.docs import fields_help_text
 from gputrain.errors import UsageError
 
@@ -15,6 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps to run (1 skipped, 1 warm-up, "
                         "the rest recorded; default 12)")
     parser.add_argument("--top", type=int, default=10, help="ops to list by device and by host time")
+    add_launch_arguments(parser, restarts=False)
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="config overrides, as for gputrain train")
     parser.epilog = fields_help_text()
@@ -41,9 +43,20 @@ def run(args: argparse.Namespace) -> int:
               "log.tensorboard=false", f"log.every_steps={args.steps}"]
     config = load_config(args.config, [*args.overrides, *forced])
     run_dir = Path(args.run_dir) if args.run_dir else Path(f"{default_run_dir(config.model.name, config.data.name)}-profile")
+    if is_launcher(args):  # every rank profiles itself into the one run directory
+        child = ["profile", *(["--config", args.config] if args.config else []), "--run-dir", str(run_dir),
+                 "--steps", str(args.steps), "--top", str(args.top), *args.overrides]
+        return launch_ranks(args, child, str(run_dir))
+    from gputrain.distributed import shutdown_distributed
+
     trainer = Trainer.from_config(config, run_dir=run_dir)
     trainer.val_data = trainer.test_data = None  # profile the training step only
-    report = profile_trainer(trainer, top=args.top)
+    try:
+        report = profile_trainer(trainer, top=args.top)
+    finally:
+        shutdown_distributed()
+    if not trainer.dist.is_main:
+        return 0  # rank 0 speaks for the job; every rank's files are in the run directory
 
     console = Console(highlight=False)
     for title, rows, key in (("top ops by device time", report.top_device_ops, "self_device_us"),
@@ -60,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
         console.print(table)
     facts = report.facts
     console.print(f"step time {1000 * facts.step_time_s:.2f} ms on {trainer.device} ({trainer.precision_mode})"
-                  + (f"; data wait {100 * facts.data_fraction:.0f}%" if facts.data_fraction is not None else ""))
+                  + (f"; data wait {100 * facts.data_fraction:.0f}%" if facts.data_fraction is not None else "")
+                  + (f"; gradient communication {100 * facts.comm_fraction:.0f}%"
+                     if facts.comm_fraction is not None and trainer.dist.enabled else "")
+                  + (f" (rank 0 of {trainer.dist.world_size})" if trainer.dist.enabled else ""))
     if report.findings:
         console.print("[bold]findings[/bold]")
         for finding in report.findings:
@@ -69,4 +85,7 @@ def run(args: argparse.Namespace) -> int:
         console.print("findings: none — no bottleneck the advisor knows of")
     for path in report.files:
         console.print(f"wrote {path}")
+    if trainer.dist.enabled:
+        console.print(f"ranks 1..{trainer.dist.world_size - 1} wrote their own trace-rank<N>.json and "
+                      f"profile-rank<N>.json into {run_dir}")
     return 0

@@ -144,7 +144,8 @@ def profile_trainer(trainer: "Trainer", top: int = 10) -> ProfileReport:
     """Run `trainer.fit()` under torch.profiler and judge what it measured.
 
     The trainer should be built for a short run (`train.max_steps`); the first WAIT_STEPS steps
-    are skipped and the next WARMUP_STEPS warm the profiler up, the rest are recorded.
+    are skipped and the next WARMUP_STEPS warm the profiler up, the rest are recorded. In a
+    multi-rank job every rank profiles itself: its files get a `-rank<N>` suffix.
     """
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -153,16 +154,17 @@ def profile_trainer(trainer: "Trainer", top: int = 10) -> ProfileReport:
     run_dir = trainer.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     files: list[str] = []
+    suffix = f"-rank{trainer.dist.rank}" if trainer.dist.enabled else ""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
     with profile(activities=activities, schedule=schedule(wait=WAIT_STEPS, warmup=WARMUP_STEPS, active=active,
                                                           repeat=1)) as prof:
         hook = trainer.optimizer.register_step_post_hook(lambda *_: prof.step())
         try:
-            with _memory_history(trainer.device, run_dir / "memory_snapshot.pickle", files):
+            with _memory_history(trainer.device, run_dir / f"memory_snapshot{suffix}.pickle", files):
                 summary = trainer.fit()
         finally:
             hook.remove()
-    trace = run_dir / "trace.json"
+    trace = run_dir / f"trace{suffix}.json"
     prof.export_chrome_trace(str(trace))
     files.insert(0, str(trace))
     facts = collect_facts(trainer, prof, active, summary)
@@ -170,6 +172,7 @@ def profile_trainer(trainer: "Trainer", top: int = 10) -> ProfileReport:
                            top_device_ops=_top_ops(prof, "self_device_us", top) if trainer.device.type == "cuda"
                            else [],
                            top_host_ops=_top_ops(prof, "self_host_us", top))
-    (run_dir / "profile.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-    report.files.append(str(run_dir / "profile.json"))
+    facts_file = run_dir / f"profile{suffix}.json"
+    facts_file.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    report.files.append(str(facts_file))
     return report

@@ -18,12 +18,13 @@ ARGS = ["model.name=mlp", "data.name=synthetic", "data.shape=[16]", "data.num_sa
         "parallel.strategy=ddp", "parallel.timeout_s=20", "train.device=cpu"]
 
 
-def gputrain(args: list[str], fault: str | None = None, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
+def gputrain(args: list[str], fault: str | None = None, timeout_s: float = 90,
+             command: str = "train") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("WORLD_SIZE", None)
     if fault:
         env["GPUTRAIN_TEST_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "gputrain", "train", *args], cwd=ROOT, env=env, text=True,
+    return subprocess.run([sys.executable, "-m", "gputrain", command, *args], cwd=ROOT, env=env, text=True,
                           capture_output=True, timeout=timeout_s)
 
 
@@ -60,3 +61,18 @@ def test_max_restarts_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
                         "log.progress=none", "checkpoint.enabled=false"]).fit()
     torch.testing.assert_close(torch.tensor(step_losses(run_dir)), torch.tensor(step_losses(tmp_path / "single")),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_profile_of_a_ddp_job_reports_the_communication_share(tmp_path: Path) -> None:
+    """Every rank profiles itself; rank 0 prints the split (with the gradient all-reduce apart) and findings."""
+    run_dir = tmp_path / "profile"
+    args = [a for a in ARGS if not a.startswith(("train.max_steps", "log."))]
+    run = gputrain(["--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", "5", *args], command="profile")
+    assert run.returncode == 0, run.stderr[-2000:]
+    printed = " ".join(run.stdout.split())  # rich wraps long lines
+    assert "gradient communication" in printed and "(rank 0 of 2)" in printed
+    for rank in (0, 1):
+        assert json.loads((run_dir / f"trace-rank{rank}.json").read_text())["traceEvents"]
+        facts = json.loads((run_dir / f"profile-rank{rank}.json").read_text())["facts"]
+        assert facts["strategy"] == "ddp" and 0 < facts["comm_fraction"] < 1
+    assert not (run_dir / "trace.json").exists()
