@@ -63,12 +63,13 @@ def hand_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: 
     loss.item()
 
 
-def gputrain_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int) -> None:
-    """The same training through the Trainer."""
+def gputrain_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int,
+                  on_nonfinite: str = "stop") -> None:
+    """The same training through the Trainer (with its default non-finite guard unless told)."""
     with tempfile.TemporaryDirectory() as run_dir:
         config = {"train.device": "cpu", "train.batch_size": batch, "train.max_steps": steps, "train.epochs": 10**6,
                   "train.seed": seed, "log.every_steps": 10**6, "log.progress": "none", "log.tensorboard": False,
-                  "checkpoint.enabled": False, "eval.every_epochs": 0}
+                  "checkpoint.enabled": False, "eval.every_epochs": 0, "train.on_nonfinite": on_nonfinite}
         summary = Trainer(model, data, loss_fn=F.cross_entropy, config=config, run_dir=run_dir).fit()
     assert summary["global_step"] == steps
 
@@ -88,12 +89,20 @@ def mlp_case() -> tuple[Callable[[], nn.Module], TensorData]:
     return (lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))), data
 
 
-def measure(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: int, repeats: int) -> dict:
+def unguarded_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int) -> None:
+    gputrain_loop(model, data, batch, steps, seed, on_nonfinite="off")
+
+
+def measure(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: int, repeats: int,
+            guard_off: bool = False) -> dict:
+    """Per-step CPU time of the hand loop and gputrain (and, with `guard_off`, gputrain with
+    train.on_nonfinite=off, which drops the guard's check and its one sync per step)."""
     make_model, data = case
-    times: dict[str, list[float]] = {"hand": [], "gputrain": []}
+    loops = [("hand", hand_loop), ("gputrain", gputrain_loop)] + ([("guard off", unguarded_loop)] if guard_off else [])
+    times: dict[str, list[float]] = {label: [] for label, _ in loops}
     short = max(1, steps // 5)
-    for r in range(repeats + 1):  # the first round warms up both paths and is dropped
-        for label, loop in (("hand", hand_loop), ("gputrain", gputrain_loop)):
+    for r in range(repeats + 1):  # the first round warms up every path and is dropped
+        for label, loop in loops:
             cpu = []
             for n in (short, steps):
                 torch.manual_seed(r)
@@ -102,19 +111,22 @@ def measure(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: 
                 cpu.append(time.process_time() - start)
             if r > 0:
                 times[label].append((cpu[1] - cpu[0]) / (steps - short))
-    hand, ours = statistics.median(times["hand"]), statistics.median(times["gputrain"])
-    # the median of paired differences: each pair ran back to back, so a slow spell of the machine
-    # lands on both halves of a pair instead of on one side's median
-    overhead = statistics.median(g - h for h, g in zip(times["hand"], times["gputrain"]))
-    # and the difference of the fastest runs: noise only ever adds time, so each side's minimum is
-    # its least disturbed figure (timeit's convention)
-    overhead_min = min(times["gputrain"]) - min(times["hand"])
-    result = {"case": name, "steps": steps, "hand_us": hand * 1e6, "gputrain_us": ours * 1e6,
-              "overhead_us": overhead * 1e6, "overhead_min_us": overhead_min * 1e6, "ratio": ours / hand,
-              "peak_rss_mb": __import__("resource").getrusage(__import__("resource").RUSAGE_SELF).ru_maxrss / 1024}
-    print(f"{name:12s} step: hand {result['hand_us']:8.1f} µs  gputrain {result['gputrain_us']:8.1f} µs  "
-          f"overhead {result['overhead_us']:+7.1f} µs/step (fastest runs: {result['overhead_min_us']:+.1f})  time ratio {result['ratio']:.3f}  "
-          f"(medians of {repeats} pairs; slope over {short} and {steps} steps)")
+    hand = statistics.median(times["hand"])
+    result: dict = {"case": name, "steps": steps, "hand_us": hand * 1e6}
+    line = f"{name:12s} step: hand {hand * 1e6:8.1f} µs"
+    for label in list(times)[1:]:
+        ours = statistics.median(times[label])
+        # the median of paired differences: each pair ran back to back, so a slow spell of the
+        # machine lands on both halves of a pair instead of on one side's median
+        overhead = statistics.median(g - h for h, g in zip(times["hand"], times[label]))
+        # and the difference of the fastest runs: noise only ever adds time, so each side's
+        # minimum is its least disturbed figure (timeit's convention)
+        overhead_min = min(times[label]) - min(times["hand"])
+        result[label] = {"us": ours * 1e6, "overhead_us": overhead * 1e6, "overhead_min_us": overhead_min * 1e6,
+                         "ratio": ours / hand}
+        line += (f" | {label} {ours * 1e6:8.1f} µs, overhead {overhead * 1e6:+6.1f} µs/step "
+                 f"(fastest runs {overhead_min * 1e6:+.1f}), ratio {ours / hand:.3f}")
+    print(line + f"  [medians of {repeats} rounds; slope over {short} and {steps} steps]")
     return result
 
 
@@ -149,7 +161,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"{time.strftime('%Y-%m-%d')}")
-    measure("tiny MLP", mlp_case(), args.mlp_steps, args.repeats)
+    measure("tiny MLP", mlp_case(), args.mlp_steps, args.repeats, guard_off=True)
     measure("digits CNN", digits_case(), args.cnn_steps, args.repeats)
     measure_wall("digits CNN", digits_case(), args.wall_steps, args.repeats)
 

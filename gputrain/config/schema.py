@@ -175,8 +175,8 @@ class TrainConfig:
     """Seed for the data split, shuffling, init and dropout."""
     deterministic: bool = False
     """Use deterministic algorithms (bitwise reproducible, sometimes slower)."""
-    on_nonfinite: Literal["stop", "skip"] = "stop"
-    """A NaN/Inf loss or gradient: stop (naming the step; the step is not applied) or skip the step and count it (the LR schedule does not advance)."""
+    on_nonfinite: Literal["stop", "skip", "off"] = "stop"
+    """A NaN/Inf loss or gradient: stop (naming the step; the step is not applied) or skip the step and count it (the LR schedule does not advance); off: no check and no per-step sync, as in a hand-written loop (a NaN step is applied and shows up only in the logged loss)."""
 
     def __post_init__(self) -> None:
         _positive("train", "epochs", self.epochs)

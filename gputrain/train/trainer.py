@@ -176,8 +176,9 @@ class Trainer:
                                clip_grad_norm=cfg.train.clip_grad_norm, clip_grad_value=cfg.train.clip_grad_value,
                                pipeline=self.pipeline, pp_group=pp_group(self.dist),
                                params=list(self.step_model.parameters()),
-                               guard=NonFiniteGuard(cfg.train.on_nonfinite, distributed=self.dist.enabled,
-                                                    scaler_active=self.precision.scaler is not None))
+                               guard=None if cfg.train.on_nonfinite == "off" else
+                               NonFiniteGuard(cfg.train.on_nonfinite, distributed=self.dist.enabled,
+                                              scaler_active=self.precision.scaler is not None))
         dims = self.dist.dims
         # data-parallel gradient traffic is timed apart from backward; PP runs its own backward
         self.parts.time_comm = (dims is not None and (dims.ddp_enabled or dims.fsdp_enabled)

@@ -178,3 +178,13 @@ def test_flag_check_leaves_gradients_bit_identical_and_finds_every_bad_value(bad
     for old, new in zip(before, grads, strict=True):
         assert torch.equal(old.view(torch.int16) if old.dtype == torch.bfloat16 else old.view(torch.int32),
                            new.view(torch.int16) if new.dtype == torch.bfloat16 else new.view(torch.int32))
+
+
+def test_off_means_no_check_at_all(tmp_path: Path) -> None:
+    """on_nonfinite=off is the hand-written loop's behaviour: the poisoned step is applied, nothing is counted."""
+    trainer, _ = _trainer(tmp_path, "off", 3, "grad_nan", 5)
+    assert trainer.parts.guard is None
+    summary = trainer.fit()
+    assert summary["status"] == "completed" and summary["train"]["nonfinite_steps"] == 0
+    assert not all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert trainer.scheduler.last_epoch == 5
