@@ -45,16 +45,20 @@ def _is_image_batch(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point()
 
 
-def build_batch_transform(augment: Sequence[str], channels_last: bool) -> Callable[[Any], Any] | None:
+def build_batch_transform(augment: Sequence[str], channels_last: bool,
+                          pixels: Callable[[Any], Any] | None = None) -> Callable[[Any], Any] | None:
     """A function applied to each training micro-batch (inputs, targets, ...) on the device, or
-    None when there is nothing to do. Only 4-D floating-point inputs are touched."""
+    None when there is nothing to do. `pixels` (data/pixels.py) first turns uint8 images into
+    floats; then only 4-D floating-point inputs are touched."""
     unknown = [name for name in augment if name not in AUGMENTS]
     if unknown:
         raise ValueError(f"unknown augmentation {unknown[0]!r}")
     if not augment and not channels_last:
-        return None
+        return pixels
 
     def transform(batch: Any) -> Any:
+        if pixels is not None:
+            batch = pixels(batch)
         if not isinstance(batch, (list, tuple)) or not batch or not _is_image_batch(batch[0]):
             return batch
         images = batch[0]

@@ -3,10 +3,12 @@
 Layouts: `path/<class>/*.png` (split into train/val/test by the seeded fractions), or
 `path/train/<class>/...` with optional `path/val/` (or `valid/`, `validation/`) and `path/test/`
 (the ImageNet layout; those folders are the splits). Every image is converted to RGB, resized so
-its shorter side fits `data.image_size`, centre-cropped to it, and scaled to [0, 1]. With
-`data.normalize`, channels are standardised with the mean/std of up to 256 training images
-(seeded sample, train split only). Decoding happens in `__getitem__`, so DataLoader workers run
-it in parallel and the files are never all in memory.
+its shorter side fits `data.image_size`, and centre-cropped to it. Decoding happens in
+`__getitem__`, so DataLoader workers run it in parallel and the files are never all in memory.
+
+Samples are uint8 [3, H, W]: the trainer scales them to [0, 1] floats on the device
+(data/pixels.py, driven by the spec's `uint8_pixels`), and with `data.normalize` standardises
+the channels with the mean/std of up to 256 training images (seeded sample, train split only).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class ImageDecodeError(DataError):
 
 
 def decode_image(path: str, size: tuple[int, int]) -> torch.Tensor:
-    """One image file -> float32 [3, H, W] in [0, 1]: shorter side resized to fit, centre crop.
+    """One image file -> uint8 [3, H, W]: shorter side resized to fit, centre crop.
 
     Raises:
         DataError: naming the file when Pillow cannot decode it.
@@ -61,29 +63,24 @@ def decode_image(path: str, size: tuple[int, int]) -> torch.Tensor:
             array = np.asarray(img.crop((left, top, left + width, top + height)), dtype=np.uint8)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
         raise ImageDecodeError(f"{path}: cannot decode image: {err}") from None
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).float().div_(255.0)
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
 
 
 class ImageFolderData(Dataset):
-    """(image float32 [3, H, W], class index) pairs, decoded on access."""
+    """(image uint8 [3, H, W], class index) pairs, decoded on access. Scaling and normalisation
+    happen on the training device, from the bundle's spec (module docstring)."""
 
-    def __init__(self, files: list[str], labels: list[int], size: tuple[int, int],
-                 mean: torch.Tensor | None = None, std: torch.Tensor | None = None) -> None:
+    def __init__(self, files: list[str], labels: list[int], size: tuple[int, int]) -> None:
         self.files, self.labels, self.size = files, labels, size
-        self.mean, self.std = mean, std
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = decode_image(self.files[index], self.size)
-        if self.mean is not None and self.std is not None:
-            image = (image - self.mean) / self.std
-        return image, self.labels[index]
+        return decode_image(self.files[index], self.size), self.labels[index]
 
     def subset(self, indices: list[int] | np.ndarray) -> "ImageFolderData":
-        return ImageFolderData([self.files[i] for i in indices], [self.labels[i] for i in indices], self.size,
-                               self.mean, self.std)
+        return ImageFolderData([self.files[i] for i in indices], [self.labels[i] for i in indices], self.size)
 
 
 def _subfolders(folder: Path) -> list[Path]:
@@ -118,13 +115,14 @@ def scan_classes(folder: Path, classes: list[str] | None = None) -> tuple[list[s
     return names, files, labels
 
 
-def _channel_stats(data: ImageFolderData, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean/std over a seeded sample of training images, as [3, 1, 1] tensors."""
+def _channel_stats(data: ImageFolderData, seed: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean/std of the [0, 1]-scaled pixels of a seeded sample of training images."""
     generator = torch.Generator().manual_seed(seed)
     picks = torch.randperm(len(data), generator=generator)[:_STATS_SAMPLES].tolist()
     pixels = torch.stack([decode_image(data.files[i], data.size) for i in picks]).transpose(0, 1).flatten(1)
+    pixels = pixels.double() / 255.0
     mean, std = pixels.mean(dim=1), pixels.std(dim=1).clamp_min(1e-3)
-    return mean.view(3, 1, 1), std.view(3, 1, 1)
+    return tuple(mean.tolist()), tuple(std.tolist())
 
 
 def _cap(data: ImageFolderData | None, limit: int | None) -> ImageFolderData | None:
@@ -161,11 +159,8 @@ def build_image_folder(config: DataConfig, seed: int) -> DataBundle:
         train = everything.subset(train_idx.tolist())
         val = everything.subset(val_idx.tolist()) if len(val_idx) else None
         test = everything.subset(test_idx.tolist()) if len(test_idx) else None
-    if config.normalize:
-        mean, std = _channel_stats(train, seed)
-        for split in (train, val, test):
-            if split is not None:
-                split.mean, split.std = mean, std
-    spec = DataSpec(task="classification", input_shape=(3, *size), num_classes=len(classes))
+    mean, std = _channel_stats(train, seed) if config.normalize else (None, None)
+    spec = DataSpec(task="classification", input_shape=(3, *size), num_classes=len(classes), uint8_pixels=True,
+                    pixel_mean=mean, pixel_std=std)
     return DataBundle(train=train, val=_cap(val, config.max_eval_samples), test=_cap(test, config.max_eval_samples),
                       spec=spec)

@@ -20,6 +20,12 @@ class DataSpec:
     """Number of regression targets (regression)."""
     vocab_size: int | None = None
     """Vocabulary size (lm)."""
+    uint8_pixels: bool = False
+    """Images arrive as uint8 in [0, 255] and become float32 on the device (data/pixels.py)."""
+    pixel_mean: tuple[float, ...] | None = None
+    """Per-channel mean of the [0, 1]-scaled training images, subtracted on the device."""
+    pixel_std: tuple[float, ...] | None = None
+    """Per-channel standard deviation of the [0, 1]-scaled training images, divided by on the device."""
 
     @property
     def num_model_outputs(self) -> int:

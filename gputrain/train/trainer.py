@@ -34,6 +34,7 @@ from gputrain.checkpoint.sharded import (
 )
 from gputrain.config import Config, config_to_toml, load_config, resolve_grad_accum
 from gputrain.data.augment import apply_channels_last, build_batch_transform
+from gputrain.data.pixels import pixel_scaler
 from gputrain.data.spec import DataSpec
 from gputrain.distributed import (
     DistContext,
@@ -146,7 +147,8 @@ class Trainer:
                                   cfg.train.batch_size)
         self.feed = BatchFeed(train_data, self.plan, self.device, cfg.data.num_workers, on_error=cfg.data.on_error)
         self.feed.grad_accum = self.grad_accum
-        self.feed.transform = build_batch_transform(cfg.data.augment, channels_last)
+        self.pixels = pixel_scaler(spec, self.device)  # uint8 images become floats on the device
+        self.feed.transform = build_batch_transform(cfg.data.augment, channels_last, self.pixels)
         if cfg.train.cuda_graphs and self.device.type != "cuda":
             self.console.info(f"train.cuda_graphs: ignored on {self.device.type} (CUDA graphs need a CUDA device)")
         if self.feed.steps_per_epoch == 0:
@@ -319,6 +321,8 @@ class Trainer:
         names = resolve_metrics(self.config.eval.metrics, self.task)
         batch = max(1, self.global_batch // self.grad_accum)
         batches = eval_batches(data, batch, self.device)
+        if self.pixels is not None:
+            batches = map(self.pixels, batches)
         return evaluate(self.step_model, batches, task=self.task, metric_names=names,
                         loss_fn=self.loss_fn, num_classes=self.num_classes, device=self.device,
                         autocast=self.precision.autocast, step_fn=self.step_fn)

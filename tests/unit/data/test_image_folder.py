@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from gputrain.config import load_config
 from gputrain.data import build_data
 from gputrain.data.image_folder import ImageFolderData
+from gputrain.data.pixels import pixel_scaler
 from gputrain.errors import DataError
 from tests.unit.data.files import write_image_folder
 
@@ -30,18 +31,23 @@ def test_classes_splits_and_resized_rgb_tensors(tmp_path: Path) -> None:
     assert bundle.spec.num_classes == 3 and bundle.spec.input_shape == (3, 12, 9)
     assert (len(bundle.train), len(bundle.val), len(bundle.test)) == (21, 3, 6)
     image, label = bundle.train[0]
-    assert image.shape == (3, 12, 9) and image.dtype == torch.float32
-    assert 0.0 <= image.min() and image.max() <= 1.0
+    assert image.shape == (3, 12, 9) and image.dtype == torch.uint8  # floats only on the device
+    assert bundle.spec.uint8_pixels and bundle.spec.pixel_mean is None
     # class k is tinted towards channel k: the decoded pixels keep that
-    assert image.mean(dim=(1, 2)).argmax().item() == label
+    assert image.float().mean(dim=(1, 2)).argmax().item() == label
 
 
 def test_normalisation_uses_training_images_only(tmp_path: Path) -> None:
     write_image_folder(tmp_path, classes=3, per_class=10)
     bundle = _build(tmp_path, image_size=8)
-    pixels = torch.stack([bundle.train[i][0] for i in range(len(bundle.train))])
-    assert pixels.mean(dim=(0, 2, 3)).abs().max() < 1e-4  # all 21 train images are the statistics sample
-    assert torch.equal(bundle.test.mean, bundle.train.mean)
+    scale = pixel_scaler(bundle.spec, torch.device("cpu"))
+    assert scale is not None
+    train = scale((torch.stack([bundle.train[i][0] for i in range(len(bundle.train))]), None))[0]
+    assert train.dtype == torch.float32
+    assert train.mean(dim=(0, 2, 3)).abs().max() < 1e-4  # all 21 train images are the statistics sample
+    assert train.std(dim=(0, 2, 3)).sub(1).abs().max() < 1e-2
+    test = scale((torch.stack([bundle.test[i][0] for i in range(len(bundle.test))]), None))[0]
+    assert test.mean(dim=(0, 2, 3)).abs().max() > 1e-3  # the test split is scaled by the train statistics
 
 
 def test_predefined_train_val_folders_are_the_splits(tmp_path: Path) -> None:
