@@ -53,7 +53,9 @@ class NonFiniteGuard:
         self.scaler_active = scaler_active
         self.last: Verdict = "apply"
         self.last_reason = ""
-        self._found: dict[torch.device, torch.Tensor] = {}
+        self._layout: tuple[int, bool] | None = None
+        """(number of tensors checked, whether they share one device and dtype), set on first use."""
+        self._found = self._one = torch.zeros(1)
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> Verdict:
         """Return and remember the verdict for this step.
@@ -78,15 +80,19 @@ class NonFiniteGuard:
         reaches this one through the all-reduce.
         """
         tensors = [*grads, loss.detach() if loss.requires_grad else loss]
-        found = self._found.get(loss.device)
-        if found is None:  # kept between steps: the kernel only ever sets it, and a bad step resets it
-            found = self._found[loss.device] = torch.zeros(1, device=loss.device)
-        dtype, device = loss.dtype, loss.device
-        if all(t.dtype == dtype and t.device == device and not isinstance(t, DTensor) for t in tensors):
-            torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, _one(device))
+        if self._layout is None or self._layout[0] != len(tensors):
+            # which kernel path fits is a property of the model, so it is decided once, not per step
+            device, dtype = loss.device, loss.dtype
+            uniform = all(t.device == device and t.dtype == dtype and not isinstance(t, DTensor) for t in tensors)
+            self._layout = (len(tensors), uniform)
+            self._found = torch.zeros(1, device=device)  # kept: the kernel only sets it; a bad step resets it
+            self._one = torch.ones(1, device=device)
+        found = self._found
+        if self._layout[1]:
+            torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, self._one)
         else:  # several dtypes or devices, or sharded gradients (their local shards are checked)
             for flag in _nonfinite_flags([local_tensor(t) for t in tensors]):
-                found += flag.to(device)
+                found += flag.to(found.device)
         if self.distributed:
             dist.all_reduce(found, op=dist.ReduceOp.SUM)
         if _read(found) == 0:
