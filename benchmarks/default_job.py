@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import os
 import subprocess
 import sys
 import tempfile
@@ -19,12 +20,17 @@ import time
 from pathlib import Path
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def run_once(extra: list[str]) -> tuple[float, float, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         started = time.perf_counter()
+        # this checkout's gputrain, whether or not (and wherever) it is installed
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         subprocess.run([sys.executable, "-m", "gputrain", "train", "--run-dir", str(run_dir), *extra], check=True,
-                       stdout=subprocess.DEVNULL, cwd=tmp)
+                       stdout=subprocess.DEVNULL, cwd=tmp, env=env)
         wall = time.perf_counter() - started
         summary = json.loads((run_dir / "summary.json").read_text())
     return wall, summary["test"]["accuracy"], summary
