@@ -6,11 +6,13 @@ therefore pay exactly ONE host-device sync per step: a single number computed on
 steps that compute the gradient norm anyway (clipping by norm, logging steps) it is the loss plus
 that norm; on the others it is the flag of torch's fused AMP finiteness check over the gradients
 and the loss (`_amp_foreach_non_finite_check_and_unscale_` with a scale of 1, one kernel per
-device and dtype, three times cheaper than a norm on a small model). The alternative, applying the update conditionally on the device, only works for
-fused optimizers (their `found_inf` argument), cannot keep a host-side scheduler exact without a
-sync anyway, and needs a copy of every parameter and optimizer state for the others. On CPU the
-sync is free; on a GPU it stalls kernel launch for the optimizer's few (fused/foreach) kernels —
-the same price torch's GradScaler already pays every fp16 step. Measured cost: docs/reliability.md.
+device and dtype, three times cheaper than a norm on a small model). The alternative, applying
+the update conditionally on the device, only works for fused optimizers (their `found_inf`
+argument), cannot keep a host-side scheduler exact without a sync anyway, and needs a copy of
+every parameter and optimizer state for the others. On CPU the sync is free; on a GPU it stalls
+kernel launch for the optimizer's few (fused/foreach) kernels — the same price torch's GradScaler
+already pays every fp16 step. Measured cost: docs/reliability.md and benchmarks/RESULTS.md.
+`train.on_nonfinite=off` drops the check and its sync (a hand-written loop's behaviour).
 
 fp16 with a GradScaler is different: Inf gradients there are routine (the loss scale is too high).
 The scaler skips the update and lowers the scale itself; we only keep the LR schedule still. A
@@ -55,7 +57,7 @@ class NonFiniteGuard:
         self.last_reason = ""
         self._layout: tuple[int, bool] | None = None
         """(number of tensors checked, whether they share one device and dtype), set on first use."""
-        self._found = self._one = torch.zeros(1)
+        self._found = self._one = torch.zeros(1)  # placeholders: the first check makes both on the loss's device
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> Verdict:
         """Return and remember the verdict for this step.
