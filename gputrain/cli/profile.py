@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from gputrain.config import load_config
+    from gputrain.observe.console import format_split
     from gputrain.observe.profiler import profile_trainer
     from gputrain.train.run_files import default_run_dir
     from gputrain.train.trainer import Trainer
@@ -72,11 +73,10 @@ def run(args: argparse.Namespace) -> int:
             table.add_row(row["name"][:60], str(row["calls"]), *device, _fmt_us(row["self_host_us"]))
         console.print(table)
     facts = report.facts
+    split = report.summary["train"].get("time_breakdown")
     console.print(f"step time {1000 * facts.step_time_s:.2f} ms on {trainer.device} ({trainer.precision_mode})"
-                  + (f"; data wait {100 * facts.data_fraction:.0f}%" if facts.data_fraction is not None else "")
-                  + (f"; gradient communication {100 * facts.comm_fraction:.0f}%"
-                     if facts.comm_fraction is not None and trainer.dist.enabled else "")
-                  + (f" (rank 0 of {trainer.dist.world_size})" if trainer.dist.enabled else ""))
+                  + (f" (rank 0 of {trainer.dist.world_size})" if trainer.dist.enabled else "")
+                  + (f"; time split {format_split(split)}" if split else ""))
     if report.findings:
         console.print("[bold]findings[/bold]")
         for finding in report.findings:

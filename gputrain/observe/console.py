@@ -33,6 +33,13 @@ def _si(value: float, unit: str) -> str:
     return f"{value:.3g} {unit}"
 
 
+def format_split(split: dict[str, float | None]) -> str:
+    """A step's time split on one line: "data 2% fwd+bwd 61% optim 30% comm 5% other 2%".
+    Parts under 0.5% are left out, and so are parts that were not measured (null)."""
+    short = {"forward_backward": "fwd+bwd", "optimizer": "optim"}
+    return " ".join(f"{short.get(k, k)} {100 * v:.0f}%" for k, v in split.items() if v is not None and v >= 0.005)
+
+
 def speed_rows(train: dict[str, Any]) -> list[tuple[str, str]]:
     """The speed report's rows of the final table (step time, FLOPs, where the time went, memory)."""
     rows: list[tuple[str, str]] = []
@@ -48,9 +55,7 @@ def speed_rows(train: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("peak from", str(train["mfu_peak_source"])[:60]))
     split = train.get("time_breakdown")
     if split:
-        short = {"forward_backward": "fwd+bwd", "optimizer": "optim"}
-        rows.append(("time split", " ".join(f"{short.get(k, k)} {100 * v:.0f}%" for k, v in split.items()
-                                            if v is not None and v >= 0.005)))
+        rows.append(("time split", format_split(split)))
     if train.get("peak_memory_bytes"):
         rows.append(("peak memory", _si(train["peak_memory_bytes"], "B")))
     return rows
