@@ -7,8 +7,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.utils.data import Dataset, Subset
 
+from gputrain.data.tensors import TensorData
 from gputrain.errors import ConfigError
 from gputrain.train.tasks import DEFAULT_METRICS, LossFn
 
@@ -26,7 +29,16 @@ def resolve_metrics(requested: list[str] | str, task: str) -> list[str]:
     return list(requested)
 
 
-def _build_metrics(names: list[str], task: str, num_classes: int | None, device: torch.device) -> dict[str, Any]:
+def shard_for_eval(data: Dataset, rank: int, world_size: int) -> Dataset:
+    """This rank's share of an evaluation split: every world_size-th sample from `rank` on.
+    Shares differ by at most one sample; none is seen twice and none is padded in."""
+    if isinstance(data, TensorData):
+        return TensorData(data.inputs[rank::world_size], data.targets[rank::world_size])
+    return Subset(data, range(rank, len(data), world_size))  # type: ignore[arg-type]
+
+
+def _build_metrics(names: list[str], task: str, num_classes: int | None, device: torch.device,
+                   across_ranks: bool) -> dict[str, Any]:
     if not set(names) - {"loss", "perplexity"}:
         return {}  # computed here without torchmetrics, whose import alone takes seconds
     import torchmetrics.classification as C
@@ -45,20 +57,25 @@ def _build_metrics(names: list[str], task: str, num_classes: int | None, device:
         }
     elif task == "regression":
         builders = {"mse": R.MeanSquaredError, "mae": R.MeanAbsoluteError}
-    # every rank evaluates the whole split identically (FSDP/TP/PP need all ranks in each forward anyway),
-    # so there is nothing to sync: syncing would only gather duplicates.
-    return {name: builders[name](sync_on_compute=False).to(device) for name in names if name in builders}
+    # across_ranks: each rank saw its own share, and compute() gathers the states of all ranks.
+    # Otherwise every rank evaluated the whole split (FSDP/TP/PP need all ranks in each forward),
+    # and syncing would only gather duplicates.
+    return {name: builders[name](sync_on_compute=across_ranks).to(device) for name in names if name in builders}
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Iterable[Any], *, task: str, metric_names: list[str],
              loss_fn: LossFn | None, num_classes: int | None, device: torch.device,
-             autocast: Callable[[], Any], step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None
-             ) -> dict[str, float]:
-    """Mean loss over samples and the requested metrics. One host sync, at the end."""
+             autocast: Callable[[], Any], step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+             across_ranks: bool = False) -> dict[str, float]:
+    """Mean loss over samples and the requested metrics. One host sync, at the end.
+
+    across_ranks: each rank passed its own share of the split (`shard_for_eval`); the loss sums,
+    sample counts and metric states of all ranks are combined, so every rank returns the
+    figures of the whole split."""
     was_training = model.training
     model.eval()
-    metrics = _build_metrics(metric_names, task, num_classes, device)
+    metrics = _build_metrics(metric_names, task, num_classes, device, across_ranks)
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     count = 0
     for batch in batches:
@@ -85,6 +102,10 @@ def evaluate(model: nn.Module, batches: Iterable[Any], *, task: str, metric_name
             else:
                 metric.update(outputs, targets)
     model.train(was_training)
+    if across_ranks:
+        totals = torch.stack([loss_sum, torch.tensor(float(count), device=device, dtype=torch.float64)])
+        dist.all_reduce(totals)
+        loss_sum, count = totals[0], int(totals[1].item())
     results: dict[str, float] = {name: float(metric.compute()) for name, metric in metrics.items()}
     if count and ("loss" in metric_names or "perplexity" in metric_names):
         mean_loss = float(loss_sum) / count

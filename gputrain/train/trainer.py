@@ -65,7 +65,7 @@ from gputrain.observe.speed import SpeedMeter
 from gputrain.optim import build_optimizer, build_schedule
 from gputrain.precision import Precision, resolve_precision
 from gputrain.train.batches import BatchPlan
-from gputrain.train.evaluate import evaluate, resolve_metrics
+from gputrain.train.evaluate import evaluate, resolve_metrics, shard_for_eval
 from gputrain.train.feed import BatchFeed, eval_batches
 from gputrain.train.nonfinite import NonFiniteGuard
 from gputrain.train.run_files import default_run_dir, write_json, write_text
@@ -320,12 +320,26 @@ class Trainer:
             return {}
         names = resolve_metrics(self.config.eval.metrics, self.task)
         batch = max(1, self.global_batch // self.grad_accum)
+        model, shared = self.step_model, False
+        if self._replicated() and not isinstance(data, DataLoader) and len(data) >= self.dist.world_size:  # type: ignore[arg-type]
+            # every rank holds the whole model: each evaluates its share of the split with the plain
+            # module (no collective in its forward), and the sums are combined at the end. A rank
+            # with no sample would skip the metrics' state gathering its peers wait in.
+            data, model, shared = shard_for_eval(data, self.dist.rank, self.dist.world_size), self.model, True
+            batch = max(1, batch // self.dist.world_size)
         batches = eval_batches(data, batch, self.device)
         if self.pixels is not None:
             batches = map(self.pixels, batches)
-        return evaluate(self.step_model, batches, task=self.task, metric_names=names,
+        return evaluate(model, batches, task=self.task, metric_names=names,
                         loss_fn=self.loss_fn, num_classes=self.num_classes, device=self.device,
-                        autocast=self.precision.autocast, step_fn=self.step_fn)
+                        autocast=self.precision.autocast, step_fn=self.step_fn, across_ranks=shared)
+
+    def _replicated(self) -> bool:
+        """Plain DDP: every rank has the full model, so evaluation can be split between them.
+        Sharded layouts (FSDP, TP, PP) need every rank in every forward pass and evaluate whole."""
+        dims = self.dist.dims
+        return bool(self.dist.enabled and dims is not None and dims.ddp_enabled
+                    and dims.dp_replicate == self.dist.world_size and self.pipeline is None)
 
     def _check_eval_metrics(self) -> None:
         """Unknown metric names fail before training starts, not after its first epoch."""

@@ -81,3 +81,21 @@ def test_a_late_all_reduce_is_charged_to_comm_not_backward(dist_results: dict[st
 def test_one_rank_with_nan_gradients_makes_every_rank_skip(dist_results: dict[str, Any], strategy: str) -> None:
     for result in (r["nonfinite"][strategy] for r in dist_results["by_rank"]):
         assert result == {"nonfinite_steps": 1, "schedule_steps": 5, "finite": True}
+
+
+def _eval_rows(run_dir: Path) -> dict[str, dict[str, float]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {row["split"]: {k: v for k, v in row.items() if k not in ("split", "step", "epoch")}
+            for row in rows if "split" in row}
+
+
+@pytest.mark.parametrize("case", ["ddp", "fsdp"])
+def test_evaluation_on_two_ranks_equals_one_process(dist_runs: dict[str, Path], case: str) -> None:
+    """DDP ranks each evaluate half of the split and combine; FSDP ranks evaluate all of it. Both
+    must report the metrics of the whole split, as one process does."""
+    expected, got = _eval_rows(dist_runs["single"]), _eval_rows(dist_runs[case])
+    assert set(got) == set(expected) == {"val", "test"}
+    for split in expected:
+        assert got[split].keys() == expected[split].keys()
+        for name, value in expected[split].items():
+            assert got[split][name] == pytest.approx(value, rel=1e-5, abs=1e-6), (split, name)
