@@ -48,15 +48,21 @@ def _cpus_per_rank() -> int:
     return max(1, cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
 
 
+MAX_AUTO_WORKERS = 16
+"""Decoding a photo-sized JPEG to 224×224 takes one core ~4 ms (benchmarks/image_loader_cpu.py),
+and ResNet-50 in bf16 on one H100 consumes ~3,000 images/s, so a single-GPU machine's cores are
+all needed; the cap only bounds worker memory on very large hosts."""
+
+
 def auto_num_workers(requested: int | str, dataset: Dataset) -> int:
     """data.num_workers=auto: none for in-memory tensors; else one per spare core of this rank
-    (ranks on a node share the cores), at most 8, and at most 2 for a small data set, where
-    starting more workers costs more than they save."""
+    (ranks on a node share the cores), at most MAX_AUTO_WORKERS, and at most 2 for a small data
+    set, where starting more workers costs more than they save."""
     if requested != "auto":
         return int(requested)
     if isinstance(dataset, TensorData):
         return 0  # indexing tensors in the main process beats any worker round-trip
-    workers = max(0, min(8, _cpus_per_rank() - 1))
+    workers = max(0, min(MAX_AUTO_WORKERS, _cpus_per_rank() - 1))
     try:
         size = len(dataset)  # type: ignore[arg-type]
     except TypeError:

@@ -23,7 +23,8 @@ class Sized(Dataset):
 
 
 @pytest.mark.parametrize(("cores", "local_ranks", "size", "expected"), [
-    (16, "1", 100_000, 8),   # capped at 8
+    (16, "1", 100_000, 15),  # every spare core: one GPU needs all of them to decode images
+    (64, "1", 100_000, 16),  # capped
     (16, "4", 100_000, 3),   # 4 ranks share 16 cores: 4 each, one for the rank itself
     (16, "1", 500, 2),       # a small data set does not pay for more workers
     (1, "1", 100_000, 0),    # no spare core: load in the main process
