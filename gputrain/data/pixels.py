@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from gputrain.data.spec import DataSpec
+from gputrain.data.spec import DataSpec, example_input
 
 BatchTransform = Callable[[Any], Any]
 
@@ -43,3 +43,15 @@ def pixel_scaler(spec: DataSpec | None, device: torch.device) -> BatchTransform 
         return [images, *rest] if isinstance(batch, list) else (images, *rest)
 
     return scale
+
+
+def pixel_scaler_for(spec: DataSpec | None, data: Any, device: torch.device) -> BatchTransform | None:
+    """`pixel_scaler` from the spec when there is one. A user's data set without a spec whose
+    samples are uint8 images ([C, H, W]) is scaled to [0, 1] too, without standardisation: a
+    model cannot take bytes, and [0, 1] is what torchvision's ToTensor would have given."""
+    if spec is not None:
+        return pixel_scaler(spec, device)
+    sample = example_input(data)
+    if sample is None or sample.dtype != torch.uint8 or sample.dim() != 3:
+        return None
+    return pixel_scaler(DataSpec(task="classification", input_shape=tuple(sample.shape), uint8_pixels=True), device)

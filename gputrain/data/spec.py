@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+import torch
 
 TaskName = Literal["classification", "regression", "lm"]
 
@@ -41,3 +43,15 @@ class DataSpec:
     @property
     def is_image(self) -> bool:
         return len(self.input_shape) == 3
+
+
+def example_input(data: Any) -> torch.Tensor | None:
+    """One sample's input from a Dataset or DataLoader (shape and dtype only matter), or None."""
+    try:
+        if isinstance(data, torch.utils.data.DataLoader):
+            data = data.dataset
+        sample = data[0]
+        x = sample[0] if isinstance(sample, (list, tuple)) else sample
+        return x if isinstance(x, torch.Tensor) else None
+    except Exception:  # noqa: BLE001 — an unusual dataset: the caller does without
+        return None

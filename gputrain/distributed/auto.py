@@ -149,18 +149,6 @@ def device_memory_bytes(device: torch.device) -> int:
     return ram // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
-def example_input(data: Any) -> torch.Tensor | None:
-    """One sample's input from a Dataset or DataLoader (shape and dtype only matter), or None."""
-    try:
-        if isinstance(data, torch.utils.data.DataLoader):
-            data = data.dataset
-        sample = data[0]
-        x = sample[0] if isinstance(sample, (list, tuple)) else sample
-        return x if isinstance(x, torch.Tensor) else None
-    except Exception:  # noqa: BLE001 — an unusual dataset: estimate without activations
-        return None
-
-
 def choose_auto(config: Config, model: nn.Module, world_size: int, device: torch.device,
                 sample: torch.Tensor | None) -> StrategyChoice:
     """Resolve parallel.strategy=auto for this model, job and device."""

@@ -48,7 +48,8 @@ def choose_strategy(config: Config, model: nn.Module, ctx: DistContext, device: 
     par = config.parallel
     if par.strategy != "auto":
         return StrategyChoice(par.strategy, par.activation_checkpointing)
-    from gputrain.distributed.auto import choose_auto, example_input
+    from gputrain.data.spec import example_input
+    from gputrain.distributed.auto import choose_auto
 
     return choose_auto(config, model, ctx.world_size, device, example_input(train_data))
 

@@ -34,7 +34,7 @@ from gputrain.checkpoint.sharded import (
 )
 from gputrain.config import Config, config_to_toml, load_config, resolve_grad_accum
 from gputrain.data.augment import apply_channels_last, build_batch_transform
-from gputrain.data.pixels import pixel_scaler
+from gputrain.data.pixels import pixel_scaler_for
 from gputrain.data.spec import DataSpec
 from gputrain.distributed import (
     DistContext,
@@ -147,7 +147,7 @@ class Trainer:
                                   cfg.train.batch_size)
         self.feed = BatchFeed(train_data, self.plan, self.device, cfg.data.num_workers, on_error=cfg.data.on_error)
         self.feed.grad_accum = self.grad_accum
-        self.pixels = pixel_scaler(spec, self.device)  # uint8 images become floats on the device
+        self.pixels = pixel_scaler_for(spec, train_data, self.device)  # uint8 images become floats on the device
         self.feed.transform = build_batch_transform(cfg.data.augment, channels_last, self.pixels)
         if cfg.train.cuda_graphs and self.device.type != "cuda":
             self.console.info(f"train.cuda_graphs: ignored on {self.device.type} (CUDA graphs need a CUDA device)")

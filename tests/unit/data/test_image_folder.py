@@ -111,3 +111,39 @@ def test_decodes_in_dataloader_workers(tmp_path: Path) -> None:
     in_process = torch.stack([train[i][0] for i in range(8)])
     batches = list(DataLoader(train, batch_size=4, num_workers=1))
     torch.testing.assert_close(torch.cat([b[0] for b in batches]), in_process)
+
+
+def test_uint8_images_reach_the_model_as_floats(tmp_path: Path) -> None:
+    """image_folder (scaled and standardised from its spec) and a user's uint8 data set without a
+    spec (scaled to [0, 1]) both train; the model never sees bytes."""
+    from torch import nn
+    from torch.utils.data import Dataset
+
+    from gputrain import Trainer
+
+    class Bytes(Dataset):
+        def __len__(self) -> int:
+            return 32
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+            return torch.full((3, 6, 6), 8 * i, dtype=torch.uint8), i % 2
+
+    seen: list[torch.Tensor] = []
+
+    def step_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        seen.append(batch[0])
+        return nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+    config = {"train.device": "cpu", "train.max_steps": 2, "train.batch_size": 8, "log.progress": "none",
+              "log.tensorboard": False, "checkpoint.enabled": False, "data.num_workers": 0}
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(64, 2))
+    Trainer(model, Bytes(), step_fn=step_fn, config=config, run_dir=tmp_path / "user").fit()
+    assert seen and all(x.dtype == torch.float32 and 0.0 <= x.min() and x.max() <= 1.0 for x in seen)
+    assert any(x.max() > 0.5 for x in seen)  # scaled, not zeroed
+
+    write_image_folder(tmp_path / "images", classes=2, per_class=8)
+    bundle = _build(tmp_path / "images", image_size=6)
+    seen.clear()
+    Trainer(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(64, 2)), bundle.train, step_fn=step_fn,
+            spec=bundle.spec, config=config, run_dir=tmp_path / "folder").fit()
+    assert seen and all(x.dtype == torch.float32 and x.min() < 0 for x in seen)  # standardised around 0
