@@ -8,6 +8,7 @@ is the one whose FLOPs are counted) and asks for `record_fields` on logging step
 from __future__ import annotations
 
 import contextlib
+import logging
 import resource
 import sys
 from typing import Any
@@ -20,6 +21,7 @@ from gputrain.observe.flops import StepFlopCounter, gpt_dims, gpt_flops_per_toke
 from gputrain.observe.peak import resolve_peak
 
 _NO_COUNT = contextlib.nullcontext()
+log = logging.getLogger("gputrain")
 
 
 def host_peak_rss_bytes() -> int:
@@ -118,6 +120,9 @@ class SpeedMeter:
         """The speed part of summary.json's "train" section."""
         _, source = self.peak()
         rates = self._rates(steps, seconds)
+        if rates["mfu"] is not None and rates["mfu"] > 1.0:  # more than the hardware can do: the peak is wrong
+            log.warning("MFU is %.0f%% of the %s peak, so that peak is too low%s", 100 * rates["mfu"], source,
+                        " (it was measured on a busy machine? run `gputrain bench` again)" if source == "bench" else "")
         return {
             "flops_per_step": self.flops_per_step,
             "achieved_flops": rates["achieved_flops"],

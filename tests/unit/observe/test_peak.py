@@ -51,3 +51,21 @@ def test_real_cpu_uses_only_a_bench_result() -> None:
     assert peak.resolve_peak(cpu, "fp32") == (1.5e11, "bench")
     assert peak.resolve_peak(cpu, "bf16") == (None, None)
     assert peak.resolve_peak(cpu, "auto") == (None, None)
+
+
+def test_mfu_above_one_warns_that_the_peak_is_wrong(monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    from torch import nn
+
+    from gputrain.observe import speed
+
+    monkeypatch.setattr(speed, "resolve_peak", lambda device, precision: (1e6, "bench"))  # a 1 MFLOP/s "peak"
+    meter = speed.SpeedMeter(nn.Linear(64, 64), torch.device("cpu"), "fp32", world_size=1, global_batch=32,
+                             seq_len=None, breakdown_every=0)
+    model = nn.Linear(64, 64)
+    with meter.step_context():
+        model(torch.randn(32, 64)).sum().backward()
+    with caplog.at_level("WARNING", logger="gputrain"):
+        fields = meter.summary_fields(steps=10, seconds=0.01)
+    assert fields["mfu"] > 1
+    assert "peak is too low (it was measured on a busy machine? run `gputrain bench` again)" in caplog.text
