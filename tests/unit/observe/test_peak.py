@@ -60,6 +60,7 @@ def test_mfu_above_one_warns_that_the_peak_is_wrong(monkeypatch: pytest.MonkeyPa
     from gputrain.observe import speed
 
     monkeypatch.setattr(speed, "resolve_peak", lambda device, precision: (1e6, "bench"))  # a 1 MFLOP/s "peak"
+    monkeypatch.setattr(speed.log, "propagate", True)  # a Trainer run earlier may have given it its own handler
     meter = speed.SpeedMeter(nn.Linear(64, 64), torch.device("cpu"), "fp32", world_size=1, global_batch=32,
                              seq_len=None, breakdown_every=0)
     model = nn.Linear(64, 64)
