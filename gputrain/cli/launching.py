@@ -24,10 +24,13 @@ def is_launcher(args: argparse.Namespace) -> bool:
     return args.nproc_per_node is not None and "WORLD_SIZE" not in os.environ
 
 
-def launch_ranks(args: argparse.Namespace, child_argv: list[str], run_dir: str) -> int:
-    """Run `gputrain <child_argv>` on every rank; one run directory for all ranks and restarts."""
+def launch_ranks(args: argparse.Namespace, command: str, run_dir: str, options: tuple[str, ...] = ()) -> int:
+    """Run `gputrain <command>` on every rank with the user's config file and overrides, the
+    command's own `options`, and one run directory for all ranks and restarts."""
     from gputrain.distributed.launch import LaunchOptions, launch
 
+    child_argv = [command, *(["--config", args.config] if args.config else []), "--run-dir", run_dir, *options,
+                  *args.overrides]
     opts = LaunchOptions(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
                          rdzv_endpoint=args.rdzv_endpoint, max_restarts=getattr(args, "max_restarts", 0))
     return launch(opts, child_argv, Path(run_dir))

@@ -45,9 +45,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, [*args.overrides, *forced])
     run_dir = Path(args.run_dir) if args.run_dir else Path(f"{default_run_dir(config.model.name, config.data.name)}-profile")
     if is_launcher(args):  # every rank profiles itself into the one run directory
-        child = ["profile", *(["--config", args.config] if args.config else []), "--run-dir", str(run_dir),
-                 "--steps", str(args.steps), "--top", str(args.top), *args.overrides]
-        return launch_ranks(args, child, str(run_dir))
+        return launch_ranks(args, "profile", str(run_dir), ("--steps", str(args.steps), "--top", str(args.top)))
     from gputrain.distributed import shutdown_distributed
 
     trainer = Trainer.from_config(config, run_dir=run_dir)

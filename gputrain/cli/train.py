@@ -44,5 +44,4 @@ def _launch(args: argparse.Namespace, config: Config) -> int:
 
     # one run directory for every rank and every restart, so resume=auto finds the checkpoints
     run_dir = args.run_dir or str(default_run_dir(config.model.name, config.data.name))
-    child = ["train", *(["--config", args.config] if args.config else []), "--run-dir", run_dir, *args.overrides]
-    return launch_ranks(args, child, run_dir)
+    return launch_ranks(args, "train", run_dir)

@@ -18,6 +18,16 @@ from gputrain.data.spec import DataSpec, example_input
 BatchTransform = Callable[[Any], Any]
 
 
+def is_uint8_image(sample: torch.Tensor) -> bool:
+    """A [C, H, W] uint8 sample: an image the trainer hands to the model as float32."""
+    return sample.dtype == torch.uint8 and sample.dim() == 3
+
+
+def as_model_sees_it(sample: torch.Tensor | None) -> torch.Tensor | None:
+    """A sample with the dtype the model will receive it in (for estimates made from raw data)."""
+    return sample.float() if sample is not None and is_uint8_image(sample) else sample
+
+
 def pixel_scaler(spec: DataSpec | None, device: torch.device) -> BatchTransform | None:
     """For data whose spec says its images are uint8: a batch function that turns the images into
     float32 in [0, 1], standardised with the spec's per-channel mean and std when it has them.
@@ -52,6 +62,6 @@ def pixel_scaler_for(spec: DataSpec | None, data: Any, device: torch.device) -> 
     if spec is not None:
         return pixel_scaler(spec, device)
     sample = example_input(data)
-    if sample is None or sample.dtype != torch.uint8 or sample.dim() != 3:
+    if sample is None or not is_uint8_image(sample):
         return None
     return pixel_scaler(DataSpec(task="classification", input_shape=tuple(sample.shape), uint8_pixels=True), device)

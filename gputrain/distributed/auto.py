@@ -75,9 +75,7 @@ def activation_bytes(model: nn.Module, sample: torch.Tensor, micro_batch: int) -
             total += t.numel() * t.element_size()
         return t
 
-    # uint8 samples are images the trainer turns into float32 on the device (data/pixels.py)
-    dtype = torch.float32 if sample.dtype == torch.uint8 else sample.dtype
-    batch = torch.empty((micro_batch, *sample.shape), dtype=dtype, device="meta")
+    batch = torch.empty((micro_batch, *sample.shape), dtype=sample.dtype, device="meta")
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         torch.func.functional_call(model, meta, (batch,))
     return total

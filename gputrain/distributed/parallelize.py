@@ -48,10 +48,11 @@ def choose_strategy(config: Config, model: nn.Module, ctx: DistContext, device: 
     par = config.parallel
     if par.strategy != "auto":
         return StrategyChoice(par.strategy, par.activation_checkpointing)
+    from gputrain.data.pixels import as_model_sees_it
     from gputrain.data.spec import example_input
     from gputrain.distributed.auto import choose_auto
 
-    return choose_auto(config, model, ctx.world_size, device, example_input(train_data))
+    return choose_auto(config, model, ctx.world_size, device, as_model_sees_it(example_input(train_data)))
 
 
 def setup_parallel(ctx: DistContext, choice: StrategyChoice, config: Config, device: torch.device) -> ParallelDims:

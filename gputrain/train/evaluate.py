@@ -105,10 +105,13 @@ def evaluate(model: nn.Module, batches: Iterable[Any], *, task: str, metric_name
     if across_ranks:
         totals = torch.stack([loss_sum, torch.tensor(float(count), device=device, dtype=torch.float64)])
         dist.all_reduce(totals)
-        loss_sum, count = totals[0], int(totals[1].item())
+        loss_total, count_total = totals.tolist()  # the one host sync
+        count = int(count_total)
+    else:
+        loss_total = float(loss_sum)  # the one host sync
     results: dict[str, float] = {name: float(metric.compute()) for name, metric in metrics.items()}
     if count and ("loss" in metric_names or "perplexity" in metric_names):
-        mean_loss = float(loss_sum) / count
+        mean_loss = loss_total / count
         if "loss" in metric_names:
             results["loss"] = mean_loss
         if "perplexity" in metric_names:

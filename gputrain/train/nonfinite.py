@@ -144,16 +144,6 @@ def _read(value: torch.Tensor) -> float:
         return value.item()
 
 
-_ONES: dict[torch.device, torch.Tensor] = {}
-
-
-def _one(device: torch.device) -> torch.Tensor:
-    """A constant 1 on `device`, made once (the kernel only reads it)."""
-    if device not in _ONES:
-        _ONES[device] = torch.ones(1, device=device)
-    return _ONES[device]
-
-
 def _nonfinite_flags(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """One float flag per device and dtype: 1 where any element of `tensors` is NaN/Inf.
 
@@ -166,7 +156,7 @@ def _nonfinite_flags(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     flags = []
     for (device, _), group in groups.items():
         found = torch.zeros(1, device=device)
-        torch._amp_foreach_non_finite_check_and_unscale_(group, found, _one(device))
+        torch._amp_foreach_non_finite_check_and_unscale_(group, found, torch.ones(1, device=device))
         flags.append(found)
     return flags
 
