@@ -41,10 +41,6 @@ class Precision:
         self.device = device
         self.autocast_dtype = _AUTOCAST_DTYPES.get(mode)
         self.scaler = torch.amp.GradScaler(device.type) if mode == "fp16" and device.type == "cuda" else None
-        if device.type == "cuda":
-            # tf32 speeds up fp32 matmuls on Ampere+; it is also what the fp32 islands of bf16 runs use.
-            torch.backends.cuda.matmul.allow_tf32 = mode != "fp32"
-            torch.backends.cudnn.allow_tf32 = mode != "fp32"
 
     def autocast(self) -> contextlib.AbstractContextManager[None]:
         if self.autocast_dtype is None:

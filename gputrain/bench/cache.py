@@ -5,7 +5,10 @@ measured peak, so it invalidates the figures. The file is `$GPUTRAIN_CACHE_DIR/b
 `~/.cache/gputrain/bench.json`:
 
     {"version": 1, "machines": {KEY: {"device_name", "driver", "torch", "mode", "measured_at",
-                                      "peaks": {"fp32": FLOP/s, ...}, "results": [...]}}}
+                                      "peaks": {"fp32": FLOP/s, ...}, "peaks_measured_at",
+                                      "results": [...]}}}
+
+`peaks` come from the last full run only (see `save_results`).
 """
 
 from __future__ import annotations
@@ -96,21 +99,30 @@ def _read() -> dict[str, Any]:
 
 
 def save_results(device_name_: str, mode: str, results: list[dict[str, Any]]) -> Path:
-    """File these results (and the matmul peak per dtype) under this machine's key.
+    """File these results under this machine's key; a full run's matmul figures also become the
+    peak per dtype that MFU is measured against.
 
-    The write is atomic (temp file + rename), so a concurrent reader never sees half a file.
+    Only a full run sets the peak: `--quick` multiplies smaller matrices (4096² on a GPU), which
+    do not reach the device's peak, and a peak set too low inflates every MFU. A quick run keeps
+    the peak of an earlier full run. The write is atomic (temp file + rename), so a concurrent
+    reader never sees half a file.
     """
-    peaks: dict[str, float] = {}
-    for r in results:
-        if r["bench"] == "matmul" and r["unit"] == "FLOP/s":
-            peaks[r["dtype"]] = max(peaks.get(r["dtype"], 0.0), float(r["value"]))
     key = machine_key(device_name_)
     data = _read()
+    previous = data["machines"].get(key, {})
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if mode == "full":
+        peaks: dict[str, float] = {}
+        for r in results:
+            if r["bench"] == "matmul" and r["unit"] == "FLOP/s":
+                peaks[r["dtype"]] = max(peaks.get(r["dtype"], 0.0), float(r["value"]))
+        peaks_measured_at: str | None = now
+    else:
+        peaks, peaks_measured_at = previous.get("peaks", {}), previous.get("peaks_measured_at")
     data["machines"][key] = {
         "device_name": device_name_, "driver": key.split(" | ")[1].removeprefix("driver "),
-        "torch": torch.__version__, "mode": mode,
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "peaks": peaks, "results": results,
+        "torch": torch.__version__, "mode": mode, "measured_at": now,
+        "peaks": peaks, "peaks_measured_at": peaks_measured_at, "results": results,
     }
     path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,4 @@
-"""Pin what "fp32" means while a benchmark runs: true IEEE FP32, or TF32 tensor cores.
-
-Uses the `fp32_precision` API (torch >= 2.9) only: mixing it with the legacy `allow_tf32` flags
-makes torch raise, and the trainer may already have used the new one.
-"""
+"""Pin what "fp32" means while a benchmark runs: true IEEE FP32, or TF32 tensor cores."""
 
 from __future__ import annotations
 
@@ -10,18 +6,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
 
-import torch
+from gputrain.switches import tf32
 
 __all__ = ["fp32_precision"]
 
 
 @contextmanager
 def fp32_precision(mode: Literal["ieee", "tf32"]) -> Iterator[None]:
-    """Set cuBLAS matmul and cuDNN conv FP32 precision for the block, then restore both."""
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
-    saved = (matmul.fp32_precision, conv.fp32_precision)
-    matmul.fp32_precision = conv.fp32_precision = mode
-    try:
+    """cuBLAS matmuls and cuDNN convolutions in `mode` for the block, then as they were
+    (through the one TF32 switch the trainer uses too: see gputrain/switches.py)."""
+    with tf32(mode == "tf32"):
         yield
-    finally:
-        matmul.fp32_precision, conv.fp32_precision = saved

@@ -49,5 +49,8 @@ def run(args: argparse.Namespace) -> int:
             path = save_results(report.device["name"], report.device["mode"],
                                 [r.to_dict() for r in report.results])
             report.notes.append(f"cached in {path}")
+            if report.device["mode"] != "full":
+                report.notes.append(f"{report.device['mode']} mode: its smaller matrices do not reach the peak, so its "
+                                    "figures are not used as the MFU peak (a full `gputrain bench` sets that)")
     print(json.dumps(report.to_dict(), indent=2) if args.json else render_table(report))
     return 0

@@ -168,7 +168,7 @@ class TrainConfig:
     compile: bool = False
     """Apply torch.compile to the model."""
     cuda_graphs: bool = False
-    """Replay each step as a CUDA graph (torch.compile mode="reduce-overhead"; static shapes only, CUDA only)."""
+    """Replay each step as a CUDA graph (torch.compile mode="reduce-overhead"; static shapes only, CUDA only; one device or DDP; gradients then keep buffers of their own)."""
     device: str = "auto"
     """auto, cpu, cuda, cuda:N or mps."""
     seed: int = 0

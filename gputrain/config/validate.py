@@ -47,6 +47,24 @@ def resolve_grad_accum(config: Config, dp_degree: int = 1) -> int:
     return train.grad_accum
 
 
+# Strategies whose step CUDA graph trees (train.cuda_graphs) cannot replay, and why.
+_NO_CUDA_GRAPHS = {
+    "fsdp": "CUDA graph trees do not support FSDP2, whose gathered parameters are new tensors every step",
+    "hybrid": "CUDA graph trees do not support FSDP2, whose gathered parameters are new tensors every step",
+    "pp": "pipeline schedules run several micro-batches forward before their backward passes, and each "
+          "replay overwrites the graph outputs the earlier ones still need",
+    "tp": "the tensor-parallel collectives inside the compiled blocks are not captured into CUDA graphs",
+}
+
+
+def check_cuda_graphs(cuda_graphs: bool, strategy: str, chosen_by_auto: bool = False) -> None:
+    """train.cuda_graphs works with one device or DDP only; refuse the rest before anything runs."""
+    if cuda_graphs and strategy in _NO_CUDA_GRAPHS:
+        picked = f"parallel.strategy=auto chose {strategy}" if chosen_by_auto else f"parallel.strategy={strategy}"
+        raise ConfigError("train.cuda_graphs", f"cannot be used with {picked}: {_NO_CUDA_GRAPHS[strategy]}", True,
+                          hint="use parallel.strategy=none or ddp, or set train.cuda_graphs=false")
+
+
 def validate_config(config: Config) -> None:
     """Registry choices and cross-field rules. Raises ConfigError naming the field."""
     from gputrain.data.registry import available_data
@@ -62,6 +80,7 @@ def validate_config(config: Config) -> None:
     if config.train.clip_grad_norm is not None and config.train.clip_grad_value is not None:
         raise ConfigError("train.clip_grad_value", "set either train.clip_grad_norm or train.clip_grad_value, "
                           "not both", config.train.clip_grad_value)
+    check_cuda_graphs(config.train.cuda_graphs, config.parallel.strategy)
     if config.eval.early_stop_metric is not None and config.eval.every_epochs == 0:
         raise ConfigError("eval.early_stop_metric", "needs validation during training: set eval.every_epochs >= 1",
                           config.eval.early_stop_metric)

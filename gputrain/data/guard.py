@@ -14,6 +14,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
+from torch.utils.data._utils.pin_memory import pin_memory
 
 
 class BadSample(Exception):
@@ -32,6 +33,11 @@ class GuardedBatch:
 
     batch: Any
     failed: list[_Failed]
+
+    def pin_memory(self) -> "GuardedBatch":
+        """The DataLoader's pin hook calls this on objects it does not know; without it the
+        tensors inside would stay in pageable memory and every copy to the GPU would block."""
+        return GuardedBatch(None if self.batch is None else pin_memory(self.batch), self.failed)
 
 
 def describe_sample(dataset: Any, index: int, err: BaseException | None = None) -> str:

@@ -27,8 +27,12 @@ class TensorData(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.inputs[index], self.targets[index]
 
-    def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.inputs[indices], self.targets[indices]
+    def batch(self, indices: torch.Tensor, pin: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples at `indices`; `pin`: gathered straight into pinned host memory (for a copy
+        to the GPU that does not block the host)."""
+        if not pin:
+            return self.inputs[indices], self.targets[indices]
+        return _gather_pinned(self.inputs, indices), _gather_pinned(self.targets, indices)
 
     def to(self, device: torch.device) -> "TensorData":
         return TensorData(self.inputs.to(device), self.targets.to(device))
@@ -36,6 +40,11 @@ class TensorData(Dataset):
     @property
     def nbytes(self) -> int:
         return self.inputs.nbytes + self.targets.nbytes
+
+
+def _gather_pinned(source: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    out = torch.empty((len(indices), *source.shape[1:]), dtype=source.dtype, pin_memory=True)
+    return torch.index_select(source, 0, indices, out=out)
 
 
 def split_indices(n: int, val_fraction: float, test_fraction: float, seed: int) -> tuple[torch.Tensor, ...]:

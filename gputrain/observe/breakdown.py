@@ -46,9 +46,9 @@ class StepTimer:
         self.sampled_steps = 0
 
     def _now(self) -> Any:
-        if self._cuda:
+        if self._cuda:  # on the run's device, whichever device is current
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(torch.cuda.current_stream(self.device))
             return event
         return time.perf_counter()
 

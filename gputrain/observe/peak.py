@@ -29,8 +29,13 @@ def resolve_peak(device: torch.device, precision: str) -> tuple[float | None, st
         return float(measured), "bench"
     if device.type != "cuda":
         return None, None
-    found = datasheet_peak_flops(name, dtype)
+    found = datasheet_peak_flops(name, dtype, sm_count=_sm_count(device))
     if found is None:
         return None, None
     peak, source = found
     return float(peak), f"datasheet: {source}"
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors this process can use: fewer than the product's on a MIG slice."""
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)

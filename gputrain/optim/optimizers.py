@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Iterable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from gputrain.config.schema import OptimConfig
 
@@ -23,18 +24,53 @@ def effective_lr(config: OptimConfig, batch_size: int) -> float:
     return config.lr
 
 
-def _kernel_flags(cls: type[torch.optim.Optimizer], device: torch.device) -> dict[str, bool]:
-    """fused on CUDA when the optimizer has it (one kernel for all parameters), else foreach."""
-    accepted = inspect.signature(cls.__init__).parameters
-    if device.type == "cuda" and "fused" in accepted:
+# The kernel each fused optimizer runs; DTensor must know how to shard it for FSDP2/TP parameters.
+_FUSED_OPS: dict[type[torch.optim.Optimizer], str] = {
+    torch.optim.SGD: "_fused_sgd_", torch.optim.Adam: "_fused_adam_", torch.optim.AdamW: "_fused_adamw_",
+    torch.optim.Adagrad: "_fused_adagrad_",
+}
+# Sharding rules every supported torch (2.10+) registers, should the registry below not be readable.
+_SHARDED_FUSED_KNOWN = {"_fused_adam_", "_fused_adamw_"}
+
+
+def _dtensor_has_rule(op_name: str) -> bool:
+    """Whether DTensor can run aten.<op_name> on sharded tensors (any torch version)."""
+    if op_name in _SHARDED_FUSED_KNOWN:
+        return True
+    packet = getattr(torch.ops.aten, op_name, None)
+    try:
+        propagator = DTensor._op_dispatcher.sharding_propagator
+        tables = [getattr(propagator, name, {}) for name in
+                  ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules")]
+    except AttributeError:  # a torch whose internals moved: trust only the known rules
+        return False
+    return packet is not None and all(any(getattr(packet, overload) in table for table in tables)
+                                      for overload in packet.overloads())
+
+
+def fused_kernel_fits(cls: type[torch.optim.Optimizer], params: list[torch.Tensor]) -> bool:
+    """Whether `cls(params, fused=True)` can step: the optimizer has a fused kernel, and sharded
+    (DTensor) parameters have a sharding rule for it (torch has one for Adam and AdamW only, so
+    fused SGD or Adagrad would raise NotImplementedError at the first step under FSDP2 or TP)."""
+    op_name = _FUSED_OPS.get(cls)
+    if op_name is None or "fused" not in inspect.signature(cls.__init__).parameters:
+        return False
+    return not any(isinstance(p, DTensor) for p in params) or _dtensor_has_rule(op_name)
+
+
+def kernel_flags(cls: type[torch.optim.Optimizer], params: list[torch.Tensor],
+                 device: torch.device) -> dict[str, bool]:
+    """fused on CUDA where the kernel fits the parameters (one kernel for all of them), else foreach."""
+    if device.type == "cuda" and fused_kernel_fits(cls, params):
         return {"fused": True}
-    if "foreach" in accepted and device.type != "cpu":
+    if "foreach" in inspect.signature(cls.__init__).parameters and device.type != "cpu":
         return {"foreach": True}
     return {}  # on CPU torch picks the fastest path itself
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], config: OptimConfig, batch_size: int,
                     device: torch.device) -> torch.optim.Optimizer:
+    params = list(params)
     cls = _CLASSES[config.name]
     lr = effective_lr(config, batch_size)
     kwargs: dict[str, object] = {"lr": lr, "weight_decay": config.weight_decay}
@@ -46,5 +82,5 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], config: OptimConfig, b
         kwargs.update(betas=tuple(config.betas), eps=config.eps)
     elif config.name in ("adagrad", "adadelta"):
         kwargs.update(eps=config.eps)
-    kwargs.update(_kernel_flags(cls, device))
+    kwargs.update(kernel_flags(cls, params, device))
     return cls(params, **kwargs)  # type: ignore[arg-type]

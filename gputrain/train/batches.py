@@ -42,9 +42,16 @@ class BatchPlan:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         return torch.randperm(self.num_samples, generator=generator)
 
-    def micro_batches(self, epoch: int, start_step: int = 0) -> Iterator[list[torch.Tensor]]:
-        """For each optimizer step from `start_step`: this rank's micro-batch indices."""
-        order = self.epoch_order(epoch)
+    def micro_batches(self, epoch: int, start_step: int = 0,
+                      device: torch.device | None = None) -> Iterator[list[torch.Tensor]]:
+        """For each optimizer step from `start_step`: this rank's micro-batch indices.
+
+        Args:
+            device: where the indices are wanted (data held on the GPU is indexed there). The
+                epoch's order crosses once, here; every micro-batch is then a slice of it, so no
+                step pays a host-to-device copy (from pageable memory, one that waits for the GPU).
+        """
+        order = _on_device(self.epoch_order(epoch), device)
         b, n = self.micro_batch, self.dp_size
         for step in range(start_step, self.steps_per_epoch):
             base = step * self.global_batch
@@ -70,3 +77,11 @@ class PlanBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def __len__(self) -> int:
         return (self.plan.steps_per_epoch - self.start_step) * self.plan.grad_accum
+
+
+def _on_device(order: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+    if device is None or device == order.device:
+        return order
+    if device.type == "cuda":  # from pinned memory the copy is queued; the host does not wait for it
+        return order.pin_memory().to(device, non_blocking=True)
+    return order.to(device)

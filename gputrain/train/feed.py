@@ -119,29 +119,15 @@ class BatchFeed:
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[list[Any]]:
         if self.tensors is not None:
-            assert self.plan is not None
-            tensors, timer = self.tensors, self.timer
-            # data already on the training device (CPU runs, small data on the GPU) needs no copy
-            resident = tensors.inputs.device == self.device and tensors.targets.device == self.device
-            index_device = tensors.inputs.device
-            for step in self.plan.micro_batches(epoch, start_step):
-                host = [tensors.batch(idx if index_device.type == "cpu" else idx.to(index_device)) for idx in step]
-                timer.mark("data")
-                moved = host if resident else [to_device(b, self.device) for b in host]
-                timer.mark("h2d")
-                yield self._transformed(moved)
-            return
-        assert self.loader is not None
-        if self.plan is not None:
-            self.sampler.set_epoch(epoch, start_step)
-            batches = iter(self.loader)
+            groups = self._tensor_groups(epoch, start_step)
+            tensors = self.tensors
+            if tensors.inputs.device == self.device and tensors.targets.device == self.device:
+                for group in groups:  # already on the training device (CPU runs, small data on the GPU)
+                    self.timer.mark("h2d")
+                    yield self._transformed(group)
+                return
         else:
-            sampler = getattr(self.loader, "sampler", None)
-            if hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(epoch)  # type: ignore[union-attr]
-            # a user loader cannot seek: replay and drop the micro-batches already trained on
-            batches = itertools.islice(iter(self.loader), start_step * self.grad_accum, None)
-        groups = self._host_groups(batches, start_step)
+            groups = self._loader_groups(epoch, start_step)
         if self.device.type == "cuda":
             # batch n+1 is copied on a side stream while batch n computes
             for moved in prefetch_to_cuda(groups, self.device, lambda b: to_device(b, self.device), self.timer):
@@ -151,6 +137,30 @@ class BatchFeed:
             moved = [to_device(b, self.device) for b in group]
             self.timer.mark("h2d")
             yield self._transformed(moved)
+
+    def _tensor_groups(self, epoch: int, start_step: int) -> Iterator[list[Any]]:
+        """In-memory data: each micro-batch gathered by one index operation where the data lives.
+        Host data bound for a GPU is gathered into pinned memory, so its copy can overlap compute."""
+        assert self.tensors is not None and self.plan is not None
+        tensors = self.tensors
+        pin = self.device.type == "cuda" and tensors.inputs.device.type == "cpu"
+        for step in self.plan.micro_batches(epoch, start_step, device=tensors.inputs.device):
+            group = [tensors.batch(idx, pin=pin) for idx in step]
+            self.timer.mark("data")
+            yield group
+
+    def _loader_groups(self, epoch: int, start_step: int) -> Iterator[list[Any]]:
+        assert self.loader is not None
+        if self.plan is not None:
+            self.sampler.set_epoch(epoch, start_step)
+            batches: Iterator[Any] = iter(self.loader)
+        else:
+            sampler = getattr(self.loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)  # type: ignore[union-attr]
+            # a user loader cannot seek: replay and drop the micro-batches already trained on
+            batches = itertools.islice(iter(self.loader), start_step * self.grad_accum, None)
+        return self._host_groups(batches, start_step)
 
     def _host_groups(self, batches: Iterator[Any], start_step: int) -> Iterator[list[Any]]:
         """The micro-batches of each remaining step of the epoch, as the loader gives them."""

@@ -85,7 +85,8 @@ class NonFiniteGuard:
         if self._layout is None or self._layout[0] != len(tensors):
             # which kernel path fits is a property of the model, so it is decided once, not per step
             device, dtype = loss.device, loss.dtype
-            uniform = all(t.device == device and t.dtype == dtype and not isinstance(t, DTensor) for t in tensors)
+            uniform = amp_check_supports(device, dtype) and all(
+                t.device == device and t.dtype == dtype and not isinstance(t, DTensor) for t in tensors)
             self._layout = (len(tensors), uniform)
             self._found = torch.zeros(1, device=device)  # kept: the kernel only sets it; a bad step resets it
             self._one = torch.ones(1, device=device)
@@ -144,19 +145,39 @@ def _read(value: torch.Tensor) -> float:
         return value.item()
 
 
+# torch's fused finiteness check (`_amp_foreach_non_finite_check_and_unscale_`) by device type:
+# its CUDA kernel has no bfloat16 implementation (pytorch#127176); the CPU kernel has one.
+_AMP_CHECK_DTYPES = {
+    "cuda": {torch.float32, torch.float64, torch.float16},
+    "cpu": {torch.float32, torch.float64, torch.float16, torch.bfloat16},
+}
+
+
+def amp_check_supports(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the fused finiteness check runs on tensors of `dtype` on `device`."""
+    return dtype in _AMP_CHECK_DTYPES.get(device.type, set())
+
+
 def _nonfinite_flags(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """One float flag per device and dtype: 1 where any element of `tensors` is NaN/Inf.
 
     The AMP kernel also multiplies every element by its scale; a scale of exactly 1 leaves each
-    value, NaN and Inf unchanged, so the gradients are untouched.
+    value, NaN and Inf unchanged, so the gradients are untouched. Where it has no kernel for a
+    dtype (bf16 on CUDA), the per-tensor norms say the same: a norm is NaN or Inf exactly when
+    the tensor holds a NaN or Inf (or finite values so large that their squares overflow, which
+    no trainable step has).
     """
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}  # a CUDA kernel takes one dtype
     for t in tensors:
         groups.setdefault((t.device, t.dtype), []).append(t)
     flags = []
-    for (device, _), group in groups.items():
-        found = torch.zeros(1, device=device)
-        torch._amp_foreach_non_finite_check_and_unscale_(group, found, torch.ones(1, device=device))
+    for (device, dtype), group in groups.items():
+        if amp_check_supports(device, dtype):
+            found = torch.zeros(1, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(group, found, torch.ones(1, device=device))
+        else:
+            total = torch.stack(torch._foreach_norm(group)).float().sum()
+            found = (~torch.isfinite(total)).float().reshape(1)
         flags.append(found)
     return flags
 

@@ -38,8 +38,11 @@ class LoopState:
         return cls(**data)
 
 
-def capture_rng() -> dict[str, Any]:
-    """Every RNG the training can draw from, as tensors and plain values (weights_only-loadable)."""
+def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
+    """Every RNG the training can draw from, as tensors and plain values (weights_only-loadable).
+
+    On CUDA only the generator of `device`, the one this rank draws from: a checkpoint then
+    resumes on a machine with fewer GPUs (torch's all-devices variant fails there)."""
     np_state = np.random.get_state()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
@@ -47,20 +50,29 @@ def capture_rng() -> dict[str, Any]:
                   "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
         "python": random.getstate(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def restore_rng(state: dict[str, Any]) -> None:
+def cuda_rng_for(saved: Any, device: torch.device) -> torch.Tensor:
+    """The CUDA generator state to give `device`. Checkpoints before 2026-11 hold a list with
+    one state per GPU the saving process saw; the entry of the same index is taken, or the
+    last one where this machine numbers its GPUs higher than that one had."""
+    if isinstance(saved, (list, tuple)):
+        return saved[min(device.index or 0, len(saved) - 1)]
+    return saved
+
+
+def restore_rng(state: dict[str, Any], device: torch.device | None = None) -> None:
     torch.set_rng_state(state["torch"])
     np_state = state["numpy"]
     np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
                          np_state["has_gauss"], np_state["cached_gaussian"]))
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state.get("cuda") is not None and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(cuda_rng_for(state["cuda"], device), device)
 
 
 def seed_everything(seed: int) -> None:

@@ -45,11 +45,25 @@ class StepParts:
     params: list[torch.Tensor] | None = None
     """The parameters the optimizer updates, listed once (walking the module tree every step costs
     more than a tiny model's whole step); None: read from `model` each step."""
+    persistent_grads: bool = False
+    """Gradients live in buffers of their own, allocated once and zeroed after each step, and
+    each micro-batch starts a new CUDA-graph step. Needed under CUDA graphs (train.cuda_graphs):
+    a replayed backward writes its gradients into the graph's memory pool, and the next replay
+    overwrites them, so `.grad` must never be that memory. With gradients accumulating into their
+    own buffers, autograd adds each replay's output in place and lets the graph's memory go."""
+
+    def __post_init__(self) -> None:
+        if self.persistent_grads:
+            for param in self.params if self.params is not None else self.model.parameters():
+                if param.requires_grad and param.grad is None:
+                    param.grad = torch.zeros_like(param)
 
 
 def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: bool) -> torch.Tensor:
     """Forward and backward one micro-batch; the loss is scaled by 1/accumulation so the summed
     gradients equal those of the whole batch. Returns the unscaled loss, detached, on the device."""
+    if parts.persistent_grads:  # under CUDA graphs: the outputs of the previous replay are no longer needed
+        torch.compiler.cudagraph_mark_step_begin()
     with grad_sync(parts.model, sync_grads):
         with parts.precision.autocast():
             loss = parts.compute_loss(parts.model, batch)
@@ -97,7 +111,7 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
         parts.precision.skip_step()  # the update never happens; the scaler (if any) still lowers its scale
     else:
         parts.precision.step(parts.optimizer)  # on "overflow" the GradScaler skips the update itself
-    parts.optimizer.zero_grad(set_to_none=True)
+    parts.optimizer.zero_grad(set_to_none=not parts.persistent_grads)
     if verdict == "apply":  # a skipped step does not move the LR schedule
         parts.scheduler.step()
     if parts.timer is not None:

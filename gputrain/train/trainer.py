@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -33,6 +32,7 @@ from gputrain.checkpoint.sharded import (
     save_final_weights,
 )
 from gputrain.config import Config, config_to_toml, load_config, resolve_grad_accum
+from gputrain.config.validate import check_cuda_graphs
 from gputrain.data.augment import apply_channels_last, build_batch_transform
 from gputrain.data.pixels import pixel_scaler_for
 from gputrain.data.spec import DataSpec
@@ -64,6 +64,7 @@ from gputrain.observe.sinks import JsonlSink, Sinks, TensorBoardSink
 from gputrain.observe.speed import SpeedMeter
 from gputrain.optim import build_optimizer, build_schedule
 from gputrain.precision import Precision, resolve_precision
+from gputrain.switches import apply_process_switches
 from gputrain.train.batches import BatchPlan
 from gputrain.train.evaluate import evaluate, resolve_metrics, shard_for_eval
 from gputrain.train.feed import BatchFeed, eval_batches
@@ -109,13 +110,17 @@ class Trainer:
         self.dist: DistContext = init_distributed(self.device, cfg.parallel.timeout_s)
         if self.dist.enabled and self.device.type == "cuda":
             self.device = torch.device("cuda", self.dist.local_rank)  # one GPU per rank
+        switches = apply_process_switches(self.device, self.precision_mode, cfg.train.deterministic)
         self.parallel_choice = choose_strategy(cfg, model, self.dist, self.device, train_data)
+        cuda_graphs = cfg.train.cuda_graphs and self.device.type == "cuda"
+        check_cuda_graphs(cuda_graphs, self.parallel_choice.strategy, chosen_by_auto=cfg.parallel.strategy == "auto")
         setup_parallel(self.dist, self.parallel_choice, cfg, self.device)
         setup_logging(self.dist.rank, self.dist.world_size)
         self.grad_accum = resolve_grad_accum(cfg, self.dist.dp_size)
         self.console = RunConsole(cfg.log.progress, enabled=self.dist.is_main)
+        set_by_us = switches.describe(self.device)
         self.console.info(f"device: {self.device} ({device_reason}); precision {self.precision_mode} "
-                          f"({precision_reason})")
+                          f"({precision_reason})" + (f"; {set_by_us}" if set_by_us else ""))
         self.console.info(describe_choice(self.parallel_choice, self.dist))
         self.model = model.to(self.device)
         channels_last = apply_channels_last(self.model, self.device)  # conv nets on CUDA
@@ -158,12 +163,6 @@ class Trainer:
         if cfg.train.max_steps is not None:
             self.total_steps = min(self.total_steps, cfg.train.max_steps)
 
-        if cfg.train.deterministic:
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True)
-            torch.backends.cudnn.benchmark = False
-        elif self.device.type == "cuda":
-            torch.backends.cudnn.benchmark = True
         self.precision = Precision(self.precision_mode, self.device)
         # parallelize before the optimizer: FSDP/TP replace the parameters, PP keeps only this rank's stage
         par = parallelize(self.model, self.dist, cfg, self.device, self.precision_mode, self.parallel_choice,
@@ -177,7 +176,7 @@ class Trainer:
                                precision=self.precision, compute_loss=self._compute_loss,
                                clip_grad_norm=cfg.train.clip_grad_norm, clip_grad_value=cfg.train.clip_grad_value,
                                pipeline=self.pipeline, pp_group=pp_group(self.dist),
-                               params=list(self.step_model.parameters()),
+                               params=list(self.step_model.parameters()), persistent_grads=cuda_graphs,
                                guard=None if cfg.train.on_nonfinite == "off" else
                                NonFiniteGuard(cfg.train.on_nonfinite, distributed=self.dist.enabled,
                                               scaler_active=self.precision.scaler is not None))
@@ -285,7 +284,7 @@ class Trainer:
             self.precision.load_state_dict(saved["precision"])
             self.state = LoopState.from_dict(saved["loop"])
             restore_rng(saved["rng"][min(self.dist.rank, len(saved["rng"]) - 1)] if isinstance(saved["rng"], list)
-                        else saved["rng"])
+                        else saved["rng"], self.device)
         except (KeyError, TypeError, ValueError, RuntimeError) as err:  # verified bytes, but not our state
             raise RunError(f"cannot resume: {path}: state.pt does not hold this run's training state "
                            f"({type(err).__name__}: {str(err)[:120]})") from None
@@ -298,7 +297,7 @@ class Trainer:
         if not self.config.checkpoint.enabled or not (self.dist.is_main or self.dist.enabled):
             return None
         state = {"scheduler": self.scheduler.state_dict(),
-                 "precision": self.precision.state_dict(), "loop": self.state.to_dict(), "rng": capture_rng(),
+                 "precision": self.precision.state_dict(), "loop": self.state.to_dict(), "rng": capture_rng(self.device),
                  "task": self.task, "num_classes": self.num_classes}
         root = self.run_dir / "checkpoints"
         keep = {self.state.best_step} if self.config.checkpoint.keep_best and self.state.best_step else set()

@@ -49,14 +49,24 @@ def test_key_is_device_driver_and_torch(monkeypatch):
 
 
 def test_several_machines_share_the_file_and_corruption_is_survived(cache_dir):
-    save_results("cpu: AMD EPYC x2", "quick", [matmul("fp32", 1.8e11)])
-    save_results("NVIDIA L4", "quick", [matmul("bf16", 1.0e14)])
+    save_results("cpu: AMD EPYC x2", "full", [matmul("fp32", 1.8e11)])
+    save_results("NVIDIA L4", "full", [matmul("bf16", 1.0e14)])
     assert load_cached_peak("cpu: AMD EPYC x2", "fp32") == pytest.approx(1.8e11)
     assert load_cached_peak("NVIDIA L4", "bf16") == pytest.approx(1.0e14)
     (cache_dir / "bench.json").write_text("{not json")
     assert load_cached_peak("NVIDIA L4", "bf16") is None
-    save_results("NVIDIA L4", "quick", [matmul("bf16", 1.1e14)])
+    save_results("NVIDIA L4", "full", [matmul("bf16", 1.1e14)])
     assert load_cached_peak("NVIDIA L4", "bf16") == pytest.approx(1.1e14)
+
+
+def test_quick_results_are_kept_but_never_become_the_peak(cache_dir):
+    save_results("NVIDIA H100 80GB HBM3", "quick", [matmul("bf16", 6.0e14)])
+    assert load_cached_peak("NVIDIA H100 80GB HBM3", "bf16") is None
+    save_results("NVIDIA H100 80GB HBM3", "full", [matmul("bf16", 7.4e14)])
+    save_results("NVIDIA H100 80GB HBM3", "quick", [matmul("bf16", 6.0e14)])
+    assert load_cached_peak("NVIDIA H100 80GB HBM3", "bf16") == pytest.approx(7.4e14)
+    entry = cache.load_cached("NVIDIA H100 80GB HBM3")
+    assert entry["mode"] == "quick" and entry["results"] == [matmul("bf16", 6.0e14)]
 
 
 def test_default_location(monkeypatch, tmp_path):

@@ -22,6 +22,8 @@ T = 1e12
     ("NVIDIA GeForce RTX 3090", "RTX 3090", 71),
     ("NVIDIA GeForce RTX 4090", "RTX 4090", 165.2),
     ("NVIDIA B200", "B200", 2250),
+    ("NVIDIA GH200 480GB", "GH200", 989.5),
+    ("NVIDIA GH200 144G HBM3e", "GH200", 989.5),
 ])
 def test_known_gpus(name, model, bf16_tflops):
     assert match_gpu_model(name).model == model
@@ -57,3 +59,13 @@ def test_every_row_is_complete_and_bad_dtypes_are_refused():
         assert all(v > 0 for v in row.flops.values())
     with pytest.raises(ValueError):
         datasheet_peak_flops("NVIDIA H100 PCIe", "fp8")
+
+
+def test_mig_slices_are_scaled_by_their_sms_and_never_given_the_whole_gpu():
+    full = datasheet_peak_flops("NVIDIA A100-SXM4-40GB", "bf16")[0]
+    seven, source = datasheet_peak_flops("NVIDIA A100-SXM4-40GB MIG 7g.40gb", "bf16", sm_count=98)
+    assert seven == pytest.approx(full * 98 / 108) and "MIG slice 7g.40gb" in source
+    one = datasheet_peak_flops("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "bf16", sm_count=16)[0]
+    assert one == pytest.approx(989.5 * T * 16 / 132)
+    assert datasheet_peak_flops("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "bf16") is None  # size unknown: no guess
+    assert datasheet_peak_flops("NVIDIA H100 80GB HBM3", "bf16", sm_count=132)[0] == pytest.approx(989.5 * T)

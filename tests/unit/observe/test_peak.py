@@ -25,8 +25,9 @@ def _matmul(dtype: str, value: float) -> dict:
     return {"bench": "matmul", "device": "x", "dtype": dtype, "size": "n", "value": value, "unit": "FLOP/s"}
 
 
-def _as_h100(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(peak, "device_name", lambda device: H100 if torch.device(device).type == "cuda" else "cpu")
+def _as_h100(monkeypatch: pytest.MonkeyPatch, name: str = H100, sms: int = 132) -> None:
+    monkeypatch.setattr(peak, "device_name", lambda device: name if torch.device(device).type == "cuda" else "cpu")
+    monkeypatch.setattr(peak, "_sm_count", lambda device: sms)
 
 
 def test_datasheet_peak_for_gpu_and_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,6 +39,13 @@ def test_datasheet_peak_for_gpu_and_dtype(monkeypatch: pytest.MonkeyPatch) -> No
     assert fp32 is not None and fp32 < bf16 / 10  # fp32 is not tf32
 
 
+def test_a_mig_slice_gets_its_share_of_the_sms(monkeypatch: pytest.MonkeyPatch) -> None:
+    _as_h100(monkeypatch, name="NVIDIA H100 80GB HBM3 MIG 1g.10gb", sms=16)
+    bf16, source = peak.resolve_peak(torch.device("cuda", 0), "bf16")
+    assert bf16 == pytest.approx(989.5e12 * 16 / 132)  # not the whole GPU's 989.5: MFU ~8x too low
+    assert "16/132 SMs (MIG slice 1g.10gb)" in source
+
+
 def test_measured_peak_wins_over_datasheet(monkeypatch: pytest.MonkeyPatch) -> None:
     _as_h100(monkeypatch)
     save_results(H100, "full", [_matmul("bf16", 760e12)])
@@ -47,10 +55,21 @@ def test_measured_peak_wins_over_datasheet(monkeypatch: pytest.MonkeyPatch) -> N
 def test_real_cpu_uses_only_a_bench_result() -> None:
     cpu = torch.device("cpu")
     assert peak.resolve_peak(cpu, "fp32") == (None, None)  # no datasheet guess for a CPU
-    save_results(device_name(cpu), "quick", [_matmul("fp32", 1.5e11)])
+    save_results(device_name(cpu), "full", [_matmul("fp32", 1.5e11)])
     assert peak.resolve_peak(cpu, "fp32") == (1.5e11, "bench")
     assert peak.resolve_peak(cpu, "bf16") == (None, None)
     assert peak.resolve_peak(cpu, "auto") == (None, None)
+
+
+def test_a_quick_bench_never_sets_the_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --quick multiplies 4096² matrices, below what an H100 reaches: as a peak it would inflate MFU
+    _as_h100(monkeypatch)
+    cuda = torch.device("cuda", 0)
+    save_results(H100, "quick", [_matmul("bf16", 600e12)])
+    assert peak.resolve_peak(cuda, "bf16")[1].startswith("datasheet: ")
+    save_results(H100, "full", [_matmul("bf16", 760e12)])
+    save_results(H100, "quick", [_matmul("bf16", 600e12)])  # a later quick run keeps the full run's peak
+    assert peak.resolve_peak(cuda, "bf16") == (760e12, "bench")
 
 
 def test_mfu_above_one_warns_that_the_peak_is_wrong(monkeypatch: pytest.MonkeyPatch,

@@ -13,6 +13,7 @@ from torch import nn
 from gputrain.checkpoint import find_resumable, verify_checkpoint
 from gputrain.data.tensors import TensorData
 from gputrain.precision import Precision
+from gputrain.train import nonfinite
 from gputrain.train.nonfinite import NonFiniteGuard, NonFiniteStep
 from gputrain.train.step import StepParts, train_step
 from gputrain.train.trainer import Trainer
@@ -157,21 +158,43 @@ def test_clip_grad_value_does_not_hide_an_inf_gradient() -> None:
     assert _same([p.detach() for p in model.parameters()], before)
 
 
-@pytest.mark.parametrize("bad", [None, "grad_nan", "grad_inf", "loss_nan", "bf16_grad_inf"])
-def test_flag_check_leaves_gradients_bit_identical_and_finds_every_bad_value(bad: str | None) -> None:
+@pytest.fixture(params=["cpu kernels", "cuda kernels"])
+def amp_kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The fused AMP check's dtype table: this machine's, or CUDA's, which has no bfloat16 kernel
+    (pytorch#127176) and so sends bf16 tensors down the norm path (tests/gpu runs the real one)."""
+    if request.param == "cuda kernels":
+        monkeypatch.setitem(nonfinite._AMP_CHECK_DTYPES, "cpu", nonfinite._AMP_CHECK_DTYPES["cuda"])
+    return str(request.param)
+
+
+def test_cuda_has_no_bf16_flag_kernel_and_the_guard_knows() -> None:
+    cuda = torch.device("cuda", 0)
+    assert not nonfinite.amp_check_supports(cuda, torch.bfloat16)
+    assert nonfinite.amp_check_supports(cuda, torch.float16) and nonfinite.amp_check_supports(cuda, torch.float32)
+
+
+@pytest.mark.parametrize("bad", [None, "grad_nan", "grad_inf", "loss_nan", "bf16_grad_inf", "bf16_grad_nan"])
+@pytest.mark.parametrize("layout", ["mixed", "all_bf16"])
+def test_flag_check_leaves_gradients_bit_identical_and_finds_every_bad_value(bad: str | None, layout: str,
+                                                                             amp_kernels: str) -> None:
     """Steps that need no gradient norm use the fused AMP finiteness check with a scale of 1: it must
-    not change a single gradient bit, and must see a bad value in any dtype or in the loss alone."""
+    not change a single gradient bit, and must see a bad value in any dtype or in the loss alone.
+    "all_bf16" is a model cast to bf16 (every gradient and the loss in bf16)."""
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(5, 3, generator=g), torch.randn(7, generator=g), torch.randn(4, generator=g).bfloat16()]
     loss = torch.tensor(2.5)
+    if layout == "all_bf16":
+        grads, loss = [t.bfloat16() for t in grads], loss.bfloat16()
     if bad == "grad_nan":
         grads[0][2, 1] = float("nan")
     elif bad == "grad_inf":
         grads[1][6] = float("-inf")
     elif bad == "bf16_grad_inf":
         grads[2][0] = float("inf")
+    elif bad == "bf16_grad_nan":
+        grads[2][3] = float("nan")
     elif bad == "loss_nan":
-        loss = torch.tensor(float("nan"))
+        loss = torch.full_like(loss, float("nan"))
     before = [t.clone() for t in grads]
     verdict = NonFiniteGuard("skip").check_gradients(loss, grads)
     assert verdict == ("apply" if bad is None else "nonfinite")
