@@ -25,7 +25,9 @@ def resolve_precision(requested: str, device: torch.device) -> tuple[str, str]:
             raise ConfigError("train.precision", "tf32 needs an NVIDIA GPU (Ampere or newer)", requested)
         return requested, "requested"
     if device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
+        # tensor-core bf16 from Ampere (sm_80) on; torch.cuda.is_bf16_supported() also says yes where
+        # bf16 is only emulated (V100, T4), which is slower than fp16 with loss scaling there
+        if torch.cuda.get_device_capability(device) >= (8, 0):
             return "bf16", "auto: the GPU supports bf16"
         return "fp16", "auto: this GPU has no fast bf16, fp16 with loss scaling"
     if device.type == "mps":

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from gputrain.bench.comms import bench_allreduce
 from gputrain.bench.result import BenchResult, settings_for
 from gputrain.bench.runner import BenchReport, describe_device
+from gputrain.distributed.context import rank_device
 
 __all__ = ["run_allreduce_benchmark", "spawn_allreduce_benchmark"]
 
@@ -21,7 +22,7 @@ __all__ = ["run_allreduce_benchmark", "spawn_allreduce_benchmark"]
 def run_allreduce_benchmark(device_type: str, *, quick: bool) -> BenchReport | None:
     """Inside torchrun (WORLD_SIZE > 1): all-reduce bus bandwidth; the report on rank 0 only."""
     use_cuda = device_type == "cuda"
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if use_cuda else torch.device("cpu")
+    device = rank_device(int(os.environ.get("LOCAL_RANK", "0"))) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(minutes=2))

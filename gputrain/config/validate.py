@@ -65,6 +65,15 @@ def check_cuda_graphs(cuda_graphs: bool, strategy: str, chosen_by_auto: bool = F
                           hint="use parallel.strategy=none or ddp, or set train.cuda_graphs=false")
 
 
+def check_pipeline_precision(precision: str, pipelined: bool) -> None:
+    """fp16 needs a GradScaler to scale the loss before backward; a pipeline schedule runs the
+    backward passes itself, so there is no loss to scale."""
+    if pipelined and precision == "fp16":
+        raise ConfigError("train.precision", "fp16 cannot be used with pipeline parallelism: the schedule runs "
+                          "the backward passes itself, so the loss cannot be scaled", precision,
+                          hint="use train.precision=bf16 (no loss scaling needed) or fp32")
+
+
 def validate_config(config: Config) -> None:
     """Registry choices and cross-field rules. Raises ConfigError naming the field."""
     from gputrain.data.registry import available_data
@@ -81,6 +90,8 @@ def validate_config(config: Config) -> None:
         raise ConfigError("train.clip_grad_value", "set either train.clip_grad_norm or train.clip_grad_value, "
                           "not both", config.train.clip_grad_value)
     check_cuda_graphs(config.train.cuda_graphs, config.parallel.strategy)
+    check_pipeline_precision(config.train.precision, config.parallel.strategy == "pp"
+                             or (config.parallel.strategy == "hybrid" and config.parallel.pp > 1))
     if config.eval.early_stop_metric is not None and config.eval.every_epochs == 0:
         raise ConfigError("eval.early_stop_metric", "needs validation during training: set eval.every_epochs >= 1",
                           config.eval.early_stop_metric)

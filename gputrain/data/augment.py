@@ -78,10 +78,15 @@ def is_conv_net(model: torch.nn.Module) -> bool:
     return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
 
 
-def apply_channels_last(model: torch.nn.Module, device: torch.device) -> bool:
+def apply_channels_last(model: torch.nn.Module, device: torch.device, sharded: bool = False,
+                        pipelined: bool = False) -> bool:
     """Put a conv net's weights in channels_last on CUDA (cuDNN's tensor-core kernels want NHWC).
-    Returns whether it did."""
-    if device.type != "cuda" or not is_conv_net(model):
+    Returns whether it did.
+
+    Not when the weights will be sharded (FSDP2 refuses non-contiguous parameters) or cut into
+    pipeline stages (stages exchange activations as raw bytes, and older torch receives them as
+    contiguous NCHW): the inputs then stay NCHW too."""
+    if device.type != "cuda" or not is_conv_net(model) or sharded or pipelined:
         return False
     model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     return True

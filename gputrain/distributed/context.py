@@ -54,8 +54,23 @@ def env_world() -> tuple[int, int, int]:
     return 0, 1, 0
 
 
-def init_distributed(device: torch.device, timeout_s: float = 600.0) -> DistContext:
-    """Join the process group when launched with several ranks (nccl on CUDA, gloo on CPU).
+def rank_device(local_rank: int) -> torch.device:
+    """The GPU of the rank with this node-local index. Usually GPU `local_rank`; where the launcher
+    shows each rank only its own GPU(s) (Slurm's --gpus-per-task or --gpu-bind), there are fewer
+    visible than ranks on the node, and the index wraps."""
+    return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+
+
+def process_group_backend(device: torch.device, cpu_collectives: bool) -> str:
+    """nccl on CUDA, gloo on CPU; both when collectives must also run on CPU tensors of a CUDA job
+    (FSDP's CPU offload keeps gradient shards on the CPU, and their norm is all-reduced there)."""
+    if device.type != "cuda":
+        return "gloo"
+    return "cuda:nccl,cpu:gloo" if cpu_collectives else "nccl"
+
+
+def init_distributed(device: torch.device, timeout_s: float = 600.0, cpu_collectives: bool = False) -> DistContext:
+    """Join the process group when launched with several ranks (see `process_group_backend`).
 
     `timeout_s` bounds every collective: a rank whose peer died fails after it instead of hanging.
     """
@@ -63,15 +78,14 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0) -> DistCont
     if world > 1:
         die_with_launcher()
     if world > 1 and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(local_rank)
+        gpu = rank_device(local_rank) if device.type == "cuda" else None
+        if gpu is not None:
+            torch.cuda.set_device(gpu)
             # nccl only notices a dead peer through its watchdog: make it abort the job instead of hanging
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        backend = "nccl" if device.type == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group(backend, timeout=timeout, store=_restart_store(world, timeout), rank=rank,
-                                world_size=world,
-                                device_id=torch.device("cuda", local_rank) if device.type == "cuda" else None)
+        dist.init_process_group(process_group_backend(device, cpu_collectives), timeout=timeout,
+                                store=_restart_store(world, timeout), rank=rank, world_size=world, device_id=gpu)
     return DistContext(rank=rank, world_size=world, local_rank=local_rank, dp_rank=rank, dp_size=world)
 
 

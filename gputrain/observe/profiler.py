@@ -131,7 +131,8 @@ def _memory_history(device: torch.device, path: Path, files: list[str]) -> Itera
     if device.type != "cuda":
         yield
         return
-    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    # Python stacks only: C++ stacks on every allocation would slow the very steps being timed
+    torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
     try:
         yield
     finally:

@@ -82,7 +82,8 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
     n = len(micro_batches)
     loss_sum: torch.Tensor | None = None
     if parts.pipeline is not None:  # the schedule runs every micro-batch through the stages itself
-        loss_sum = parts.pipeline.step(micro_batches) * n
+        with parts.precision.autocast():
+            loss_sum = parts.pipeline.step(micro_batches) * n
     for i, batch in enumerate(micro_batches if parts.pipeline is None else []):
         loss = forward_backward(parts, batch, 1.0 / n, sync_grads=i == n - 1)
         loss_sum = loss if loss_sum is None else loss_sum + loss

@@ -32,7 +32,7 @@ from gputrain.checkpoint.sharded import (
     save_final_weights,
 )
 from gputrain.config import Config, config_to_toml, load_config, resolve_grad_accum
-from gputrain.config.validate import check_cuda_graphs
+from gputrain.config.validate import check_cuda_graphs, check_pipeline_precision
 from gputrain.data.augment import apply_channels_last, build_batch_transform
 from gputrain.data.pixels import pixel_scaler_for
 from gputrain.data.spec import DataSpec
@@ -42,7 +42,7 @@ from gputrain.distributed import (
     init_distributed,
     parallelize,
 )
-from gputrain.distributed.context import agree_on_path
+from gputrain.distributed.context import agree_on_path, rank_device
 from gputrain.distributed.faults import install_test_fault
 from gputrain.distributed.parallelize import (
     choose_strategy,
@@ -107,14 +107,16 @@ class Trainer:
         cfg = self.config
         self.device, device_reason = resolve_device(cfg.train.device)
         self.precision_mode, precision_reason = resolve_precision(cfg.train.precision, self.device)
-        self.dist: DistContext = init_distributed(self.device, cfg.parallel.timeout_s)
+        self.dist: DistContext = init_distributed(self.device, cfg.parallel.timeout_s,
+                                                  cpu_collectives=cfg.parallel.cpu_offload)
         if self.dist.enabled and self.device.type == "cuda":
-            self.device = torch.device("cuda", self.dist.local_rank)  # one GPU per rank
+            self.device = rank_device(self.dist.local_rank)  # one GPU per rank
         switches = apply_process_switches(self.device, self.precision_mode, cfg.train.deterministic)
         self.parallel_choice = choose_strategy(cfg, model, self.dist, self.device, train_data)
         cuda_graphs = cfg.train.cuda_graphs and self.device.type == "cuda"
         check_cuda_graphs(cuda_graphs, self.parallel_choice.strategy, chosen_by_auto=cfg.parallel.strategy == "auto")
-        setup_parallel(self.dist, self.parallel_choice, cfg, self.device)
+        dims = setup_parallel(self.dist, self.parallel_choice, cfg, self.device)
+        check_pipeline_precision(self.precision_mode, dims.pp_enabled)  # auto may have chosen fp16
         setup_logging(self.dist.rank, self.dist.world_size)
         self.grad_accum = resolve_grad_accum(cfg, self.dist.dp_size)
         self.console = RunConsole(cfg.log.progress, enabled=self.dist.is_main)
@@ -123,7 +125,8 @@ class Trainer:
                           f"({precision_reason})" + (f"; {set_by_us}" if set_by_us else ""))
         self.console.info(describe_choice(self.parallel_choice, self.dist))
         self.model = model.to(self.device)
-        channels_last = apply_channels_last(self.model, self.device)  # conv nets on CUDA
+        channels_last = apply_channels_last(self.model, self.device, sharded=dims.fsdp_enabled,
+                                            pipelined=dims.pp_enabled)  # conv nets on CUDA
         self.loss_fn, self.step_fn = loss_fn, step_fn
         self.spec = spec
         self.task = spec.task if spec is not None else None

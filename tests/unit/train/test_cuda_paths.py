@@ -224,3 +224,59 @@ def test_switches_make_the_runs_gpu_current_and_set_tf32_readably(monkeypatch: p
     assert torch.backends.cuda.matmul.allow_tf32 is tf32 and torch.backends.cudnn.allow_tf32 is tf32
     assert torch.backends.cuda.matmul.fp32_precision == ("tf32" if tf32 else "ieee")
     assert switches.describe(torch.device("cuda", 3)) == f"tf32 {'on' if tf32 else 'off'}, cudnn.benchmark on"
+
+
+class RecordingPipeline:
+    """Stands in for distributed.pp.PipelineRunner: records what the schedule would run under."""
+
+    def __init__(self) -> None:
+        self.autocast_dtype: torch.dtype | None = None
+
+    def step(self, micro_batches: list[Any]) -> torch.Tensor:
+        if torch.is_autocast_enabled("cpu"):
+            self.autocast_dtype = torch.get_autocast_dtype("cpu")
+        return torch.tensor(1.0)
+
+
+def test_the_pipeline_schedule_runs_under_the_runs_autocast() -> None:
+    model = nn.Linear(2, 2)
+    pipeline = RecordingPipeline()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    parts = StepParts(model=model, optimizer=optimizer, scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+                      precision=Precision("bf16", torch.device("cpu")), compute_loss=lambda m, b: m(b).sum(),
+                      pipeline=pipeline)
+    train_step(parts, [torch.ones(1, 2), torch.ones(1, 2)], measure_grad_norm=False)
+    assert pipeline.autocast_dtype == torch.bfloat16  # bf16 stages really compute in bf16
+
+
+@pytest.mark.parametrize("pipelined", [{"parallel.strategy": "pp"},
+                                       {"parallel.strategy": "hybrid", "parallel.pp": 2, "parallel.dp_shard": 1}])
+def test_fp16_with_a_pipeline_is_refused_for_there_is_no_loss_to_scale(pipelined: dict[str, Any]) -> None:
+    from gputrain.config import load_config
+
+    with pytest.raises(ConfigError, match=r"train.precision = 'fp16': fp16 cannot be used with pipeline parallelism"):
+        load_config(None, {"train.precision": "fp16", **pipelined})
+    load_config(None, {"train.precision": "bf16", **pipelined})
+
+
+def test_each_rank_finds_its_gpu_also_where_it_sees_only_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputrain.distributed.context import process_group_backend, rank_device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert rank_device(3) == torch.device("cuda", 3)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # srun --gpus-per-task=1
+    assert rank_device(3) == torch.device("cuda", 0)
+    assert process_group_backend(torch.device("cuda", 0), cpu_collectives=True) == "cuda:nccl,cpu:gloo"
+    assert process_group_backend(torch.device("cuda", 0), cpu_collectives=False) == "nccl"
+    assert process_group_backend(torch.device("cpu"), cpu_collectives=True) == "gloo"
+
+
+@pytest.mark.parametrize(("capability", "expected"), [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"),
+                                                      ((9, 0), "bf16")])
+def test_auto_precision_uses_bf16_only_where_tensor_cores_have_it(monkeypatch: pytest.MonkeyPatch,
+                                                                  capability: tuple[int, int], expected: str) -> None:
+    from gputrain.precision import resolve_precision
+
+    # V100 (7.0) and T4 (7.5) emulate bf16, and torch.cuda.is_bf16_supported() says yes for them
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert resolve_precision("auto", torch.device("cuda", 0))[0] == expected
