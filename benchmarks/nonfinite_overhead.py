@@ -12,6 +12,7 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -39,19 +40,19 @@ def main() -> None:
     batches = next(trainer.feed.epoch(0))
     guard = NonFiniteGuard("stop", scaler_active=trainer.precision.scaler is not None)
     times: dict[str, list[float]] = {"off": [], "on": []}
+    parts = {"off": replace(trainer.step_parts, guard=None), "on": replace(trainer.step_parts, guard=guard)}
     for _ in range(5):  # warm-up
-        train_step(trainer.parts, batches, measure_grad_norm=False)
+        train_step(parts["on"], batches, measure_grad_norm=False)
     for _ in range(args.repeats):
         for name in ("off", "on"):
-            trainer.parts.guard = guard if name == "on" else None
             _sync(trainer.device)
             start = time.perf_counter()
             for _ in range(args.steps):
-                train_step(trainer.parts, batches, measure_grad_norm=False)
+                train_step(parts[name], batches, measure_grad_norm=False)
             _sync(trainer.device)
             times[name].append((time.perf_counter() - start) / args.steps)
     # the check alone: one fused grad-norm reduction, isfinite, one .item() (the host sync)
-    loss = trainer._compute_loss(trainer.model, batches[0])
+    loss = trainer.step_parts.compute_loss(trainer.step_parts.model, batches[0])
     loss.backward()
     grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
     check_times = []

@@ -153,12 +153,12 @@ def no_syncs(device: torch.device) -> str:
             trainer = Trainer(_mlp(), _data(), config={**QUIET, "train.device": str(device), "train.batch_size": 32,
                                                        "train.on_nonfinite": guard}, run_dir=run_dir)
             epoch = trainer.feed.epoch(0)
-            train_step(trainer.parts, next(epoch), measure_grad_norm=False)  # warm-up: allocations, lazy init
+            train_step(trainer.step_parts, next(epoch), measure_grad_norm=False)  # warm-up: allocations, lazy init
             torch.cuda.synchronize(device)
 
             def three() -> None:
                 for _ in range(3):
-                    train_step(trainer.parts, next(epoch), measure_grad_norm=False)
+                    train_step(trainer.step_parts, next(epoch), measure_grad_norm=False)
 
             counts[guard] = _sync_warnings(three)
     assert counts["off"] == 0, f"{counts['off']} syncs in 3 steps with the guard off (the data path syncs)"

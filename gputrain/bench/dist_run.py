@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 
 from gputrain.bench.comms import bench_allreduce
+from gputrain.bench.report import BenchReport, describe_device
 from gputrain.bench.result import BenchResult, settings_for
-from gputrain.bench.runner import BenchReport, describe_device
 from gputrain.distributed.context import rank_device
 
 __all__ = ["run_allreduce_benchmark", "spawn_allreduce_benchmark"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gputrain.bench.runner import BenchReport
+from gputrain.bench.report import BenchReport
 
 __all__ = ["format_value", "render_table"]
 

@@ -2,39 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 
-from gputrain.bench.cache import device_name, driver_version, machine_key
 from gputrain.bench.conv import bench_conv2d, conv_dtypes
+from gputrain.bench.dist_run import spawn_allreduce_benchmark
 from gputrain.bench.matmul import bench_matmul, matmul_dtypes
 from gputrain.bench.memory import bench_copy
+from gputrain.bench.report import BenchReport, describe_device
 from gputrain.bench.result import BenchResult, Settings, settings_for
 from gputrain.bench.transfer import bench_transfers
 
-__all__ = ["BenchReport", "describe_device", "run_benchmarks", "speedup_results"]
-
-
-@dataclass
-class BenchReport:
-    """`--json` output: `{"device": {...}, "results": [...], "notes": [...]}`."""
-
-    device: dict[str, Any]
-    results: list[BenchResult] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "results": [r.to_dict() for r in self.results], "notes": self.notes}
-
-
-def describe_device(device: torch.device, settings: Settings) -> dict[str, Any]:
-    name = device_name(device)
-    return {"type": device.type, "name": name,
-            "driver": driver_version() if device.type == "cuda" else None,
-            "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "mode": settings.mode, "key": machine_key(name)}
+__all__ = ["run_benchmarks", "speedup_results"]
 
 
 def speedup_results(device: torch.device, settings: Settings) -> list[BenchResult]:
@@ -71,10 +49,6 @@ def run_benchmarks(device: torch.device, *, quick: bool) -> BenchReport:
         report.notes.append("no GPU: host↔device transfers and the GPU-over-CPU speed-up are not measured")
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     if gpus > 1:
-        from gputrain.bench.dist_run import (
-            spawn_allreduce_benchmark,  # it imports this module
-        )
-
         result, note = spawn_allreduce_benchmark("cuda", gpus, quick=quick)
         report.results.extend([result] if result else [])
         report.notes.extend([note] if note else [])

@@ -34,24 +34,22 @@ def run(args: argparse.Namespace) -> int:
 
     from gputrain.config import load_config
     from gputrain.observe.console import format_split
-    from gputrain.observe.profiler import profile_trainer
     from gputrain.train.run_files import default_run_dir
     from gputrain.train.trainer import Trainer
 
     if args.steps < 3:
         raise UsageError(f"--steps must be at least 3 (1 skipped, 1 warm-up, 1 or more recorded), got {args.steps}")
     forced = [f"train.max_steps={args.steps}", "checkpoint.enabled=false", "checkpoint.resume=never",
-              "log.tensorboard=false", f"log.every_steps={args.steps}"]
+              "log.tensorboard=false", f"log.every_steps={args.steps}", "log.breakdown_every=1"]
     config = load_config(args.config, [*args.overrides, *forced])
     run_dir = Path(args.run_dir) if args.run_dir else Path(f"{default_run_dir(config.model.name, config.data.name)}-profile")
     if is_launcher(args):  # every rank profiles itself into the one run directory
         return launch_ranks(args, "profile", str(run_dir), ("--steps", str(args.steps), "--top", str(args.top)))
-    from gputrain.distributed import shutdown_distributed
+    from gputrain.distributed.context import shutdown_distributed
 
-    trainer = Trainer.from_config(config, run_dir=run_dir)
-    trainer.val_data = trainer.test_data = None  # profile the training step only
+    trainer = Trainer.from_config(config, run_dir=run_dir, evaluate=False)  # profile the training step only
     try:
-        report = profile_trainer(trainer, top=args.top)
+        report = trainer.profile(top=args.top)
     finally:
         shutdown_distributed()
     if not trainer.dist.is_main:
@@ -72,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(table)
     facts = report.facts
     split = report.summary["train"].get("time_breakdown")
-    console.print(f"step time {1000 * facts.step_time_s:.2f} ms on {trainer.device} ({trainer.precision_mode})"
+    console.print(f"step time {1000 * facts.step_time_s:.2f} ms on {trainer.device} ({facts.precision})"
                   + (f" (rank 0 of {trainer.dist.world_size})" if trainer.dist.enabled else "")
                   + (f"; time split {format_split(split)}" if split else ""))
     if report.findings:

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     if is_launcher(args):
         return _launch(args, config)
-    from gputrain.distributed import shutdown_distributed
+    from gputrain.distributed.context import shutdown_distributed
 
     trainer = Trainer.from_config(config, run_dir=args.run_dir)
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 from gputrain.config.schema import SECTIONS, Config
+from gputrain.config.validate import validate_config
 from gputrain.errors import ConfigError, UsageError
 
 if sys.version_info >= (3, 11):
@@ -167,10 +168,6 @@ def build_config(base: Mapping[str, Any] | None = None, overrides: Mapping[str, 
                 raise ConfigError(section, "must be a table of keys, e.g. [train] epochs = 5")
             merged.setdefault(section, {}).update(values)
     config = Config(**{name: _build_section(name, cls, merged.get(name, {})) for name, cls in SECTIONS.items()})
-    from gputrain.config.validate import (
-        validate_config,  # registries import torch: keep it late
-    )
-
     validate_config(config)
     return config
 

@@ -1,9 +1,10 @@
-"""Checks that involve more than one field or a registry; run once the sections are built."""
+"""Checks that involve more than one field or a registry's names; run once the sections are built."""
 
 from __future__ import annotations
 
 import difflib
 
+from gputrain.config.names import choices
 from gputrain.config.schema import Config
 from gputrain.errors import ConfigError
 
@@ -76,11 +77,8 @@ def check_pipeline_precision(precision: str, pipelined: bool) -> None:
 
 def validate_config(config: Config) -> None:
     """Registry choices and cross-field rules. Raises ConfigError naming the field."""
-    from gputrain.data.registry import available_data
-    from gputrain.models.registry import available_models
-
-    _check_choice("model.name", config.model.name, available_models())
-    _check_choice("data.name", config.data.name, available_data())
+    _check_choice("model.name", config.model.name, choices("model.name"))
+    _check_choice("data.name", config.data.name, choices("data.name"))
     resolve_grad_accum(config)
     if config.model.name == "gpt":
         from gputrain.config.presets import check_gpt_context

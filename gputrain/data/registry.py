@@ -1,4 +1,8 @@
-"""Data registry: `name -> builder(data_config, seed) -> DataBundle`."""
+"""Data registry: `name -> builder(data_config, seed) -> DataBundle`.
+
+A built-in name is also listed in `gputrain.config.names.DATA_NAMES`, which the config validates
+against without importing this.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from dataclasses import dataclass
 
 from torch.utils.data import Dataset
 
+from gputrain.config.names import add_choice
 from gputrain.config.schema import DataConfig
 from gputrain.data.spec import DataSpec
 from gputrain.registry import Registry
@@ -26,7 +31,12 @@ DataBuilder = Callable[[DataConfig, int], DataBundle]
 SOURCES: Registry[DataBuilder] = Registry(
     ["gputrain.data.digits", "gputrain.data.csv_table", "gputrain.data.synthetic", "gputrain.data.mnist",
      "gputrain.data.image_folder", "gputrain.data.text", "gputrain.data.tokens"])
-register_data = SOURCES.register
+
+
+def register_data(name: str) -> Callable[[DataBuilder], DataBuilder]:
+    """Decorator: add a data source under `name`; the config accepts `data.name=name` from now on."""
+    add_choice("data.name", name)
+    return SOURCES.register(name)
 
 
 def available_data() -> list[str]:

@@ -1,13 +1,5 @@
-"""torch.distributed plumbing: rank context, gradient-sync control and parallelism."""
+"""torch.distributed plumbing: rank context, gradient-sync control and parallelism.
 
-from gputrain.distributed.context import (
-    DistContext,
-    all_reduce_mean,
-    grad_sync,
-    init_distributed,
-    shutdown_distributed,
-)
-from gputrain.distributed.parallelize import parallelize
-
-__all__ = ["DistContext", "all_reduce_mean", "grad_sync", "init_distributed", "parallelize",
-           "shutdown_distributed"]
+Import from the modules themselves (`context`, `parallelize`, ...): the package imports nothing, so
+reaching `distributed.context` never drags in the parallelism modules.
+"""

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 if TYPE_CHECKING:
     from gputrain.config.schema import Config
-    from gputrain.distributed.parallelize import StrategyChoice
 
 USABLE_FRACTION = 0.85
 # Share of the activations still held with checkpointing: selective keeps the matmul outputs (about
@@ -29,6 +28,29 @@ _AC_KEEP = {"none": 1.0, "selective": 0.5, "full": 0.15}
 _OPTIM_STATES = {"adam": 2, "adamw": 2, "nadam": 2, "adamax": 2, "adadelta": 2, "adagrad": 1, "rmsprop": 1,
                  "sgd": 0}
 GIB = 1024**3
+
+
+@dataclass(slots=True)
+class StrategyChoice:
+    strategy: str
+    """none, ddp, fsdp, tp, pp or hybrid (auto resolved)."""
+    activation_checkpointing: str
+    reason: str | None = None
+    """For auto: the numbers behind the choice, printed at start."""
+
+
+def choose_strategy(config: Config, model: nn.Module, world_size: int, device: torch.device,
+                    sample: torch.Tensor | None) -> StrategyChoice:
+    """The configured strategy, or for `auto` the one the memory estimate picks.
+
+    Args:
+        sample: one input sample as the model receives it (shape and dtype matter), or None when
+            the data has none to show; the activations are then left out of the estimate.
+    """
+    par = config.parallel
+    if par.strategy != "auto":
+        return StrategyChoice(par.strategy, par.activation_checkpointing)
+    return choose_auto(config, model, world_size, device, sample)
 
 
 def optimizer_states_per_param(name: str, momentum: float = 0.0) -> int:
@@ -150,8 +172,6 @@ def device_memory_bytes(device: torch.device) -> int:
 def choose_auto(config: Config, model: nn.Module, world_size: int, device: torch.device,
                 sample: torch.Tensor | None) -> StrategyChoice:
     """Resolve parallel.strategy=auto for this model, job and device."""
-    from gputrain.distributed.parallelize import StrategyChoice
-
     per_rank_batch = max(1, config.train.batch_size // world_size)
     accum = config.train.grad_accum if isinstance(config.train.grad_accum, int) else 1
     micro = config.train.micro_batch_size or max(1, per_rank_batch // accum)

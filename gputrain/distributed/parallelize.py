@@ -8,19 +8,27 @@ Pipeline parallelism cuts the model into this rank's stage before any of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
 
 from gputrain.config.schema import Config
+from gputrain.distributed.auto import StrategyChoice
+from gputrain.errors import ConfigError
 from gputrain.distributed.blocks import find_blocks
 from gputrain.distributed.context import DistContext
 from gputrain.distributed.parallel_dims import ParallelDims, dims_for_strategy
 
 if TYPE_CHECKING:
     from gputrain.distributed.pp import PipelineRunner
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+TPPlan = Callable[[nn.Module, int], Mapping[str, ParallelStyle]]
+"""(module, tp degree) -> {module name: how it splits}; see distributed/tp.py."""
 
 
 @dataclass(slots=True)
@@ -31,28 +39,6 @@ class Parallelized:
     """The module the training step calls (DDP-wrapped, compiled, ... as configured)."""
     pipeline: "PipelineRunner | None" = None
     """Pipeline schedule driving forward and backward when pipeline parallelism is on."""
-
-
-@dataclass(slots=True)
-class StrategyChoice:
-    strategy: str
-    """none, ddp, fsdp, tp, pp or hybrid (auto resolved)."""
-    activation_checkpointing: str
-    reason: str | None = None
-    """For auto: the numbers behind the choice, printed at start."""
-
-
-def choose_strategy(config: Config, model: nn.Module, ctx: DistContext, device: torch.device,
-                    train_data: Any = None) -> StrategyChoice:
-    """The configured strategy, or for `auto` the one the memory estimate picks (see auto.py)."""
-    par = config.parallel
-    if par.strategy != "auto":
-        return StrategyChoice(par.strategy, par.activation_checkpointing)
-    from gputrain.data.pixels import as_model_sees_it
-    from gputrain.data.spec import example_input
-    from gputrain.distributed.auto import choose_auto
-
-    return choose_auto(config, model, ctx.world_size, device, as_model_sees_it(example_input(train_data)))
 
 
 def setup_parallel(ctx: DistContext, choice: StrategyChoice, config: Config, device: torch.device) -> ParallelDims:
@@ -77,21 +63,40 @@ def _apply_compile(model: nn.Module, mode: str | None = None) -> None:
 
 
 def parallelize(model: nn.Module, ctx: DistContext, config: Config, device: torch.device,
-                precision: str = "fp32", choice: StrategyChoice | None = None, grad_accum: int = 1) -> Parallelized:
+                precision: str = "fp32", choice: StrategyChoice | None = None, grad_accum: int = 1,
+                tp_plan: TPPlan | None = None, loss_fn: LossFn | None = None) -> Parallelized:
     """Apply the chosen parallelisms in the fixed order; unchanged on one process with strategy none.
 
     With pipeline parallelism each of this rank's stage modules goes through the same order.
+
+    Args:
+        tp_plan: how the model's modules split for tensor parallelism, as a function of the module
+            (the whole model, or one pipeline stage's chunk) and the tp degree (see tp.py).
+        loss_fn: the loss of one micro-batch's outputs against its targets, which a pipeline
+            schedule computes on the last stage.
+
+    Raises:
+        ConfigError: tensor parallelism without a plan, or pipeline parallelism without a loss_fn.
     """
     choice = choice or StrategyChoice(config.parallel.strategy, config.parallel.activation_checkpointing)
     dims, mesh = ctx.dims, ctx.mesh
+    if dims is not None and dims.tp_enabled and tp_plan is None:
+        raise ConfigError("parallel.tp", f"tensor parallelism needs a plan for {type(model).__name__}: pass "
+                          "tp_plan={'layer.name': ColwiseParallel(), ...} (torch.distributed.tensor.parallel) to "
+                          "the Trainer; the built-in mlp and gpt models have theirs", dims.tp,
+                          hint="or use parallel.strategy=fsdp or ddp for this model")
     pipeline = None
     if dims is not None and dims.pp_enabled:
         from gputrain.distributed.pp import apply_pp
 
-        model, pipeline = apply_pp(model, mesh["pp"], config, device, grad_accum)  # type: ignore[index]
+        if loss_fn is None:
+            raise ConfigError("parallel.strategy", "pipeline parallelism computes the loss on the last stage: pass "
+                              "loss_fn(outputs, targets) to the Trainer (step_fn cannot be split into stages)",
+                              config.parallel.strategy)
+        model, pipeline = apply_pp(model, mesh["pp"], config, device, grad_accum, loss_fn)  # type: ignore[index]
     chunks = pipeline.chunks if pipeline is not None else [model]
     for i, chunk in enumerate(chunks):
-        chunks[i] = _apply_in_order(chunk, dims, mesh, choice, config, device, precision)
+        chunks[i] = _apply_in_order(chunk, dims, mesh, choice, config, device, precision, tp_plan)
     if pipeline is not None:
         from gputrain.distributed.pp import PipelineForward
 
@@ -101,12 +106,12 @@ def parallelize(model: nn.Module, ctx: DistContext, config: Config, device: torc
 
 
 def _apply_in_order(model: nn.Module, dims: ParallelDims | None, mesh: Any, choice: StrategyChoice, config: Config,
-                    device: torch.device, precision: str) -> nn.Module:
+                    device: torch.device, precision: str, tp_plan: TPPlan | None) -> nn.Module:
     """TP → activation checkpointing → compile → FSDP/DDP on one module; returns what to call."""
-    if dims is not None and dims.tp_enabled:
+    if dims is not None and dims.tp_enabled and tp_plan is not None:
         from gputrain.distributed.tp import apply_tp
 
-        apply_tp(model, mesh["tp"])
+        apply_tp(model, mesh["tp"], tp_plan(model, mesh["tp"].size()))
     if choice.activation_checkpointing != "none":
         from gputrain.distributed.ac import apply_ac
 

@@ -28,6 +28,7 @@ from torch.distributed.pipelining import (
 from gputrain.config.schema import Config
 from gputrain.errors import ConfigError
 
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
 
@@ -64,7 +65,7 @@ class PipelineRunner:
     """This rank's stage modules and the schedule that drives them for one optimizer step."""
 
     def __init__(self, holder: nn.Module, chunks: list[nn.Module], stage_ids: list[int], num_stages: int,
-                 mesh: DeviceMesh, schedule: str, n_microbatches: int, device: torch.device) -> None:
+                 mesh: DeviceMesh, schedule: str, n_microbatches: int, device: torch.device, loss_fn: LossFn) -> None:
         self.holder = holder
         self.chunks = chunks
         """This rank's stage modules, in stage order (parallelize wraps them for TP/AC/compile/DP)."""
@@ -76,8 +77,8 @@ class PipelineRunner:
         self.schedule_name = schedule
         self.n_microbatches = n_microbatches
         self.device = device
-        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-        """Set by the trainer: loss of one micro-batch's outputs against its targets (last stage)."""
+        self.loss_fn = loss_fn
+        """Loss of one micro-batch's outputs against its targets (computed on the last stage)."""
         self._schedule: Any = None
 
     @property
@@ -94,11 +95,10 @@ class PipelineRunner:
         stages = [PipelineStage(chunk, sid, self.num_stages, self.device, group=self.group)
                   for chunk, sid in zip(chunks, self.stage_ids)]
         cls = _SCHEDULES[self.schedule_name]
-        loss = lambda out, tgt: self.loss_fn(out, tgt)  # noqa: E731 — the trainer sets loss_fn later
         if self.schedule_name == "interleaved_1f1b":
-            self._schedule = cls(stages, n_microbatches=self.n_microbatches, loss_fn=loss, scale_grads=True)
+            self._schedule = cls(stages, n_microbatches=self.n_microbatches, loss_fn=self.loss_fn, scale_grads=True)
         else:
-            self._schedule = cls(stages[0], n_microbatches=self.n_microbatches, loss_fn=loss, scale_grads=True)
+            self._schedule = cls(stages[0], n_microbatches=self.n_microbatches, loss_fn=self.loss_fn, scale_grads=True)
 
     def _last_rank(self) -> int:
         return dist.get_global_rank(self.group, (self.num_stages - 1) % self.pp_size)
@@ -154,7 +154,7 @@ class PipelineForward(nn.Module):
 
 
 def apply_pp(model: nn.Module, mesh: DeviceMesh, config: Config, device: torch.device,
-             n_microbatches: int) -> tuple[nn.Module, PipelineRunner]:
+             n_microbatches: int, loss_fn: LossFn) -> tuple[nn.Module, PipelineRunner]:
     """Cut `model` into stages; return this rank's holder module (parameters, state dict) and runner.
 
     Raises:
@@ -187,5 +187,5 @@ def apply_pp(model: nn.Module, mesh: DeviceMesh, config: Config, device: torch.d
         if i not in owned:
             holder[i] = nn.Identity()  # keeps the numbering, hence the parameter names
     chunks: list[nn.Module] = [nn.Sequential(*(holder[i] for u in ranges[s] for i in units[u])) for s in stage_ids]
-    runner = PipelineRunner(holder, chunks, stage_ids, num_stages, mesh, schedule, n_microbatches, device)
+    runner = PipelineRunner(holder, chunks, stage_ids, num_stages, mesh, schedule, n_microbatches, device, loss_fn)
     return holder, runner

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from torch import nn
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from gputrain.config.schema import ModelConfig
 from gputrain.data.spec import DataSpec
@@ -32,3 +34,19 @@ def build_mlp(config: ModelConfig, spec: DataSpec) -> nn.Module:
                           config.name)
     return MLP(num_features(spec.input_shape), config.hidden_sizes, spec.num_model_outputs, config.activation,
                config.dropout or 0.0)
+
+
+def mlp_tp_plan(model: nn.Module, tp_degree: int) -> dict[str, ParallelStyle]:
+    """How the MLP (or a pipeline stage cut from it) splits over tensor-parallel ranks: its Linear layers alternate column-wise
+    (output features split, no communication) and row-wise (input features split, one all-reduce),
+    so each pair costs one all-reduce; an odd last Linear is column-wise with its output gathered.
+    Only element-wise layers (activations, dropout) sit between them, so they run on the shards."""
+    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    plan: dict[str, ParallelStyle] = {}
+    for i, name in enumerate(linears):
+        if i % 2 == 0:
+            last = i == len(linears) - 1
+            plan[name] = ColwiseParallel(output_layouts=Replicate()) if last else ColwiseParallel()
+        else:
+            plan[name] = RowwiseParallel()
+    return plan

@@ -2,27 +2,26 @@
 trace and (on CUDA) a memory snapshot in the run directory, the top ops, and the facts the
 advisor judges.
 
-The profiler is stepped from an optimizer post-step hook, so the training loop needs no
-profiling code: one profiler step is one optimizer step.
+The profiler works on what a loop offers it (a `ProfileTarget`: a way to run the training with a
+callback after each optimizer step, and the facts of the run's layout), not on any loop's insides:
+one profiler step is one optimizer step. The caller asks for every step's time split
+(`log.breakdown_every=1`, as `gputrain profile` does).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from gputrain.observe.advisor import SHORT_KERNEL_US, Finding, RunFacts, advise
 from gputrain.observe.own_sync import OWN_SYNC
-
-if TYPE_CHECKING:
-    from gputrain.train.trainer import Trainer
 
 WAIT_STEPS, WARMUP_STEPS = 1, 1
 _MATMUL_KERNEL_HINTS = ("gemm", "xmma", "cutlass", "conv", "wgrad", "dgrad", "matmul", "cublas")
@@ -32,6 +31,29 @@ _SYNC_EVENTS = {"cuda": ("cudaStreamSynchronize", "cudaDeviceSynchronize"), "cpu
 # syncs that are not the user's: the loop's own (own_sync.py), and optimizers reading their CPU
 # step counters
 _NOT_THE_USERS = (OWN_SYNC, "Optimizer.step#")
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileTarget:
+    """What the profiler needs from the run it profiles."""
+
+    fit: Callable[[Callable[[], None]], dict[str, Any]]
+    """Runs the training, calling its argument after each optimizer step; returns the summary."""
+    total_steps: int
+    run_dir: Path
+    rank: int | None
+    """This rank in a multi-rank job (its files get a -rank<N> suffix); None for one process."""
+    device: torch.device
+    precision: str
+    model: nn.Module
+    batch_size: int
+    grad_accum: int
+    strategy: str
+    compiled: bool
+    loader_workers: int
+    pin_memory: bool
+    loader_applies: bool
+    """The data comes through a DataLoader (in-memory tensors do not: worker advice does not apply)."""
 
 
 @dataclass(slots=True)
@@ -90,36 +112,31 @@ def _model_layout(model: nn.Module) -> tuple[bool, bool]:
     return True, channels_last
 
 
-def collect_facts(trainer: "Trainer", prof: Any, active_steps: int, summary: dict[str, Any]) -> RunFacts:
+def collect_facts(target: ProfileTarget, prof: Any, active_steps: int, summary: dict[str, Any]) -> RunFacts:
     """What the profiled run measured, as data for the advisor."""
     events = prof.events()
     step_events = [e for e in events if e.name.startswith("ProfilerStep#")]
     window_us = sum(e.time_range.end - e.time_range.start for e in step_events) or None
     steps = len(step_events) or active_steps
-    loader = trainer.feed.loader
-    conv_net, channels_last = _model_layout(trainer.model)
+    conv_net, channels_last = _model_layout(target.model)
     breakdown = summary["train"].get("time_breakdown") or {}
     facts = RunFacts(
-        device_type=trainer.device.type, precision=trainer.precision_mode, batch_size=trainer.global_batch,
+        device_type=target.device.type, precision=target.precision, batch_size=target.batch_size,
         step_time_s=(window_us / 1e6 / steps) if window_us else (summary["train"]["step_time_s"] or 0.0),
-        data_fraction=breakdown.get("data"),
-        num_workers=loader.num_workers if loader is not None else 0,
-        pin_memory=bool(loader.pin_memory) if loader is not None else False,
-        loader_workers_apply=trainer.feed.tensors is None,
-        compiled=trainer.config.train.compile, conv_net=conv_net, channels_last=channels_last,
-        syncs_per_step=_user_syncs(events, trainer.device.type) / steps,
-        comm_fraction=breakdown.get("comm"), strategy=trainer.parallel_choice.strategy,
-        grad_accum=trainer.grad_accum,
+        data_fraction=breakdown.get("data"), num_workers=target.loader_workers, pin_memory=target.pin_memory,
+        loader_workers_apply=target.loader_applies, compiled=target.compiled, conv_net=conv_net,
+        channels_last=channels_last, syncs_per_step=_user_syncs(events, target.device.type) / steps,
+        comm_fraction=breakdown.get("comm"), strategy=target.strategy, grad_accum=target.grad_accum,
     )
-    if trainer.device.type == "cuda":
+    if target.device.type == "cuda":
         kernels = _device_kernels(events)
         compute = [(n, d) for n, d in kernels if not n.startswith(("Memcpy", "Memset"))]
         busy = sum(d for _, d in kernels)
         facts.kernels_per_step = len(compute) / steps
         facts.short_kernels_per_step = sum(1 for _, d in compute if d < SHORT_KERNEL_US) / steps
         facts.device_utilisation = min(1.0, busy / window_us) if window_us else None
-        facts.tensor_cores = torch.cuda.get_device_capability(trainer.device) >= (7, 0)
-        if trainer.precision_mode == "fp32" and busy > 0:
+        facts.tensor_cores = torch.cuda.get_device_capability(target.device) >= (7, 0)
+        if target.precision == "fp32" and busy > 0:
             matmul = sum(d for n, d in compute if any(h in n.lower() for h in _MATMUL_KERNEL_HINTS))
             facts.fp32_matmul_share = matmul / busy
     return facts
@@ -141,37 +158,32 @@ def _memory_history(device: torch.device, path: Path, files: list[str]) -> Itera
         files.append(str(path))
 
 
-def profile_trainer(trainer: "Trainer", top: int = 10) -> ProfileReport:
-    """Run `trainer.fit()` under torch.profiler and judge what it measured.
+def profile_run(target: ProfileTarget, top: int = 10) -> ProfileReport:
+    """Run the training under torch.profiler and judge what it measured.
 
-    The trainer should be built for a short run (`train.max_steps`); the first WAIT_STEPS steps
-    are skipped and the next WARMUP_STEPS warm the profiler up, the rest are recorded. In a
-    multi-rank job every rank profiles itself: its files get a `-rank<N>` suffix.
+    The run should be short (`train.max_steps`); the first WAIT_STEPS steps are skipped and the
+    next WARMUP_STEPS warm the profiler up, the rest are recorded. In a multi-rank job every rank
+    profiles itself: its files get a `-rank<N>` suffix.
     """
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    active = max(1, trainer.total_steps - WAIT_STEPS - WARMUP_STEPS)
-    trainer.speed.timer.every = 1  # every step's breakdown: a profile is short
-    run_dir = trainer.run_dir
+    active = max(1, target.total_steps - WAIT_STEPS - WARMUP_STEPS)
+    run_dir = target.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     files: list[str] = []
-    suffix = f"-rank{trainer.dist.rank}" if trainer.dist.enabled else ""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
+    suffix = f"-rank{target.rank}" if target.rank is not None else ""
+    cuda = target.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities, schedule=schedule(wait=WAIT_STEPS, warmup=WARMUP_STEPS, active=active,
                                                           repeat=1)) as prof:
-        hook = trainer.optimizer.register_step_post_hook(lambda *_: prof.step())
-        try:
-            with _memory_history(trainer.device, run_dir / f"memory_snapshot{suffix}.pickle", files):
-                summary = trainer.fit()
-        finally:
-            hook.remove()
+        with _memory_history(target.device, run_dir / f"memory_snapshot{suffix}.pickle", files):
+            summary = target.fit(prof.step)
     trace = run_dir / f"trace{suffix}.json"
     prof.export_chrome_trace(str(trace))
     files.insert(0, str(trace))
-    facts = collect_facts(trainer, prof, active, summary)
+    facts = collect_facts(target, prof, active, summary)
     report = ProfileReport(facts=facts, findings=advise(facts), files=files, summary=summary,
-                           top_device_ops=_top_ops(prof, "self_device_us", top) if trainer.device.type == "cuda"
-                           else [],
+                           top_device_ops=_top_ops(prof, "self_device_us", top) if cuda else [],
                            top_host_ops=_top_ops(prof, "self_host_us", top))
     facts_file = run_dir / f"profile{suffix}.json"
     facts_file.write_text(json.dumps(report.to_dict(), indent=2) + "\n")

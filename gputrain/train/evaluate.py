@@ -1,4 +1,5 @@
-"""Evaluation over a split: loss plus the task's torchmetrics, computed on the device."""
+"""Evaluation over a split: loss plus the task's torchmetrics, computed on the device; the
+`Evaluator` a loop holds for its splits, and early stopping on what it reports."""
 
 from __future__ import annotations
 
@@ -9,17 +10,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
+from gputrain.config.schema import EvalConfig
 from gputrain.data.tensors import TensorData
+from gputrain.distributed.context import DistContext
 from gputrain.errors import ConfigError
-from gputrain.train.tasks import DEFAULT_METRICS, LossFn
+from gputrain.train.feed import eval_batches
+from gputrain.train.state import LoopState
+from gputrain.train.tasks import DEFAULT_METRICS, LossFn, Task, metric_mode
 
 _KNOWN = {"classification": {"accuracy", "precision", "recall", "f1", "auroc", "loss"},
           "regression": {"mse", "mae", "loss"}, "lm": {"loss", "perplexity"}, "custom": {"loss"}}
 
 
-def resolve_metrics(requested: list[str] | str, task: str) -> list[str]:
+def resolve_metrics(requested: list[str] | str, task: str | None) -> list[str]:
+    """`eval.metrics` for this task: auto gives the task's defaults; a step_fn run (None) has none."""
+    if task is None:
+        return []
     if requested == "auto":
         return list(DEFAULT_METRICS.get(task, ["loss"]))
     unknown = [m for m in requested if m not in _KNOWN[task]]
@@ -117,3 +125,84 @@ def evaluate(model: nn.Module, batches: Iterable[Any], *, task: str, metric_name
         if "perplexity" in metric_names:
             results["perplexity"] = math.exp(min(mean_loss, 700.0))
     return {name: results[name] for name in metric_names if name in results}
+
+
+class Evaluator:
+    """Evaluates a split with the run's model, task and metrics, on one rank or shared out.
+
+    Args:
+        step_model: what the training step calls (compiled, wrapped, or the pipeline's forward).
+        model: the plain module holding this rank's parameters.
+        task: the run's task; a step_fn run (kind None) evaluates to no metrics.
+        metric_names: the resolved `eval.metrics` (see `resolve_metrics`).
+        batch_size: samples per evaluation batch on one rank.
+        dist: this rank's place in the job.
+        replicated: every rank holds the whole model (plain DDP): each evaluates its share of a
+            split and the figures are combined. Sharded layouts (FSDP, TP, PP) need every rank in
+            every forward pass and evaluate the whole split.
+        device, autocast: where and in what precision.
+        step_fn: the user's step_fn, whose loss is then the one evaluated.
+        batch_transform: applied to each batch on the device first (uint8 images to floats).
+    """
+
+    def __init__(self, step_model: nn.Module, model: nn.Module, task: Task, metric_names: list[str], batch_size: int,
+                 dist: DistContext, replicated: bool, device: torch.device, autocast: Callable[[], Any],
+                 step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+                 batch_transform: Callable[[Any], Any] | None = None) -> None:
+        self.step_model = step_model
+        self.model = model
+        self.task = task
+        self.metric_names = metric_names
+        self.batch_size = batch_size
+        self.dist = dist
+        self.replicated = replicated
+        self.device = device
+        self.autocast = autocast
+        self.step_fn = step_fn
+        self.batch_transform = batch_transform
+
+    def evaluate(self, data: Dataset | DataLoader, split: str) -> dict[str, float]:
+        """The split's metrics (the same figures on every rank)."""
+        if self.task.kind is None:
+            return {}
+        model, batch, shared = self.step_model, self.batch_size, False
+        world = self.dist.world_size
+        if self.replicated and not isinstance(data, DataLoader) and len(data) >= world:  # type: ignore[arg-type]
+            # each rank evaluates its share with the plain module (no collective in its forward) and
+            # the sums are combined; a rank with no sample would skip the gathering its peers wait in
+            data, model, shared = shard_for_eval(data, self.dist.rank, world), self.model, True
+            batch = max(1, batch // world)
+        batches: Iterable[Any] = eval_batches(data, batch, self.device)
+        if self.batch_transform is not None:
+            batches = map(self.batch_transform, batches)
+        return evaluate(model, batches, task=self.task.kind, metric_names=self.metric_names,
+                        loss_fn=self.task.loss_fn, num_classes=self.task.num_classes, device=self.device,
+                        autocast=self.autocast, step_fn=self.step_fn, across_ranks=shared)
+
+
+class EarlyStopping:
+    """Tracks the best value of the monitored metric in the loop's state (so it survives a resume),
+    and says when `eval.patience` evaluations have passed without improvement."""
+
+    def __init__(self, config: EvalConfig, metric_names: list[str]) -> None:
+        monitored = config.early_stop_metric
+        if monitored is not None and monitored not in metric_names:
+            raise ConfigError("eval.early_stop_metric", "is not among the validation metrics: "
+                              + ", ".join(metric_names), monitored)
+        self.config = config
+        self.monitored = monitored or ("loss" if "loss" in metric_names else None)
+        """The metric whose best value is tracked (and whose checkpoint is kept): the configured one, else the loss."""
+
+    def update(self, state: LoopState, metrics: dict[str, float]) -> bool:
+        """Record this evaluation; True when patience has run out."""
+        if self.monitored is None or self.monitored not in metrics:
+            return False
+        value = metrics[self.monitored]
+        lower_is_better = metric_mode(self.monitored, self.config.mode) == "min"
+        best = state.best_metric
+        if best is None or (value < best if lower_is_better else value > best):
+            state.best_metric, state.best_step = value, state.global_step
+            state.evals_without_improvement = 0
+            return False
+        state.evals_without_improvement += 1
+        return self.config.early_stop_metric is not None and state.evals_without_improvement >= self.config.patience

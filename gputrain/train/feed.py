@@ -76,19 +76,30 @@ def auto_prefetch_factor(workers: int) -> int | None:
 
 
 class BatchFeed:
-    """Yields, per optimizer step, the list of this rank's micro-batches already on the device."""
+    """Yields, per optimizer step, the list of this rank's micro-batches already on the device.
+
+    Args:
+        data: a Dataset (batched by `plan`) or the user's DataLoader (its batches are micro-batches).
+        plan: which samples each step takes; None for a DataLoader.
+        device: where the batches go.
+        num_workers: data.num_workers (auto: see `auto_num_workers`).
+        on_error: data.on_error for samples that cannot be read (fail or skip).
+        grad_accum: micro-batches per step, for a DataLoader (a plan knows its own).
+        transform: applied to each training micro-batch on the device (see data/augment.py).
+        timer: marks the data and host-to-device time of sampled steps.
+    """
 
     def __init__(self, data: Dataset | DataLoader, plan: BatchPlan | None, device: torch.device,
-                 num_workers: int | str = "auto", on_error: str = "fail") -> None:
+                 num_workers: int | str = "auto", on_error: str = "fail", grad_accum: int = 1,
+                 transform: Callable[[Any], Any] | None = None, timer: StepTimer | None = None) -> None:
         self.device = device
         self.on_error = on_error
-        self.skipped_samples = 0
-        """Unreadable samples dropped since the trainer last collected the count (data.on_error=skip)."""
-        self._warned_skip = False
         self.plan = plan
-        self.timer = StepTimer(device, every=0)  # the trainer puts its sampling timer here
-        self.transform: Callable[[Any], Any] | None = None
-        """Applied to each training micro-batch on the device (see data/augment.py)."""
+        self.grad_accum = grad_accum if plan is None else plan.grad_accum
+        self.transform = transform
+        self.timer = timer if timer is not None else StepTimer(device, every=0)
+        self._skipped = 0
+        self._warned_skip = False
         self.loader: DataLoader | None = None
         self.tensors: TensorData | None = None
         if isinstance(data, DataLoader):
@@ -115,7 +126,10 @@ class BatchFeed:
         assert self.loader is not None
         return len(self.loader) // self.grad_accum
 
-    grad_accum: int = 1  # set by the trainer for user loaders
+    def take_skipped(self) -> int:
+        """Unreadable samples dropped (data.on_error=skip) since the last call."""
+        skipped, self._skipped = self._skipped, 0
+        return skipped
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[list[Any]]:
         if self.tensors is not None:
@@ -164,7 +178,7 @@ class BatchFeed:
 
     def _host_groups(self, batches: Iterator[Any], start_step: int) -> Iterator[list[Any]]:
         """The micro-batches of each remaining step of the epoch, as the loader gives them."""
-        per_step = self.grad_accum if self.plan is None else self.plan.grad_accum
+        per_step = self.grad_accum
         for _ in range(self.steps_per_epoch - start_step):
             group = list(itertools.islice(batches, per_step))
             if not group:
@@ -188,7 +202,7 @@ class BatchFeed:
             self._warned_skip = True
             log.warning("skipping unreadable samples (data.on_error=skip), e.g. %s: %s", item.failed[0].where,
                         item.failed[0].problem)
-        self.skipped_samples += skipped
+        self._skipped += skipped
         return batch
 
 

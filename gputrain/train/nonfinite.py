@@ -22,6 +22,7 @@ non-finite *loss* is never routine and is treated as above.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -32,11 +33,29 @@ from gputrain.distributed.grad_norm import local_tensor
 from gputrain.errors import RunError
 from gputrain.observe.own_sync import own_sync
 
-Verdict = Literal["apply", "nonfinite", "overflow"]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Whether a step may be applied: "apply", "nonfinite" (NaN/Inf; `reason` says what and where)
+    or "overflow" (an fp16 loss-scale overflow, which the GradScaler handles itself)."""
+
+    kind: Literal["apply", "nonfinite", "overflow"]
+    reason: str = ""
+
+
+APPLY = Verdict("apply")  # the common verdict, built once: the hot path allocates nothing for it
 
 
 class NonFiniteStep(RunError):
     """A step produced NaN/Inf (train.on_nonfinite=stop). The parameters are those before the step."""
+
+    @classmethod
+    def at(cls, step: int, rank: int | None, verdict: Verdict) -> "NonFiniteStep":
+        where = f" (rank {rank})" if rank is not None else ""
+        return cls(f"step {step}{where}: {verdict.reason}; the step was not applied and the parameters are "
+                   "those before it. Lower optim.lr, set train.clip_grad_norm, check the data, or set "
+                   "train.on_nonfinite=skip to skip such steps")
 
 
 class NonFiniteGuard:
@@ -53,14 +72,12 @@ class NonFiniteGuard:
         self.mode = mode
         self.distributed = distributed
         self.scaler_active = scaler_active
-        self.last: Verdict = "apply"
-        self.last_reason = ""
         self._layout: tuple[int, bool] | None = None
         """(number of tensors checked, whether they share one device and dtype), set on first use."""
         self._found = self._one = torch.zeros(1)  # placeholders: the first check makes both on the loss's device
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> Verdict:
-        """Return and remember the verdict for this step.
+        """The verdict for this step.
 
         The common case costs one add and one host sync: `loss + grad_norm` is finite exactly when
         both are (a norm is >= 0, so nothing cancels), and across ranks a SUM carries any rank's
@@ -71,8 +88,7 @@ class NonFiniteGuard:
             total = total.float().clone()  # all_reduce works in place: never on the loss itself
             dist.all_reduce(total, op=dist.ReduceOp.SUM)
         if math.isfinite(_read(total)):
-            self.last, self.last_reason = "apply", ""
-            return self.last
+            return APPLY
         return self._diagnose(loss, grad_norm)
 
     def check_gradients(self, loss: torch.Tensor, grads: list[torch.Tensor]) -> Verdict:
@@ -99,8 +115,7 @@ class NonFiniteGuard:
         if self.distributed:
             dist.all_reduce(found, op=dist.ReduceOp.SUM)
         if _read(found) == 0:
-            self.last, self.last_reason = "apply", ""
-            return self.last
+            return APPLY
         found.zero_()
         return self._diagnose(loss, None, grads)
 
@@ -118,11 +133,8 @@ class NonFiniteGuard:
             dist.all_reduce(counts, op=dist.ReduceOp.SUM)
             any_loss, any_grad = (bool(c) for c in counts.tolist())
         if any_grad and not any_loss and self.scaler_active:
-            self.last, self.last_reason = "overflow", "fp16 loss scale overflow"
-        else:
-            self.last = "nonfinite"
-            self.last_reason = self._describe(local, loss, grad_norm)
-        return self.last
+            return Verdict("overflow", "fp16 loss scale overflow")
+        return Verdict("nonfinite", self._describe(local, loss, grad_norm))
 
     @staticmethod
     def _describe(local: int, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> str:
@@ -131,12 +143,6 @@ class NonFiniteGuard:
         if local & 2:
             return f"gradient norm is {_show(grad_norm)}"
         return "another rank saw a non-finite loss or gradient"
-
-    def error(self, step: int, rank: int | None) -> NonFiniteStep:
-        where = f" (rank {rank})" if rank is not None else ""
-        return NonFiniteStep(f"step {step}{where}: {self.last_reason}; the step was not applied and the "
-                             "parameters are those before it. Lower optim.lr, set train.clip_grad_norm, "
-                             "check the data, or set train.on_nonfinite=skip to skip such steps")
 
 
 def _read(value: torch.Tensor) -> float:

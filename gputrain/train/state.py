@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from gputrain.errors import RunError
 
 
 @dataclass(slots=True)
@@ -79,3 +82,31 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+
+
+def training_state(scheduler: torch.optim.lr_scheduler.LRScheduler, precision: Any, loop: LoopState,
+                   device: torch.device, task: str | None, num_classes: int | None) -> dict[str, Any]:
+    """What a checkpoint holds besides the weights and the optimizer: the LR schedule's position,
+    the loss scale, the loop's counters and every RNG (weights_only-loadable)."""
+    return {"scheduler": scheduler.state_dict(), "precision": precision.state_dict(), "loop": loop.to_dict(),
+            "rng": capture_rng(device), "task": task, "num_classes": num_classes}
+
+
+def restore_training_state(path: Path, saved: dict[str, Any], scheduler: torch.optim.lr_scheduler.LRScheduler,
+                           precision: Any, rank: int, device: torch.device) -> LoopState:
+    """Put the training state of the checkpoint at `path` back; returns the loop's state to continue
+    from. A sharded checkpoint holds every rank's RNG: each rank takes its own (the last one where
+    this job has more ranks than the saving one had).
+
+    Raises:
+        RunError: the state is not this run's kind (the bytes were verified, the content does not fit).
+    """
+    try:
+        scheduler.load_state_dict(saved["scheduler"])
+        precision.load_state_dict(saved["precision"])
+        rng = saved["rng"]
+        restore_rng(rng[min(rank, len(rng) - 1)] if isinstance(rng, list) else rng, device)
+        return LoopState.from_dict(saved["loop"])
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
+        raise RunError(f"cannot resume: {path}: state.pt does not hold this run's training state "
+                       f"({type(err).__name__}: {str(err)[:120]})") from None

@@ -1,7 +1,9 @@
 """One optimizer step: accumulate micro-batches, clip, check, step. The only host-device sync in
 here is the non-finite check's one boolean (see nonfinite.py for why it is worth it).
 
-fit → train_step → forward_backward: the whole hot path is these two functions.
+Trainer.fit → train_step → forward_backward: the whole hot path is these two functions, and
+`train_step` answers with a `StepResult` (loss, gradient norm, verdict) rather than leaving state
+behind on some object for the loop to find.
 """
 
 from __future__ import annotations
@@ -17,9 +19,19 @@ from gputrain.distributed.context import grad_sync
 from gputrain.distributed.grad_norm import grad_norm_and_clip
 from gputrain.observe.breakdown import StepTimer
 from gputrain.precision import Precision
-from gputrain.train.nonfinite import NonFiniteGuard
+from gputrain.train.nonfinite import APPLY, NonFiniteGuard, Verdict
 
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    loss: torch.Tensor
+    """Mean loss over the step's micro-batches, on the device (read it on logging steps only)."""
+    grad_norm: torch.Tensor | None
+    """Global gradient L2 norm, on the device, where the step measured it (logging steps, clipping)."""
+    verdict: Verdict
+    """Whether the update was applied (see nonfinite.py)."""
 
 
 @dataclass(slots=True)
@@ -76,9 +88,8 @@ def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: boo
     return loss.detach()
 
 
-def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bool
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Returns (mean loss over the micro-batches, grad norm or None) as device tensors."""
+def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bool) -> StepResult:
+    """Forward and backward every micro-batch, then clip, check and apply one update."""
     n = len(micro_batches)
     loss_sum: torch.Tensor | None = None
     if parts.pipeline is not None:  # the schedule runs every micro-batch through the stages itself
@@ -92,7 +103,7 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
         parts.timer.mark("forward_backward")
     grad_norm = None
     guard = parts.guard
-    verdict: str | None = None if guard is not None else "apply"
+    verdict: Verdict | None = None if guard is not None else APPLY
     if parts.clip_grad_norm is not None or parts.clip_grad_value is not None or measure_grad_norm or guard is not None:
         params = [p for p in (parts.params or parts.model.parameters()) if p.grad is not None]
         parts.precision.unscale(parts.optimizer)
@@ -101,20 +112,21 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
             if measure_grad_norm:
                 grad_norm = grad_norm_and_clip(params, None, parts.pp_group)
             else:  # no norm wanted this step: the cheaper flag check
-                verdict = guard.check_gradients(loss_sum, [p.grad for p in params])
+                verdict = guard.check_gradients(loss_sum, [p.grad for p in params])  # type: ignore[misc]
         if parts.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(params, parts.clip_grad_value)
         if parts.clip_grad_norm is not None or (measure_grad_norm and grad_norm is None):
             grad_norm = grad_norm_and_clip(params, parts.clip_grad_norm, parts.pp_group)
     if verdict is None:
-        verdict = guard.check(loss_sum, grad_norm)  # type: ignore[union-attr]
-    if verdict == "nonfinite":
+        assert guard is not None
+        verdict = guard.check(loss_sum, grad_norm)
+    if verdict.kind == "nonfinite":
         parts.precision.skip_step()  # the update never happens; the scaler (if any) still lowers its scale
     else:
         parts.precision.step(parts.optimizer)  # on "overflow" the GradScaler skips the update itself
     parts.optimizer.zero_grad(set_to_none=not parts.persistent_grads)
-    if verdict == "apply":  # a skipped step does not move the LR schedule
+    if verdict.kind == "apply":  # a skipped step does not move the LR schedule
         parts.scheduler.step()
     if parts.timer is not None:
         parts.timer.mark("optimizer")
-    return (loss_sum if n == 1 else loss_sum / n), grad_norm
+    return StepResult(loss_sum if n == 1 else loss_sum / n, grad_norm, verdict)

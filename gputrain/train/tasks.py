@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+from torch.utils.data._utils.collate import default_collate
+
+from gputrain.data.pixels import is_uint8_image
+from gputrain.data.spec import DataSpec
+from gputrain.errors import RunError, UsageError
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -52,3 +61,107 @@ def metric_mode(metric: str, mode: str = "auto") -> str:
     if mode != "auto":
         return mode
     return "min" if metric in _LOWER_IS_BETTER else "max"
+
+
+TaskKind = Literal["classification", "regression", "lm", "custom"]
+ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """What the run learns, decided before its first step: the loss, and what evaluation reports."""
+
+    kind: TaskKind | None
+    """classification, regression, lm, or custom (the user's loss_fn, whose outputs say nothing we
+    know how to score: evaluation reports the loss); None for a step_fn run (nothing to score)."""
+    loss_fn: LossFn | None
+    """loss_fn(outputs, targets); None when a step_fn computes the loss."""
+    num_classes: int | None = None
+    tokens_per_sample: int | None = None
+    """Language models: tokens in one sample (for tokens/s)."""
+
+
+def resolve_task(model: nn.Module, train_data: Any, *, spec: DataSpec | None, loss_fn: LossFn | None,
+                 step_fn: ComputeLoss | None) -> Task:
+    """The task from the data's spec; for a user's model and data, from the shapes and dtypes of
+    the model's outputs on the first samples (computed on the meta device: no memory, no compute).
+
+    Raises:
+        UsageError: the task cannot be told and there is no loss_fn to train with.
+    """
+    if spec is not None:
+        loss = loss_fn if loss_fn is not None or step_fn is not None else default_loss(spec.task)
+        return Task(spec.task, loss, spec.num_classes, spec.input_shape[0] if spec.task == "lm" else None)
+    if step_fn is not None:
+        return Task(None, None)
+    probe = probe_outputs(model, train_data)
+    kind = infer_task(*probe) if probe is not None else None
+    if kind is None:
+        if loss_fn is not None:
+            return Task("custom", loss_fn)
+        seen = (f"outputs {tuple(probe[0].shape)} and targets {tuple(probe[1].shape)}" if probe is not None
+                else "the data (its samples are not (inputs, targets) tensors)")
+        raise UsageError(f"cannot tell the task from {seen}: pass loss_fn= or step_fn= to the Trainer")
+    outputs, targets = probe  # type: ignore[misc]
+    return Task(kind, loss_fn or default_loss(kind), outputs.shape[-1] if kind == "classification" else None,
+                targets.shape[-1] if kind == "lm" else None)
+
+
+def probe_outputs(model: nn.Module, data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(the model's outputs for the data's first samples, their targets), shapes and dtypes only,
+    or None where the samples are not (inputs, targets) tensors or the model cannot run on them."""
+    batch = _first_samples(data)
+    if batch is None:
+        return None
+    inputs, targets = batch
+    if is_uint8_image(inputs[0]):  # the model sees these as floats (data/pixels.py)
+        inputs = inputs.float()
+    meta = {name: torch.empty_like(t, device="meta") for name, t in [*model.named_parameters(),
+                                                                      *model.named_buffers()]}
+    try:
+        with torch.no_grad():
+            return torch.func.functional_call(model, meta, (inputs.to("meta"),)), targets
+    except Exception:  # noqa: BLE001 - an op without a meta kernel: run the real model once instead
+        pass
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    was_training = model.training
+    model.eval()  # no BatchNorm statistics move, no dropout
+    try:
+        with torch.no_grad():
+            return model(inputs.to(device)), targets
+    except Exception:  # noqa: BLE001 - the model does not take these inputs: the caller says so
+        return None
+    finally:
+        model.train(was_training)
+
+
+def _first_samples(data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Up to two samples of `data` collated as a loader would, as (inputs, targets)."""
+    dataset = data.dataset if isinstance(data, DataLoader) else data
+    try:
+        batch = default_collate([dataset[i] for i in range(min(2, len(dataset)))])
+    except Exception:  # noqa: BLE001 - not an indexable data set of collatable samples
+        batch = None
+    if batch is None and isinstance(data, DataLoader):
+        try:
+            batch = next(iter(data))
+        except Exception:  # noqa: BLE001
+            return None
+    if isinstance(batch, (list, tuple)) and len(batch) >= 2 and all(isinstance(t, torch.Tensor) for t in batch[:2]):
+        return batch[0], batch[1]
+    return None
+
+
+def loss_of_batch(task: Task, step_fn: ComputeLoss | None) -> ComputeLoss:
+    """The step's loss of one micro-batch: the user's step_fn, or the task's loss on (inputs, targets)."""
+    if step_fn is not None:
+        return step_fn
+    loss_fn = task.loss_fn
+    assert loss_fn is not None
+
+    def compute_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+        if not isinstance(batch, (list, tuple)) or len(batch) < 2:
+            raise RunError("batches are not (inputs, targets): pass step_fn(model, batch) -> loss to the Trainer")
+        return loss_fn(model(batch[0]), batch[1])
+
+    return compute_loss

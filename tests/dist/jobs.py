@@ -31,6 +31,7 @@ def gpt_tp_check(rank: int) -> list[tuple[float, float]]:
     from torch.distributed.device_mesh import init_device_mesh
 
     from gputrain.distributed.tp import apply_tp
+    from gputrain.models.plans import tp_plan_for
     from gputrain.config import load_config
     from gputrain.data.spec import DataSpec
     from gputrain.models import build_model
@@ -40,7 +41,7 @@ def gpt_tp_check(rank: int) -> list[tuple[float, float]]:
                                 "model.seq_len": 8, "data.name": "synthetic", "data.task": "lm", "data.seq_len": 8})
     reference = build_model(config.model, DataSpec(task="lm", input_shape=(8,), vocab_size=32))
     model = copy.deepcopy(reference)
-    apply_tp(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
+    apply_tp(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)), tp_plan_for(model)(model, 2))
     assert model.lm_head.weight is model.wte.weight, "the tie must survive sharding"
     from torch.distributed.tensor import DTensor
 

@@ -10,12 +10,11 @@ from torch import nn
 
 from gputrain import Trainer
 from gputrain.data.tensors import TensorData
-from gputrain.observe.profiler import profile_trainer
 from gputrain.train.nonfinite import NonFiniteGuard
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 QUIET = {"train.device": "cuda", "log.progress": "none", "log.tensorboard": False, "checkpoint.enabled": False,
-         "train.epochs": 1, "train.max_steps": 8, "train.batch_size": 32}
+         "train.epochs": 1, "train.max_steps": 8, "train.batch_size": 32, "log.breakdown_every": 1}
 
 
 @pytest.mark.parametrize("bad", [None, "fp32", "bf16", "loss"])
@@ -29,7 +28,7 @@ def test_flag_check_on_cuda_finds_bad_values_and_leaves_gradients_alone(bad: str
     elif bad == "loss":
         loss = torch.tensor(float("inf"), device="cuda")
     before = [g.clone() for g in grads]
-    assert NonFiniteGuard("skip").check_gradients(loss, grads) == ("apply" if bad is None else "nonfinite")
+    assert NonFiniteGuard("skip").check_gradients(loss, grads).kind == ("apply" if bad is None else "nonfinite")
     for old, new in zip(before, grads, strict=True):
         assert torch.equal(old.isnan(), new.isnan()) and torch.equal(old.nan_to_num(), new.nan_to_num())
 
@@ -43,8 +42,8 @@ def test_the_loops_own_syncs_are_not_the_users(tmp_path: Path) -> None:
         return loss
 
     make = lambda: nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))  # noqa: E731
-    ours = profile_trainer(Trainer(make(), data, config=QUIET, run_dir=tmp_path / "ours")).facts
-    users = profile_trainer(Trainer(make(), data, step_fn=with_item, config=QUIET, run_dir=tmp_path / "users"))
+    ours = Trainer(make(), data, config=QUIET, run_dir=tmp_path / "ours").profile().facts
+    users = Trainer(make(), data, step_fn=with_item, config=QUIET, run_dir=tmp_path / "users").profile()
     assert ours.syncs_per_step is not None and ours.syncs_per_step < 1
     assert users.facts.syncs_per_step is not None and users.facts.syncs_per_step >= 1
     assert "host sync every step" in [f.bottleneck for f in users.findings]

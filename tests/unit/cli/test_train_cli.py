@@ -3,6 +3,7 @@
 import json
 
 from gputrain.config import load_config
+from tests.digits_sizes import digits_train_size
 
 FAST = ["log.tensorboard=true", "train.epochs=2"]
 
@@ -17,7 +18,7 @@ def test_tiny_run_writes_the_run_directory(cli, tmp_path):
     assert load_config(run / "config.toml").train.epochs == 2  # the resolved config reloads as is
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["epochs_completed"] == 2
-    assert summary["global_step"] == 2 * (1258 // 64) and summary["world_size"] == 1
+    assert summary["global_step"] == 2 * (digits_train_size() // 64) and summary["world_size"] == 1
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows if r.get("split") == "val"] == [1, 2]
     assert [r for r in rows if r.get("split") == "test"]

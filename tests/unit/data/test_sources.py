@@ -5,6 +5,7 @@ from gputrain.config import load_config
 from gputrain.data import TensorData, build_data
 from gputrain.data.tensors import split_indices
 from gputrain.errors import ConfigError, DataError
+from tests.digits_sizes import digits_split_sizes
 
 
 def _data(**overrides):
@@ -13,13 +14,23 @@ def _data(**overrides):
 
 
 def test_digits_split_is_seeded_and_disjoint():
+    from sklearn.datasets import load_digits
+
+    n = len(load_digits().target)  # scikit-learn's own loader, not gputrain's reading of its file
+    assert n == 1797
+    data = load_config(None).data
+    val_fraction, test_fraction = data.val_fraction, data.test_fraction
+    n_test, n_val = round(n * test_fraction), round(n * val_fraction)
     bundle = _data()
-    assert (len(bundle.train), len(bundle.val), len(bundle.test)) == (1258, 180, 359)
+    sizes = (len(bundle.train), len(bundle.val), len(bundle.test))
+    assert sizes == (n - n_val - n_test, n_val, n_test) and sum(sizes) == n
+    assert sizes == digits_split_sizes()  # what the other tests use instead of constants
     assert bundle.spec.input_shape == (1, 8, 8) and bundle.spec.num_classes == 10
-    train, val, test = split_indices(1797, 0.1, 0.2, seed=0)
-    assert len(set(train.tolist()) | set(val.tolist()) | set(test.tolist())) == 1797
-    assert torch.equal(split_indices(1797, 0.1, 0.2, seed=0)[0], train)
-    assert not torch.equal(split_indices(1797, 0.1, 0.2, seed=1)[0], train)
+    train, val, test = split_indices(n, val_fraction, test_fraction, seed=0)
+    assert (len(train), len(val), len(test)) == sizes
+    assert len(set(train.tolist()) | set(val.tolist()) | set(test.tolist())) == n
+    assert torch.equal(split_indices(n, val_fraction, test_fraction, seed=0)[0], train)
+    assert not torch.equal(split_indices(n, val_fraction, test_fraction, seed=1)[0], train)
 
 
 def test_normalisation_uses_training_statistics_only():

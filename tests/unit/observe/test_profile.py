@@ -14,11 +14,10 @@ from torch.utils.data import Dataset
 
 from gputrain import Trainer
 from gputrain.data.tensors import TensorData
-from gputrain.observe.profiler import profile_trainer
 
 ROOT = Path(__file__).resolve().parents[3]
 QUIET = {"train.device": "cpu", "log.progress": "none", "log.tensorboard": False, "checkpoint.enabled": False,
-         "train.epochs": 1, "train.max_steps": 6, "train.batch_size": 8}
+         "train.epochs": 1, "train.max_steps": 6, "train.batch_size": 8, "log.breakdown_every": 1}
 
 
 class SlowData(Dataset):
@@ -32,7 +31,7 @@ class SlowData(Dataset):
 
 def test_slow_dataset_gives_data_bound_finding(tmp_path: Path) -> None:
     trainer = Trainer(nn.Linear(8, 2), SlowData(), config={**QUIET, "data.num_workers": 0}, run_dir=tmp_path)
-    report = profile_trainer(trainer)
+    report = trainer.profile()
     assert [f.bottleneck for f in report.findings] == ["data-bound"]
     assert report.findings[0].change.startswith("data.num_workers=")
     assert report.findings[0].change.endswith("(0 now)")
@@ -45,7 +44,7 @@ def test_slow_dataset_gives_data_bound_finding(tmp_path: Path) -> None:
 def test_healthy_run_has_no_finding(tmp_path: Path) -> None:
     data = TensorData(torch.randn(64, 64), torch.randint(0, 2, (64,)))
     model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 2))  # compute, not indexing, dominates
-    report = profile_trainer(Trainer(model, data, config=QUIET, run_dir=tmp_path))
+    report = Trainer(model, data, config=QUIET, run_dir=tmp_path).profile()
     assert report.findings == []
     assert report.facts.data_fraction is not None and report.facts.data_fraction < 0.15
     assert report.top_host_ops and report.top_device_ops == []  # no device on this machine
@@ -60,9 +59,9 @@ def test_the_guards_own_sync_is_not_blamed_on_the_user(tmp_path: Path) -> None:
         print(f"loss {loss.item():.3f}", end="\r")  # the habit the advisor warns about
         return loss
 
-    ours = profile_trainer(Trainer(nn.Linear(8, 2), data, config=QUIET, run_dir=tmp_path / "ours")).facts
-    users = profile_trainer(Trainer(nn.Linear(8, 2), data, step_fn=with_item, config=QUIET,
-                                    run_dir=tmp_path / "users")).facts
+    ours = Trainer(nn.Linear(8, 2), data, config=QUIET, run_dir=tmp_path / "ours").profile().facts
+    users = Trainer(nn.Linear(8, 2), data, step_fn=with_item, config=QUIET,
+                                    run_dir=tmp_path / "users").profile().facts
     assert ours.syncs_per_step == 0  # the guard's flag and the logging step's reads are labelled as ours
     assert users.syncs_per_step is not None and users.syncs_per_step >= 1
 

@@ -122,8 +122,8 @@ def _scaled_parts(scale: float) -> tuple[StepParts, nn.Module]:
 def test_grad_scaler_overflow_skips_without_moving_the_schedule() -> None:
     parts, model = _scaled_parts(scale=1e36)  # finite loss, gradients overflow once scaled by 2**16
     before = [p.detach().clone() for p in model.parameters()]
-    train_step(parts, [torch.ones(3, 4)], measure_grad_norm=False)
-    assert parts.guard is not None and parts.guard.last == "overflow"
+    result = train_step(parts, [torch.ones(3, 4)], measure_grad_norm=False)
+    assert result.verdict.kind == "overflow"
     assert _same([p.detach() for p in model.parameters()], before)
     assert parts.scheduler.last_epoch == 0
     assert parts.precision.scaler is not None and parts.precision.scaler.get_scale() == 2.0**15
@@ -132,8 +132,8 @@ def test_grad_scaler_overflow_skips_without_moving_the_schedule() -> None:
 def test_grad_scaler_normal_step_advances_the_schedule() -> None:
     parts, model = _scaled_parts(scale=1.0)
     before = [p.detach().clone() for p in model.parameters()]
-    train_step(parts, [torch.ones(3, 4)], measure_grad_norm=False)
-    assert parts.guard is not None and parts.guard.last == "apply"
+    result = train_step(parts, [torch.ones(3, 4)], measure_grad_norm=False)
+    assert result.verdict.kind == "apply"
     assert not _same([p.detach() for p in model.parameters()], before)
     assert parts.scheduler.last_epoch == 1
 
@@ -153,8 +153,8 @@ def test_clip_grad_value_does_not_hide_an_inf_gradient() -> None:
                       precision=Precision("fp32", torch.device("cpu")), compute_loss=compute_loss,
                       clip_grad_value=1.0, guard=NonFiniteGuard("skip"))
     before = [p.detach().clone() for p in model.parameters()]
-    train_step(parts, [torch.ones(3, 4)], measure_grad_norm=False)
-    assert parts.guard is not None and parts.guard.last == "nonfinite"
+    result = train_step(parts, [torch.ones(3, 4)], measure_grad_norm=False)
+    assert result.verdict.kind == "nonfinite"
     assert _same([p.detach() for p in model.parameters()], before)
 
 
@@ -197,7 +197,7 @@ def test_flag_check_leaves_gradients_bit_identical_and_finds_every_bad_value(bad
         loss = torch.full_like(loss, float("nan"))
     before = [t.clone() for t in grads]
     verdict = NonFiniteGuard("skip").check_gradients(loss, grads)
-    assert verdict == ("apply" if bad is None else "nonfinite")
+    assert verdict.kind == ("apply" if bad is None else "nonfinite")
     for old, new in zip(before, grads, strict=True):
         assert torch.equal(old.view(torch.int16) if old.dtype == torch.bfloat16 else old.view(torch.int32),
                            new.view(torch.int16) if new.dtype == torch.bfloat16 else new.view(torch.int32))
@@ -206,7 +206,7 @@ def test_flag_check_leaves_gradients_bit_identical_and_finds_every_bad_value(bad
 def test_off_means_no_check_at_all(tmp_path: Path) -> None:
     """on_nonfinite=off is the hand-written loop's behaviour: the poisoned step is applied, nothing is counted."""
     trainer, _ = _trainer(tmp_path, "off", 3, "grad_nan", 5)
-    assert trainer.parts.guard is None
+    assert trainer.step_parts.guard is None
     summary = trainer.fit()
     assert summary["status"] == "completed" and summary["train"]["nonfinite_steps"] == 0
     assert not all(torch.isfinite(p).all() for p in trainer.model.parameters())

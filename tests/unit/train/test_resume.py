@@ -27,16 +27,17 @@ def _assert_same_run(a, b):
 def test_interrupt_then_resume_is_bit_exact(tmp_path):
     run_dir = tmp_path / "stopped"
     calls = {"n": 0}
-    trainer = make_trainer(run_dir, **JOB)
+    trainers = []
 
     def stop_at_step_25(outputs, targets):
         if torch.is_grad_enabled():
             calls["n"] += 1
             if calls["n"] == 25:
-                trainer.stop.requested = "SIGTERM"  # what the signal handler does
+                trainers[0].stop.requested = "SIGTERM"  # what the signal handler does
         return F.cross_entropy(outputs, targets)
 
-    trainer.loss_fn = stop_at_step_25
+    trainer = make_trainer(run_dir, loss_fn=stop_at_step_25, **JOB)
+    trainers.append(trainer)
     with pytest.raises(Interrupted, match="stopped by SIGTERM at step 25.*--run-dir"):
         trainer.fit()
     assert (run_dir / "checkpoints" / "step-25" / "COMMITTED").is_file()

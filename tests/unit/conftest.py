@@ -1,4 +1,6 @@
-"""One unbroken reference run of the tiny config, shared by the kill/resume and signal tests."""
+"""Fixtures shared by tests/unit/reliability/ (kill/resume, signals, bad data) and
+tests/unit/checkpoint/ (damaged checkpoints, kills while saving): one unbroken reference run of the
+tiny config, and the warnings of the `gputrain` logger."""
 
 from __future__ import annotations
 

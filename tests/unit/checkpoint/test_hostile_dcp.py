@@ -20,7 +20,7 @@ from gputrain.checkpoint import CorruptCheckpoint
 from gputrain.checkpoint.io import STATE_FILE, commit_checkpoint_dir
 from gputrain.checkpoint.safe_dcp import SafeLoadPlanner, UnsafeCheckpointContent
 from gputrain.checkpoint.sharded import is_sharded_checkpoint, load_portable_checkpoint
-from tests.unit.reliability.test_hostile_files import Payload, reseal
+from tests.unit.checkpoint.test_hostile_files import Payload, reseal
 
 
 def _model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -1,0 +1,219 @@
+"""Turn a config, a model and data into the parts a training loop runs with, each complete when
+built: nothing is wired onto a part afterwards.
+
+`place_run` decides where and how the run executes (device, precision, ranks, layout); then
+`build_training` builds, in order, the task, the data feed, the parallelised model, the optimizer
+and schedule, the step's parts, the evaluator, the checkpointer and the metrics logger. The
+Trainer's loop and any other loop (evaluation, the LR finder, RL) build from the same functions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
+from torch.utils.data import DataLoader, Dataset
+
+from gputrain.config import Config, resolve_grad_accum
+from gputrain.config.validate import check_cuda_graphs, check_pipeline_precision
+from gputrain.data.augment import apply_channels_last, build_batch_transform
+from gputrain.data.pixels import as_model_sees_it, pixel_scaler_for
+from gputrain.data.spec import DataSpec, example_input
+from gputrain.distributed.auto import StrategyChoice, choose_strategy
+from gputrain.distributed.context import DistContext, agree_on_path, init_distributed, rank_device
+from gputrain.distributed.faults import install_test_fault
+from gputrain.distributed.parallel_dims import ParallelDims
+from gputrain.distributed.parallelize import TPPlan, describe_choice, parallelize, pp_group, setup_parallel
+from gputrain.env.device import resolve_device
+from gputrain.errors import ConfigError
+from gputrain.models.plans import tp_plan_for
+from gputrain.observe.console import RunConsole
+from gputrain.observe.logger import setup_logging
+from gputrain.observe.speed import SpeedMeter
+from gputrain.optim import build_optimizer, build_schedule
+from gputrain.precision import Precision, resolve_precision
+from gputrain.switches import apply_process_switches
+from gputrain.train.batches import BatchPlan
+from gputrain.train.checkpointer import Checkpointer, check_resume_setting
+from gputrain.train.evaluate import EarlyStopping, Evaluator, resolve_metrics
+from gputrain.train.feed import BatchFeed
+from gputrain.train.metrics import MetricsLogger
+from gputrain.train.nonfinite import NonFiniteGuard
+from gputrain.train.run_files import default_run_dir
+from gputrain.train.step import StepParts
+from gputrain.train.tasks import ComputeLoss, LossFn, Task, loss_of_batch, resolve_task
+
+UserTPPlan = Mapping[str, ParallelStyle] | TPPlan
+log = logging.getLogger("gputrain")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where and how a run executes."""
+
+    device: torch.device
+    precision: str
+    """train.precision resolved: fp32, tf32, bf16 or fp16."""
+    dist: DistContext
+    dims: ParallelDims
+    choice: StrategyChoice
+    grad_accum: int
+    """Micro-batches per optimizer step on each rank."""
+    lines: tuple[str, ...]
+    """What the console says about it first: the device line, the layout line."""
+
+
+def place_run(config: Config, model: nn.Module, train_data: Any) -> Placement:
+    """Choose the device and precision, join the job, set the process-wide switches and lay out
+    the ranks. Raises ConfigError for a device, precision or layout that cannot work."""
+    cfg = config
+    device, device_reason = resolve_device(cfg.train.device)
+    precision, precision_reason = resolve_precision(cfg.train.precision, device)
+    dist = init_distributed(device, cfg.parallel.timeout_s, cpu_collectives=cfg.parallel.cpu_offload)
+    if dist.enabled and device.type == "cuda":
+        device = rank_device(dist.local_rank)  # one GPU per rank
+    switches = apply_process_switches(device, precision, cfg.train.deterministic)
+    sample = as_model_sees_it(example_input(train_data)) if cfg.parallel.strategy == "auto" else None
+    choice = choose_strategy(cfg, model, dist.world_size, device, sample)
+    check_cuda_graphs(cfg.train.cuda_graphs and device.type == "cuda", choice.strategy,
+                      chosen_by_auto=cfg.parallel.strategy == "auto")
+    dims = setup_parallel(dist, choice, cfg, device)
+    check_pipeline_precision(precision, dims.pp_enabled)  # auto may have chosen fp16
+    setup_logging(dist.rank, dist.world_size)
+    set_by_us = switches.describe(device)
+    device_line = (f"device: {device} ({device_reason}); precision {precision} ({precision_reason})"
+                   + (f"; {set_by_us}" if set_by_us else ""))
+    return Placement(device, precision, dist, dims, choice, resolve_grad_accum(cfg, dist.dp_size),
+                     (device_line, describe_choice(choice, dist)))
+
+
+@dataclass(slots=True)
+class TrainingParts:
+    """Everything a training loop needs, built."""
+
+    place: Placement
+    task: Task
+    model: nn.Module
+    """The module holding this rank's parameters (state dicts, the final weights)."""
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    precision: Precision
+    step: StepParts
+    feed: BatchFeed
+    global_batch: int
+    """Samples per optimizer step over all ranks and micro-batches."""
+    total_steps: int
+    speed: SpeedMeter
+    evaluator: Evaluator
+    early_stopping: EarlyStopping
+    checkpointer: Checkpointer
+    metrics: MetricsLogger
+    console: RunConsole
+    run_dir: Path
+
+
+def build_training(config: Config, model: nn.Module, train_data: Dataset | DataLoader, *,
+                   loss_fn: LossFn | None = None, step_fn: ComputeLoss | None = None, spec: DataSpec | None = None,
+                   run_dir: str | Path | None = None, names: tuple[str, str] | None = None,
+                   tp_plan: UserTPPlan | None = None) -> TrainingParts:
+    """All the parts of a training run of `model` on `train_data` under `config`.
+
+    Raises:
+        UsageError (ConfigError, DataError): bad config or input, before anything heavy starts.
+    """
+    cfg = config
+    check_resume_setting(cfg.checkpoint)
+    place = place_run(cfg, model, train_data)
+    device, dist, dims = place.device, place.dist, place.dims
+    console = RunConsole(cfg.log.progress, enabled=dist.is_main)
+    for line in place.lines:
+        console.info(line)
+    task = resolve_task(model, train_data, spec=spec, loss_fn=loss_fn, step_fn=step_fn)
+    metric_names = resolve_metrics(cfg.eval.metrics, task.kind)
+    early_stopping = EarlyStopping(cfg.eval, metric_names)
+    model_name, data_name = names or (type(model).__name__.lower(), type(train_data).__name__.lower())
+    run_path = agree_on_path(Path(run_dir) if run_dir is not None else default_run_dir(model_name, data_name), dist)
+    install_test_fault(model, dist.rank)  # no-op unless GPUTRAIN_TEST_FAULT is set (tests only)
+
+    plan, global_batch = _batch_plan(cfg, train_data, place)
+    model = model.to(device)
+    channels_last = apply_channels_last(model, device, sharded=dims.fsdp_enabled, pipelined=dims.pp_enabled)
+    # data-parallel gradient traffic is timed apart from backward; a pipeline runs its own backward
+    time_comm = (dims.ddp_enabled or dims.fsdp_enabled) and not dims.pp_enabled
+    speed = SpeedMeter(model, device, place.precision, dist.world_size, global_batch, task.tokens_per_sample,
+                       cfg.log.breakdown_every, count_flops=not dims.pp_enabled, comm_timed=time_comm)
+    pixels = pixel_scaler_for(spec, train_data, device)  # uint8 images become floats on the device
+    feed = BatchFeed(train_data, plan, device, cfg.data.num_workers, on_error=cfg.data.on_error,
+                     grad_accum=place.grad_accum, transform=build_batch_transform(cfg.data.augment, channels_last, pixels),
+                     timer=speed.timer)
+    if feed.steps_per_epoch == 0:
+        raise ConfigError("train.grad_accum", "the DataLoader has fewer batches than one accumulation",
+                          place.grad_accum)
+    total_steps = cfg.train.epochs * feed.steps_per_epoch
+    if cfg.train.max_steps is not None:
+        total_steps = min(total_steps, cfg.train.max_steps)
+    cuda_graphs = cfg.train.cuda_graphs and device.type == "cuda"
+    if cfg.train.cuda_graphs and not cuda_graphs:
+        console.info(f"train.cuda_graphs: ignored on {device.type} (CUDA graphs need a CUDA device)")
+    if dims.pp_enabled:
+        log.info("FLOPs are not counted under pipeline parallelism: MFU stays null for this run")
+
+    precision = Precision(place.precision, device)
+    # parallelize before the optimizer: FSDP/TP replace the parameters, PP keeps only this rank's stage
+    par = parallelize(model, dist, cfg, device, place.precision, place.choice, place.grad_accum,
+                      tp_plan=_tp_plan(tp_plan, model, dims), loss_fn=task.loss_fn if step_fn is None else None)
+    optimizer = build_optimizer(par.model.parameters(), cfg.optim, global_batch, device)
+    scheduler = build_schedule(optimizer, cfg.optim, total_steps)
+    guard = None if cfg.train.on_nonfinite == "off" else NonFiniteGuard(
+        cfg.train.on_nonfinite, distributed=dist.enabled, scaler_active=precision.scaler is not None)
+    step = StepParts(model=par.step_model, optimizer=optimizer, scheduler=scheduler, precision=precision,
+                     compute_loss=loss_of_batch(task, step_fn), clip_grad_norm=cfg.train.clip_grad_norm,
+                     clip_grad_value=cfg.train.clip_grad_value, pipeline=par.pipeline, pp_group=pp_group(dist),
+                     timer=speed.timer, guard=guard, time_comm=time_comm, params=list(par.step_model.parameters()),
+                     persistent_grads=cuda_graphs)
+    # plain DDP: every rank holds the whole model, so evaluation can be split between them
+    replicated = dist.enabled and dims.ddp_enabled and dims.dp_replicate == dist.world_size and not dims.pp_enabled
+    evaluator = Evaluator(par.step_model, par.model, task, metric_names, max(1, global_batch // place.grad_accum),
+                          dist, replicated, device, precision.autocast, step_fn=step_fn, batch_transform=pixels)
+    checkpointer = Checkpointer(cfg.checkpoint, run_path, dist, par.model, optimizer, pipelined=dims.pp_enabled)
+    metrics = MetricsLogger(cfg.log, run_path, dist, console, speed, optimizer, global_batch, total_steps,
+                            task.tokens_per_sample)
+    return TrainingParts(place, task, par.model, optimizer, scheduler, precision, step, feed, global_batch,
+                         total_steps, speed, evaluator, early_stopping, checkpointer, metrics, console, run_path)
+
+
+def _batch_plan(cfg: Config, train_data: Any, place: Placement) -> tuple[BatchPlan | None, int]:
+    """(which samples each step takes, the global batch). A DataLoader's batches are micro-batches."""
+    dist = place.dist
+    if isinstance(train_data, DataLoader):
+        return None, (train_data.batch_size or 1) * place.grad_accum * dist.dp_size
+    plan = BatchPlan(num_samples=len(train_data), global_batch=cfg.train.batch_size, grad_accum=place.grad_accum,
+                     dp_rank=dist.dp_rank, dp_size=dist.dp_size, seed=cfg.train.seed)
+    if plan.steps_per_epoch == 0:
+        raise ConfigError("train.batch_size", f"is larger than the {len(train_data)} training samples",
+                          cfg.train.batch_size)
+    return plan, cfg.train.batch_size
+
+
+def _tp_plan(given: UserTPPlan | None, model: nn.Module, dims: ParallelDims) -> TPPlan | None:
+    """The tensor-parallel plan: the user's (a dict for the whole model, or a function of the
+    module and the degree), else the built-in family's."""
+    if not dims.tp_enabled:
+        return None
+    if given is None:
+        return tp_plan_for(model)
+    if callable(given):
+        return given
+    if dims.pp_enabled:
+        raise ConfigError("parallel.tp", "a tp_plan dict names the whole model's modules, but pipeline "
+                          "parallelism splits the model into stages: pass a function (module, tp degree) -> plan",
+                          dims.tp)
+    plan = dict(given)
+    return lambda module, degree: plan
+

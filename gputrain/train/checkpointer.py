@@ -1,0 +1,110 @@
+"""The run's checkpoints: where to resume from, a verified load, saves with rotation, the final weights.
+
+Three back-ends sit behind one `save`/`wait`: a plain synchronous save (one process), a background
+thread (one process, `checkpoint.async_save`), and torch.distributed.checkpoint shards written by
+every rank (several ranks; asynchronous too when asked). The loop never needs to know which.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from gputrain.checkpoint import CorruptCheckpoint, find_resumable, load_checkpoint, rotate_checkpoints, save_checkpoint
+from gputrain.checkpoint.async_save import AsyncSaver
+from gputrain.checkpoint.sharded import ShardedSaver, is_sharded_checkpoint, load_portable_checkpoint, save_final_weights
+from gputrain.config.schema import CheckpointConfig
+from gputrain.distributed.context import DistContext
+from gputrain.errors import ConfigError, RunError
+
+
+def check_resume_setting(config: CheckpointConfig) -> None:
+    """checkpoint.resume names auto, never or an existing checkpoint directory."""
+    if config.resume not in ("auto", "never") and not Path(config.resume).is_dir():
+        raise ConfigError("checkpoint.resume", "no such checkpoint directory; use auto, never or a path like "
+                          "runs/NAME/checkpoints/step-100", config.resume)
+
+
+class Checkpointer:
+    """Args:
+        config: the `checkpoint` section.
+        run_dir: the run directory; checkpoints go to `run_dir/checkpoints/step-<N>/`.
+        dist: this rank's place in the job (sharded saves and loads when several ranks run).
+        model: the module that holds this rank's parameters (its state dict is saved).
+        optimizer: saved and restored with the model.
+        pipelined: the model is a pipeline stage (the final weights are gathered from all stages).
+    """
+
+    def __init__(self, config: CheckpointConfig, run_dir: Path, dist: DistContext, model: nn.Module,
+                 optimizer: torch.optim.Optimizer, pipelined: bool = False) -> None:
+        check_resume_setting(config)
+        self.config = config
+        self.root = run_dir / "checkpoints"
+        self.dist = dist
+        self.model = model
+        self.optimizer = optimizer
+        self.pipelined = pipelined
+        self._sharded = ShardedSaver(dist, config.async_save) if dist.enabled else None
+        self._background = AsyncSaver() if not dist.enabled and config.async_save else None
+
+    def resume_point(self) -> tuple[Path | None, bool]:
+        """(checkpoint to resume from or None, whether its bytes have been verified already)."""
+        resume = self.config.resume
+        if resume == "never":
+            return None, False
+        if resume == "auto":
+            return find_resumable(self.root), True
+        return Path(resume), False
+
+    def load(self, path: Path, verified: bool = False) -> dict[str, Any]:
+        """Load the weights and optimizer state from `path` onto this job's layout; return the rest
+        of the training state as saved (`training_state` in state.py)."""
+        portable = self.dist.enabled or is_sharded_checkpoint(path)  # any format onto any layout, by name
+        try:
+            if portable:
+                return load_portable_checkpoint(path, self.model, self.optimizer, verified=verified)
+            saved = load_checkpoint(path, self.model, verified=verified)
+            self.optimizer.load_state_dict(saved["optimizer"])
+            return saved
+        except CorruptCheckpoint as err:
+            raise RunError(f"cannot resume: {err}") from None
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:  # verified bytes, not our state
+            raise RunError(f"cannot resume: {path}: state.pt does not hold this run's training state "
+                           f"({type(err).__name__}: {str(err)[:120]})") from None
+
+    def save(self, step: int, state: dict[str, Any], keep_step: int | None = None) -> Path | None:
+        """Save step `step` with `state` (the loop's training state), then drop all but the last
+        `keep_last` and `keep_step` (the best one). Collective when several ranks run.
+        Returns the checkpoint's final path (written in the background with async_save)."""
+        if not self.config.enabled:
+            return None
+        keep = {keep_step} if self.config.keep_best and keep_step else set()
+
+        def rotate(*_: Any) -> None:
+            rotate_checkpoints(self.root, self.config.keep_last, keep)
+
+        if self._sharded is not None:  # every rank writes its shards; rank 0 commits and rotates
+            return self._sharded.save(self.root, step, self.model, self.optimizer, state, on_commit=rotate)
+        state = {**state, "optimizer": self.optimizer.state_dict(),
+                 # parameter names let a multi-rank job resume a one-process checkpoint
+                 "param_names": [name for name, _ in self.model.named_parameters()]}
+        if self._background is not None:  # rotation runs once the background save has committed
+            return self._background.save(self.root, step, self.model, state, after=rotate)
+        path = save_checkpoint(self.root, step, self.model, state)
+        rotate()
+        return path
+
+    def wait(self) -> None:
+        """Until the save in flight (if any) is committed; its failure is raised here."""
+        for saver in (self._sharded, self._background):
+            if saver is not None:
+                saver.wait()
+
+    def save_final_weights(self, path: Path) -> None:
+        """model.safetensors with the whole model (gathered from shards and stages; rank 0 writes)."""
+        self.wait()
+        save_final_weights(path, self.model, self.dist, self.pipelined)
+

@@ -1,0 +1,109 @@
+"""The record of a run as it goes: one row per logged step and per evaluation, written to
+metrics.jsonl (and TensorBoard) by rank 0 and shown on its console.
+
+The loss and gradient norm are device tensors until a logging step: only then are they read,
+so the steps between logging steps never wait for the device on our account.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gputrain.config.schema import LogConfig
+from gputrain.distributed.context import DistContext, all_reduce_mean
+from gputrain.observe.console import RunConsole
+from gputrain.observe.own_sync import own_sync
+from gputrain.observe.sinks import JsonlSink, Sinks, TensorBoardSink
+from gputrain.observe.speed import SpeedMeter
+from gputrain.train.state import LoopState
+from gputrain.train.step import StepResult
+
+log = logging.getLogger("gputrain")
+
+
+class MetricsLogger:
+    """Args:
+        config: the `log` section.
+        run_dir: where metrics.jsonl and tensorboard/ go (rank 0 only).
+        dist: the job; the logged loss is the mean over all ranks.
+        console: rank 0's terminal.
+        speed: the run's speed meter (its figures join each row).
+        optimizer: its first group's learning rate is logged.
+        global_batch: samples per optimizer step.
+        total_steps: the last step, which is always logged.
+        tokens_per_sample: for language models, so rows carry tokens/s.
+    """
+
+    def __init__(self, config: LogConfig, run_dir: Path, dist: DistContext, console: RunConsole, speed: SpeedMeter,
+                 optimizer: torch.optim.Optimizer, global_batch: int, total_steps: int,
+                 tokens_per_sample: int | None) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.dist = dist
+        self.console = console
+        self.speed = speed
+        self.optimizer = optimizer
+        self.global_batch = global_batch
+        self.total_steps = total_steps
+        self.tokens_per_sample = tokens_per_sample
+        self.last_loss: float | None = None
+        """The loss of the last logged step, the mean over all ranks (what summary.json reports)."""
+        self.last_logged_step: int | None = None
+        self._sinks = Sinks([])
+        self._since: tuple[float, int, int] = (time.perf_counter(), 0, 0)
+        """(time, samples seen, step) at the last logged step: the rates of the next row run from there."""
+
+    def open(self, state: LoopState, resumed: bool) -> None:
+        """Start writing: a fresh metrics.jsonl, or, after a resume, one cut back to the resumed step."""
+        if self.dist.is_main:
+            resume_step = state.global_step if resumed else None
+            sinks: list[Any] = [JsonlSink(self.run_dir / "metrics.jsonl", resume_step)]
+            if self.config.tensorboard:
+                sinks.append(TensorBoardSink(self.run_dir / "tensorboard", resume_step))
+            self._sinks = Sinks(sinks)
+        self._since = (time.perf_counter(), state.samples_seen, state.global_step)
+
+    def due(self, step: int) -> bool:
+        """Whether step `step` (1-based) is a logging step: every `log.every_steps`, and the last."""
+        return step % self.config.every_steps == 0 or step == self.total_steps
+
+    def log_step(self, state: LoopState, result: StepResult) -> None:
+        """Write the row of a logging step (`due`); the one place the step's tensors reach the host.
+        Collective: every rank calls it, for the loss averaged over ranks."""
+        now = time.perf_counter()
+        since_time, since_samples, since_step = self._since
+        seconds = max(now - since_time, 1e-9)
+        with own_sync():
+            loss = all_reduce_mean(result.loss.float(), self.dist).item()
+            samples_per_s = (state.samples_seen - since_samples) / seconds
+            record: dict[str, Any] = {
+                "step": state.global_step, "epoch": state.epoch, "loss": loss,
+                "lr": self.optimizer.param_groups[0]["lr"],
+                "grad_norm": None if result.grad_norm is None else float(result.grad_norm),
+                "samples_per_s": samples_per_s,
+            }
+            if self.tokens_per_sample is not None:
+                record["tokens_per_s"] = samples_per_s * self.tokens_per_sample
+            record.update(self.speed.record_fields(state.global_step - since_step, now - since_time))
+        self.last_loss, self.last_logged_step = loss, state.global_step
+        if not math.isfinite(loss):
+            log.warning("step %d: loss is %s", state.global_step, loss)
+        self._sinks.write(record)
+        self.console.logged(record, self.total_steps)
+        self._since = (time.perf_counter(), state.samples_seen, state.global_step)
+
+    def log_eval(self, split: str, state: LoopState, metrics: dict[str, float]) -> None:
+        """A row for an evaluation of `split` ("val" after each epoch, "test" at the end)."""
+        if metrics:
+            self._sinks.write({"step": state.global_step, "epoch": state.epoch, "split": split, **metrics})
+            self.console.evaluated(split, max(0, state.epoch - 1) if split == "val" else None, metrics)
+
+    def close(self) -> None:
+        self._sinks.close()
+        self._sinks = Sinks([])
