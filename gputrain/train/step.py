@@ -24,7 +24,7 @@ from gputrain.train.nonfinite import APPLY, NonFiniteGuard, Verdict
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepResult:
     loss: torch.Tensor
     """Mean loss over the step's micro-batches, on the device (read it on logging steps only)."""
