@@ -23,8 +23,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["CACHE_ENV", "cache_path", "device_name", "driver_version", "load_cached",
-           "load_cached_peak", "machine_key", "save_results"]
+__all__ = [
+    "CACHE_ENV",
+    "cache_path",
+    "device_name",
+    "driver_version",
+    "load_cached",
+    "load_cached_peak",
+    "machine_key",
+    "save_results",
+]
 
 CACHE_ENV = "GPUTRAIN_CACHE_DIR"
 _FORMAT_VERSION = 1
@@ -65,7 +73,7 @@ def driver_version() -> str | None:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:  # ImportError or any NVMLError: no driver to speak of
+    except Exception:  # noqa: BLE001 - ImportError or any NVMLError: no driver to speak of
         return None
     try:
         version = pynvml.nvmlSystemGetDriverVersion()
@@ -120,9 +128,14 @@ def save_results(device_name_: str, mode: str, results: list[dict[str, Any]]) ->
     else:
         peaks, peaks_measured_at = previous.get("peaks", {}), previous.get("peaks_measured_at")
     data["machines"][key] = {
-        "device_name": device_name_, "driver": key.split(" | ")[1].removeprefix("driver "),
-        "torch": torch.__version__, "mode": mode, "measured_at": now,
-        "peaks": peaks, "peaks_measured_at": peaks_measured_at, "results": results,
+        "device_name": device_name_,
+        "driver": key.split(" | ")[1].removeprefix("driver "),
+        "torch": torch.__version__,
+        "mode": mode,
+        "measured_at": now,
+        "peaks": peaks,
+        "peaks_measured_at": peaks_measured_at,
+        "results": results,
     }
     path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -34,5 +34,11 @@ def bench_allreduce(device: torch.device, settings: Settings) -> BenchResult | N
     # A rank's own timing can differ; the slowest rank is what training waits for.
     worst = torch.tensor([timing.median_s], device=device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return BenchResult("allreduce_busbw", f"{device.type} x{world} ({dist.get_backend()})", "fp32",
-                       f"{numel * 4 >> 20} MiB", bus_bandwidth(numel * 4, float(worst.item()), world), "B/s")
+    return BenchResult(
+        "allreduce_busbw",
+        f"{device.type} x{world} ({dist.get_backend()})",
+        "fp32",
+        f"{numel * 4 >> 20} MiB",
+        bus_bandwidth(numel * 4, float(worst.item()), world),
+        "B/s",
+    )

@@ -43,5 +43,6 @@ def bench_conv2d(device: torch.device, dtype: str, settings: Settings) -> BenchR
     with fp32_precision("tf32" if dtype == "tf32" else "ieee"):
         timing = measure(step, device, **settings.timing_kwargs())
     flops = 3 * 2 * n * c * hw * hw * c * 9
-    return BenchResult("conv2d_fwd_bwd", device.type, dtype, f"N{n} C{c} {hw}x{hw} k3",
-                       flops / timing.median_s, "FLOP/s")
+    return BenchResult(
+        "conv2d_fwd_bwd", device.type, dtype, f"N{n} C{c} {hw}x{hw} k3", flops / timing.median_s, "FLOP/s"
+    )

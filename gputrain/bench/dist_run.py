@@ -38,15 +38,34 @@ def run_allreduce_benchmark(device_type: str, *, quick: bool) -> BenchReport | N
         dist.destroy_process_group()
 
 
-def spawn_allreduce_benchmark(device_type: str, nproc: int, *, quick: bool,
-                              timeout_s: float = 300.0) -> tuple[BenchResult | None, str | None]:
+def spawn_allreduce_benchmark(
+    device_type: str, nproc: int, *, quick: bool, timeout_s: float = 300.0
+) -> tuple[BenchResult | None, str | None]:
     """Start `torchrun --standalone --nproc-per-node nproc -m gputrain bench` and return its
     all-reduce figure, or None and a note saying why there is none."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "gputrain", "bench", "--json", "--device", device_type, *(["--quick"] if quick else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "gputrain",
+        "bench",
+        "--json",
+        "--device",
+        device_type,
+        *(["--quick"] if quick else []),
+    ]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
-                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+        out = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+        )
     except subprocess.TimeoutExpired:  # run() has killed torchrun by now
         return None, f"all-reduce benchmark timed out after {timeout_s:g} s"
     if out.returncode != 0:

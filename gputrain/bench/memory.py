@@ -20,5 +20,6 @@ def bench_copy(device: torch.device, settings: Settings) -> BenchResult:
     src = torch.randn(numel, device=device)
     dst = torch.empty_like(src)
     timing = measure(lambda: dst.copy_(src), device, **settings.timing_kwargs())
-    return BenchResult("memory_copy", device.type, "fp32", f"{numel * 4 >> 20} MiB",
-                       2 * numel * 4 / timing.median_s, "B/s")
+    return BenchResult(
+        "memory_copy", device.type, "fp32", f"{numel * 4 >> 20} MiB", 2 * numel * 4 / timing.median_s, "B/s"
+    )

@@ -22,8 +22,11 @@ def render_table(report: BenchReport) -> str:
     rows = [("bench", "dtype", "size", "value")]
     rows += [(r.bench, r.dtype, r.size, format_value(r.value, r.unit)) for r in report.results]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines = [f"{d['name']} (torch {d['torch']}, driver {d.get('driver') or '-'}, "
-             f"{d['threads']} CPU threads, {d['mode']} mode)", ""]
+    lines = [
+        f"{d['name']} (torch {d['torch']}, driver {d.get('driver') or '-'}, "
+        f"{d['threads']} CPU threads, {d['mode']} mode)",
+        "",
+    ]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths)) + "  " + row[3])
     lines += [""] + [f"note: {n}" for n in report.notes]

@@ -31,7 +31,12 @@ class BenchReport:
 
 def describe_device(device: torch.device, settings: Settings) -> dict[str, Any]:
     name = device_name(device)
-    return {"type": device.type, "name": name,
-            "driver": driver_version() if device.type == "cuda" else None,
-            "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "mode": settings.mode, "key": machine_key(name)}
+    return {
+        "type": device.type,
+        "name": name,
+        "driver": driver_version() if device.type == "cuda" else None,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "mode": settings.mode,
+        "key": machine_key(name),
+    }

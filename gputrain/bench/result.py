@@ -49,8 +49,12 @@ class Settings:
 
     def timing_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of `gputrain.bench.timing.measure` for these settings."""
-        return {"warmup": self.warmup, "repeats": self.repeats, "budget_s": self.budget_s,
-                "min_warmup_s": self.warmup_s}
+        return {
+            "warmup": self.warmup,
+            "repeats": self.repeats,
+            "budget_s": self.budget_s,
+            "min_warmup_s": self.warmup_s,
+        }
 
 
 MIB = 1 << 20

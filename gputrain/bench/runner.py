@@ -27,8 +27,11 @@ def speedup_results(device: torch.device, settings: Settings) -> list[BenchResul
         if dtype not in matmul_dtypes(device):
             continue
         gpu_value = bench_matmul(device, dtype, n, settings).value
-        out.append(BenchResult("matmul_speedup_vs_cpu", device.type, f"{dtype} vs cpu fp32",
-                               f"{n}x{n}x{n}", gpu_value / cpu_fp32, "x"))
+        out.append(
+            BenchResult(
+                "matmul_speedup_vs_cpu", device.type, f"{dtype} vs cpu fp32", f"{n}x{n}x{n}", gpu_value / cpu_fp32, "x"
+            )
+        )
     return out
 
 
@@ -53,6 +56,8 @@ def run_benchmarks(device: torch.device, *, quick: bool) -> BenchReport:
         report.results.extend([result] if result else [])
         report.notes.extend([note] if note else [])
     else:
-        report.notes.append("all-reduce bandwidth needs more than one rank: on CPUs or across nodes "
-                            "run `torchrun --nproc-per-node N -m gputrain bench`")
+        report.notes.append(
+            "all-reduce bandwidth needs more than one rank: on CPUs or across nodes "
+            "run `torchrun --nproc-per-node N -m gputrain bench`"
+        )
     return report

@@ -43,9 +43,17 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(fn: Callable[[], object], device: torch.device | str = "cpu", *, warmup: int = 2,
-            repeats: int = 10, min_repeats: int = 3, budget_s: float | None = None,
-            min_warmup_s: float = 0.0, clock: Callable[[], float] = time.perf_counter) -> Timing:
+def measure(
+    fn: Callable[[], object],
+    device: torch.device | str = "cpu",
+    *,
+    warmup: int = 2,
+    repeats: int = 10,
+    min_repeats: int = 3,
+    budget_s: float | None = None,
+    min_warmup_s: float = 0.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Timing:
     """Call `fn` `warmup` times untimed, then time `repeats` calls one by one.
 
     Args:
@@ -91,8 +99,7 @@ def _cuda_event_times(fn: Callable[[], object], device: torch.device, repeats: i
     # Events are recorded on the stream between launches, so the host never waits mid-loop and
     # the GPU runs back to back; one synchronize at the end reads them all.
     with torch.cuda.device(device):
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(repeats)]
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
         for start, end in events:
             start.record()
             fn()

@@ -27,10 +27,18 @@ def bench_transfers(device: torch.device, settings: Settings) -> list[BenchResul
             host = host.pin_memory()
         label = "pinned" if pinned else "pageable"
         for direction, fn in (
-            ("h2d", lambda: dev.copy_(host, non_blocking=pinned)),
-            ("d2h", lambda: host.copy_(dev, non_blocking=pinned)),
+            ("h2d", lambda host=host, pinned=pinned: dev.copy_(host, non_blocking=pinned)),
+            ("d2h", lambda host=host, pinned=pinned: host.copy_(dev, non_blocking=pinned)),
         ):
             timing = measure(fn, device, **settings.timing_kwargs())
-            results.append(BenchResult(f"{direction}_{label}", device.type, "fp32",
-                                       f"{numel * 4 >> 20} MiB", numel * 4 / timing.median_s, "B/s"))
+            results.append(
+                BenchResult(
+                    f"{direction}_{label}",
+                    device.type,
+                    "fp32",
+                    f"{numel * 4 >> 20} MiB",
+                    numel * 4 / timing.median_s,
+                    "B/s",
+                )
+            )
     return results

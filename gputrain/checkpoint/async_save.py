@@ -56,21 +56,32 @@ class AsyncSaver:
         self._error: BaseException | None = None
         self._pending: Path | None = None
 
-    def save(self, root: Path, step: int, model: nn.Module, state: dict[str, Any],
-             after: Callable[[Path], None] | None = None) -> Path:
+    def save(
+        self,
+        root: Path,
+        step: int,
+        model: nn.Module,
+        state: dict[str, Any],
+        after: Callable[[Path], None] | None = None,
+    ) -> Path:
         """Snapshot now, write in the background; return the path the checkpoint will have."""
         self.wait()
         memo: dict[tuple, torch.Tensor] = {}
         weights = _Weights(snapshot(model.state_dict(), memo))
         frozen = snapshot(state, memo)
         self._pending = root / f"step-{step}"
-        self._thread = threading.Thread(target=self._write, args=(root, step, weights, frozen, after),
-                                        name=f"gputrain-checkpoint-{step}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._write,
+            args=(root, step, weights, frozen, after),
+            name=f"gputrain-checkpoint-{step}",
+            daemon=True,
+        )
         self._thread.start()
         return self._pending
 
-    def _write(self, root: Path, step: int, weights: _Weights, state: dict[str, Any],
-               after: Callable[[Path], None] | None) -> None:
+    def _write(
+        self, root: Path, step: int, weights: _Weights, state: dict[str, Any], after: Callable[[Path], None] | None
+    ) -> None:
         try:
             path = save_checkpoint(root, step, weights, state)  # type: ignore[arg-type]
             if after is not None:

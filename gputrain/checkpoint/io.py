@@ -14,6 +14,7 @@ import os
 import pickle  # only for its exception type: nothing here unpickles
 import shutil
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -135,8 +136,12 @@ def verify_checkpoint(path: Path) -> None:
         raise CorruptCheckpoint(f"{path}: incomplete (no {MARKER} marker)")
     marker = (path / MARKER).read_bytes().split()
     step = _step_of(path)  # None for a checkpoint copied under another name: trust the marker's step then
-    if (len(marker) != 2 or not marker[0].isdigit() or (marker[0].startswith(b"0") and marker[0] != b"0")
-            or (step is not None and int(marker[0]) != step)):
+    if (
+        len(marker) != 2
+        or not marker[0].isdigit()
+        or (marker[0].startswith(b"0") and marker[0] != b"0")
+        or (step is not None and int(marker[0]) != step)
+    ):
         raise CorruptCheckpoint(f"{path}: the {MARKER} marker is damaged")
     step = int(marker[0])
     if not (path / MANIFEST).is_file():
@@ -151,7 +156,7 @@ def verify_checkpoint(path: Path) -> None:
     if not isinstance(files, dict) or manifest.get("step") != step:
         raise CorruptCheckpoint(f"{path}: {MANIFEST} does not describe this checkpoint")
     # a sharded (DCP) checkpoint lists its own shard files; a one-process one has exactly these two
-    for name in (files if manifest.get("format") == "dcp" else (MODEL_FILE, STATE_FILE)):
+    for name in files if manifest.get("format") == "dcp" else (MODEL_FILE, STATE_FILE):
         file = path / name
         if name not in files or not file.is_file():
             raise CorruptCheckpoint(f"{path}: {name} is missing")
@@ -177,8 +182,10 @@ def load_checkpoint(path: Path, model: nn.Module, *, verified: bool = False) -> 
     try:
         state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
-        raise CorruptCheckpoint(f"{path}: {STATE_FILE} holds objects other than tensors and plain values; "
-                                "refused to load it (it could run code)") from None
+        raise CorruptCheckpoint(
+            f"{path}: {STATE_FILE} holds objects other than tensors and plain values; "
+            "refused to load it (it could run code)"
+        ) from None
     except (RuntimeError, OSError, EOFError, ValueError) as err:
         raise CorruptCheckpoint(f"{path}: {STATE_FILE} is not a readable torch file ({_first_line(err)})") from None
     if not isinstance(state, dict):
@@ -188,8 +195,10 @@ def load_checkpoint(path: Path, model: nn.Module, *, verified: bool = False) -> 
     except (SafetensorError, OSError, ValueError) as err:
         raise CorruptCheckpoint(f"{path}: {MODEL_FILE} is not a valid safetensors file ({_first_line(err)})") from None
     if missing or unexpected:
-        raise RunError(f"checkpoint {path} does not fit this model: missing {sorted(missing)[:3]}, "
-                       f"unexpected {sorted(unexpected)[:3]}")
+        raise RunError(
+            f"checkpoint {path} does not fit this model: missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}"
+        )
     return state
 
 
@@ -217,8 +226,14 @@ def _leftovers(root: Path) -> list[Path]:
     steps (`.step-N.old-PID`), from processes other than this one."""
     if not root.is_dir():
         return []
-    return [p for p in root.iterdir() if p.is_dir() and p.name.startswith(".step-")
-            and (".tmp-" in p.name or ".old-" in p.name) and not p.name.endswith(f"-{os.getpid()}")]
+    return [
+        p
+        for p in root.iterdir()
+        if p.is_dir()
+        and p.name.startswith(".step-")
+        and (".tmp-" in p.name or ".old-" in p.name)
+        and not p.name.endswith(f"-{os.getpid()}")
+    ]
 
 
 def _restore_interrupted_swaps(root: Path) -> None:
@@ -244,12 +259,15 @@ def find_resumable(root: Path) -> Path | None:
             log.warning("skipping damaged checkpoint: %s", err)
             problems.append(str(err))
     if candidates:
-        raise RunError("no valid checkpoint to resume from: " + "; ".join(problems)
-                       + " (use checkpoint.resume=never to start over)")
+        raise RunError(
+            "no valid checkpoint to resume from: "
+            + "; ".join(problems)
+            + " (use checkpoint.resume=never to start over)"
+        )
     return None
 
 
-def rotate_checkpoints(root: Path, keep_last: int, keep: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+def rotate_checkpoints(root: Path, keep_last: int, keep: Collection[int] = frozenset()) -> None:
     """Delete all but the newest `keep_last` checkpoints, sparing the steps in `keep` (the best)."""
     for path in list_checkpoints(root)[keep_last:]:
         if _step_of(path) not in keep:

@@ -23,14 +23,24 @@ from torch.distributed.checkpoint.planner import ReadItem
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 # Everything a DCP .metadata file needs; found by recording what real ones ask for.
 _ALLOWED: set[tuple[str, str]] = {
-    (_DCP_METADATA, name) for name in (
-        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
+    (_DCP_METADATA, name)
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    )
 } | {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch.serialization", "_get_layout"),
     ("torch", "Size"),
-    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PurePosixPath"),
     ("pathlib", "PureWindowsPath"),
 }
 
@@ -72,11 +82,11 @@ class SafeFileSystemReader(FileSystemReader):
                 metadata = _MetadataUnpickler(f).load()
             except UnsafeCheckpointContent:
                 raise
-            except Exception as err:  # truncated or not a pickle at all
+            except Exception as err:  # noqa: BLE001 - truncated, or not a pickle at all
                 raise UnsafeCheckpointContent(f"DCP metadata is unreadable ({type(err).__name__})") from None
         if not isinstance(metadata, Metadata):
             raise UnsafeCheckpointContent(f"DCP metadata holds a {type(metadata).__name__}, not Metadata")
-        if getattr(metadata, "storage_meta", None) is None:
+        if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
@@ -89,8 +99,10 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as err:
-            raise UnsafeCheckpointContent(f"a DCP item ({read_item.dest_index.fqn}) holds objects other than "
-                                          f"tensors and plain values ({str(err).splitlines()[0][:100]})") from None
+            raise UnsafeCheckpointContent(
+                f"a DCP item ({read_item.dest_index.fqn}) holds objects other than "
+                f"tensors and plain values ({str(err).splitlines()[0][:100]})"
+            ) from None
         if self.flatten_state_dict:
             from torch.distributed.checkpoint._traverse import set_element
 

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -74,8 +74,15 @@ class ShardedSaver:
         self._pending: tuple[Future[Any], Callable[[], None]] | None = None
         self._gloo: dist.ProcessGroup | None = None
 
-    def save(self, root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-             state: dict[str, Any], on_commit: Callable[[], None] | None = None) -> Path:
+    def save(
+        self,
+        root: Path,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        state: dict[str, Any],
+        on_commit: Callable[[], None] | None = None,
+    ) -> Path:
         """Collective: every rank calls it at the same step. Returns the final path (committed at once,
         or when the background write ends with async_save)."""
         self.wait()  # never two writes in flight: the previous one's host copy would be overwritten
@@ -127,15 +134,16 @@ def _commit(tmp: Path, final: Path, step: int, state: dict[str, Any]) -> None:
     commit_checkpoint_dir(tmp, final, step, fmt="dcp")
 
 
-def load_portable_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
-                             verified: bool = False) -> dict[str, Any]:
+def load_portable_checkpoint(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, verified: bool = False
+) -> dict[str, Any]:
     """Load model and optimizer state from either format onto this job's layout; return the rest of
     the training state. Works on one process or many, whatever the strategy saved or loads."""
     if not verified:  # see load_checkpoint
         verify_checkpoint(path)
     if is_sharded_checkpoint(path):
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        payload = {"model": model_sd, "optim": optim_sd}
+        payload: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         # reads just the slices this rank holds; on one process, all of them
         with warnings.catch_warnings():  # DCP warns that one process is one process
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -153,8 +161,10 @@ def load_portable_checkpoint(path: Path, model: nn.Module, optimizer: torch.opti
     try:
         return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
-        raise CorruptCheckpoint(f"{path}: {STATE_FILE} holds objects other than tensors and plain values; "
-                                "refused to load it (it could run code)") from None
+        raise CorruptCheckpoint(
+            f"{path}: {STATE_FILE} holds objects other than tensors and plain values; "
+            "refused to load it (it could run code)"
+        ) from None
 
 
 def _load_single_process_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -164,8 +174,10 @@ def _load_single_process_checkpoint(path: Path, model: nn.Module, optimizer: tor
     saved = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     names = saved.get("param_names")
     if names is None:
-        raise RunError(f"checkpoint {path} predates multi-rank resume (no param_names); resume it on one "
-                       "process, or start over with checkpoint.resume=never")
+        raise RunError(
+            f"checkpoint {path} predates multi-rank resume (no param_names); resume it on one "
+            "process, or start over with checkpoint.resume=never"
+        )
     full = load_file(str(path / MODEL_FILE))
     options = StateDictOptions(full_state_dict=True, strict=False)
     expected = set(get_model_state_dict(model).keys())
@@ -175,9 +187,12 @@ def _load_single_process_checkpoint(path: Path, model: nn.Module, optimizer: tor
     set_model_state_dict(model, {k: v for k, v in full.items() if k in expected}, options=options)
     # the optimizer state was saved by position; name it so it can be sharded like the parameters
     osd = saved["optimizer"]
-    named = {"state": {names[i]: s for i, s in osd["state"].items() if names[i] in expected},
-             "param_groups": [{**g, "params": [names[i] for i in g["params"] if names[i] in expected]}
-                              for g in osd["param_groups"]]}
+    named: dict[str, Any] = {
+        "state": {names[i]: s for i, s in osd["state"].items() if names[i] in expected},
+        "param_groups": [
+            {**g, "params": [names[i] for i in g["params"] if names[i] in expected]} for g in osd["param_groups"]
+        ],
+    }
     set_optimizer_state_dict(model, optimizer, named, options=options)
 
 
@@ -189,7 +204,7 @@ def full_model_state_dict(model: nn.Module, ctx: DistContext, pipeline: bool = F
     if not holds_dtensors(model) and not pipeline:
         return model.state_dict() if ctx.is_main else None
     options = StateDictOptions(full_state_dict=True, cpu_offload=not pipeline)
-    full = get_model_state_dict(model, options=options)
+    full = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
     if pipeline:  # each stage holds different layers: collect them all on rank 0
         parts: list[Any] = [None] * ctx.world_size if ctx.is_main else []
         mine = {k: v.detach().cpu() for k, v in full.items()}

@@ -46,8 +46,9 @@ def _top_parser() -> argparse.ArgumentParser:
 
 def _command_parser(name: str) -> argparse.ArgumentParser:
     help_text = SUBCOMMANDS[name][1]
-    parser = _Parser(prog=f"gputrain {name}", description=help_text,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog=f"gputrain {name}", description=help_text, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     importlib.import_module(SUBCOMMANDS[name][0]).add_arguments(parser)
     return parser
 

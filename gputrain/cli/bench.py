@@ -14,14 +14,19 @@ from gputrain.errors import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true",
-                        help='print {"device": ..., "results": [...]} instead of the table')
-    parser.add_argument("--quick", action="store_true",
-                        help="smaller sizes and fewer repeats (under 30 s on a 2-core CPU)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                        help="what to measure (default auto: the GPU if there is one)")
-    parser.add_argument("--no-cache", action="store_true",
-                        help="do not record the results in the per-machine cache")
+    parser.add_argument(
+        "--json", action="store_true", help='print {"device": ..., "results": [...]} instead of the table'
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller sizes and fewer repeats (under 30 s on a 2-core CPU)"
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="what to measure (default auto: the GPU if there is one)",
+    )
+    parser.add_argument("--no-cache", action="store_true", help="do not record the results in the per-machine cache")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,11 +51,12 @@ def run(args: argparse.Namespace) -> int:
         device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
         report = run_benchmarks(device, quick=args.quick)
         if not args.no_cache:
-            path = save_results(report.device["name"], report.device["mode"],
-                                [r.to_dict() for r in report.results])
+            path = save_results(report.device["name"], report.device["mode"], [r.to_dict() for r in report.results])
             report.notes.append(f"cached in {path}")
             if report.device["mode"] != "full":
-                report.notes.append(f"{report.device['mode']} mode: its smaller matrices do not reach the peak, so its "
-                                    "figures are not used as the MFU peak (a full `gputrain bench` sets that)")
+                report.notes.append(
+                    f"{report.device['mode']} mode: its smaller matrices do not reach the peak, so its "
+                    "figures are not used as the MFU peak (a full `gputrain bench` sets that)"
+                )
     print(json.dumps(report.to_dict(), indent=2) if args.json else render_table(report))
     return 0

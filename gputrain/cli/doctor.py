@@ -11,14 +11,21 @@ from gputrain.errors import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true",
-                        help='print {"facts": {...}, "checks": [...]} instead of the table')
-    parser.add_argument("--dist", action="store_true",
-                        help="also run an all-reduce smoke test: NCCL across the visible GPUs, "
-                             "or gloo across two CPU processes")
-    parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                        help="seconds the --dist smoke test may take before its ranks are killed "
-                             "(default 60)")
+    parser.add_argument(
+        "--json", action="store_true", help='print {"facts": {...}, "checks": [...]} instead of the table'
+    )
+    parser.add_argument(
+        "--dist",
+        action="store_true",
+        help="also run an all-reduce smoke test: NCCL across the visible GPUs, or gloo across two CPU processes",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds the --dist smoke test may take before its ranks are killed (default 60)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

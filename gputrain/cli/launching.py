@@ -15,8 +15,13 @@ def add_launch_arguments(parser: argparse.ArgumentParser, restarts: bool = True)
     group.add_argument("--node-rank", type=int, default=0, metavar="R", help="this node's index, 0..M-1")
     group.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="node 0's address and a free port (M > 1)")
     if restarts:
-        group.add_argument("--max-restarts", type=int, default=0, metavar="K",
-                           help="restart all ranks up to K times when one fails; they resume from the last checkpoint")
+        group.add_argument(
+            "--max-restarts",
+            type=int,
+            default=0,
+            metavar="K",
+            help="restart all ranks up to K times when one fails; they resume from the last checkpoint",
+        )
 
 
 def is_launcher(args: argparse.Namespace) -> bool:
@@ -29,8 +34,19 @@ def launch_ranks(args: argparse.Namespace, command: str, run_dir: str, options: 
     command's own `options`, and one run directory for all ranks and restarts."""
     from gputrain.distributed.launch import LaunchOptions, launch
 
-    child_argv = [command, *(["--config", args.config] if args.config else []), "--run-dir", run_dir, *options,
-                  *args.overrides]
-    opts = LaunchOptions(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
-                         rdzv_endpoint=args.rdzv_endpoint, max_restarts=getattr(args, "max_restarts", 0))
+    child_argv = [
+        command,
+        *(["--config", args.config] if args.config else []),
+        "--run-dir",
+        run_dir,
+        *options,
+        *args.overrides,
+    ]
+    opts = LaunchOptions(
+        nproc_per_node=args.nproc_per_node,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        max_restarts=getattr(args, "max_restarts", 0),
+    )
     return launch(opts, child_argv, Path(run_dir))

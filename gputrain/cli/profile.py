@@ -11,14 +11,23 @@ from gputrain.errors import UsageError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.toml", help="TOML config file (overrides still apply on top)")
-    parser.add_argument("--run-dir", metavar="DIR", help="where trace.json, memory_snapshot.pickle and "
-                        "profile.json go (default runs/<model>-<data>-<time>-profile/)")
-    parser.add_argument("--steps", type=int, default=12, help="optimizer steps to run (1 skipped, 1 warm-up, "
-                        "the rest recorded; default 12)")
+    parser.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        help="where trace.json, memory_snapshot.pickle and "
+        "profile.json go (default runs/<model>-<data>-<time>-profile/)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=12,
+        help="optimizer steps to run (1 skipped, 1 warm-up, the rest recorded; default 12)",
+    )
     parser.add_argument("--top", type=int, default=10, help="ops to list by device and by host time")
     add_launch_arguments(parser, restarts=False)
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
-                        help="config overrides, as for gputrain train")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="section.key=value", help="config overrides, as for gputrain train"
+    )
     parser.epilog = fields_help_text()
 
 
@@ -39,10 +48,18 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 3:
         raise UsageError(f"--steps must be at least 3 (1 skipped, 1 warm-up, 1 or more recorded), got {args.steps}")
-    forced = [f"train.max_steps={args.steps}", "checkpoint.enabled=false", "checkpoint.resume=never",
-              "log.tensorboard=false", f"log.every_steps={args.steps}", "log.breakdown_every=1"]
+    forced = [
+        f"train.max_steps={args.steps}",
+        "checkpoint.enabled=false",
+        "checkpoint.resume=never",
+        "log.tensorboard=false",
+        f"log.every_steps={args.steps}",
+        "log.breakdown_every=1",
+    ]
     config = load_config(args.config, [*args.overrides, *forced])
-    run_dir = Path(args.run_dir) if args.run_dir else Path(f"{default_run_dir(config.model.name, config.data.name)}-profile")
+    run_dir = (
+        Path(args.run_dir) if args.run_dir else Path(f"{default_run_dir(config.model.name, config.data.name)}-profile")
+    )
     if is_launcher(args):  # every rank profiles itself into the one run directory
         return launch_ranks(args, "profile", str(run_dir), ("--steps", str(args.steps), "--top", str(args.top)))
     from gputrain.distributed.context import shutdown_distributed
@@ -56,8 +73,10 @@ def run(args: argparse.Namespace) -> int:
         return 0  # rank 0 speaks for the job; every rank's files are in the run directory
 
     console = Console(highlight=False)
-    for title, rows, key in (("top ops by device time", report.top_device_ops, "self_device_us"),
-                             ("top ops by host time", report.top_host_ops, "self_host_us")):
+    for title, rows in (
+        ("top ops by device time", report.top_device_ops),
+        ("top ops by host time", report.top_host_ops),
+    ):
         if not rows:
             continue
         on_device = bool(report.top_device_ops)
@@ -70,9 +89,11 @@ def run(args: argparse.Namespace) -> int:
         console.print(table)
     facts = report.facts
     split = report.summary["train"].get("time_breakdown")
-    console.print(f"step time {1000 * facts.step_time_s:.2f} ms on {trainer.device} ({facts.precision})"
-                  + (f" (rank 0 of {trainer.dist.world_size})" if trainer.dist.enabled else "")
-                  + (f"; time split {format_split(split)}" if split else ""))
+    console.print(
+        f"step time {1000 * facts.step_time_s:.2f} ms on {trainer.device} ({facts.precision})"
+        + (f" (rank 0 of {trainer.dist.world_size})" if trainer.dist.enabled else "")
+        + (f"; time split {format_split(split)}" if split else "")
+    )
     if report.findings:
         console.print("[bold]findings[/bold]")
         for finding in report.findings:
@@ -82,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     for path in report.files:
         console.print(f"wrote {path}")
     if trainer.dist.enabled:
-        console.print(f"ranks 1..{trainer.dist.world_size - 1} wrote their own trace-rank<N>.json and "
-                      f"profile-rank<N>.json into {run_dir}")
+        console.print(
+            f"ranks 1..{trainer.dist.world_size - 1} wrote their own trace-rank<N>.json and "
+            f"profile-rank<N>.json into {run_dir}"
+        )
     return 0

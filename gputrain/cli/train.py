@@ -16,8 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.toml", help="TOML config file (overrides still apply on top)")
     parser.add_argument("--run-dir", metavar="DIR", help="run directory (default runs/<model>-<data>-<time>/)")
     add_launch_arguments(parser)
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
-                        help="config overrides, values as TOML literals (3, 1e-3, true, [0.9, 0.95]) or strings")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="section.key=value",
+        help="config overrides, values as TOML literals (3, 1e-3, true, [0.9, 0.95]) or strings",
+    )
     parser.epilog = fields_help_text()
 
 

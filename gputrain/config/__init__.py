@@ -20,7 +20,18 @@ from gputrain.config.schema import (
 from gputrain.config.validate import resolve_grad_accum
 
 __all__ = [
-    "CheckpointConfig", "Config", "DataConfig", "EvalConfig", "LogConfig", "ModelConfig", "OptimConfig",
-    "ParallelConfig", "TrainConfig", "config_to_dict", "config_to_toml", "load_config", "parse_override",
+    "CheckpointConfig",
+    "Config",
+    "DataConfig",
+    "EvalConfig",
+    "LogConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "ParallelConfig",
+    "TrainConfig",
+    "config_to_dict",
+    "config_to_toml",
+    "load_config",
+    "parse_override",
     "resolve_grad_accum",
 ]

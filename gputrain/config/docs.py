@@ -6,6 +6,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import itertools
 from typing import Any
 
 from gputrain.config import schema
@@ -23,10 +24,14 @@ def field_docs() -> dict[str, str]:
         if not isinstance(node, ast.ClassDef) or node.name not in class_to_section:
             continue
         body = node.body
-        for stmt, nxt in zip(body, body[1:]):
-            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                    and isinstance(nxt.value.value, str)):
+        for stmt, nxt in itertools.pairwise(body):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
                 docs[f"{class_to_section[node.name]}.{stmt.target.id}"] = " ".join(nxt.value.value.split())
     return docs
 
@@ -40,10 +45,9 @@ def describe_fields() -> list[dict[str, Any]]:
     for section, cls in SECTIONS.items():
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             key = f"{section}.{f.name}"
-            rows.append({"key": key, "type": _type_name(hints[f.name]), "default": default,
-                         "doc": docs.get(key, "")})
+            rows.append({"key": key, "type": _type_name(hints[f.name]), "default": default, "doc": docs.get(key, "")})
     return rows
 
 

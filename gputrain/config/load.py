@@ -21,7 +21,7 @@ from gputrain.errors import ConfigError, UsageError
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found]
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str | None:
@@ -103,17 +103,21 @@ def _build_section(section: str, cls: type, values: Mapping[str, Any]) -> Any:
     for key, value in values.items():
         if key not in hints:
             hint = _did_you_mean(key, names)
-            raise ConfigError(f"{section}.{key}", "unknown key",
-                              hint=(hint or f"keys of [{section}]: {', '.join(names)}"))
+            raise ConfigError(
+                f"{section}.{key}", "unknown key", hint=(hint or f"keys of [{section}]: {', '.join(names)}")
+            )
         annotation = hints[key]
         try:
             kwargs[key] = _coerce(value, annotation)
         except _Mismatch:
             choices = get_origin(annotation) is Literal
-            raise ConfigError(f"{section}.{key}", ("unknown choice; choose from " if choices else "expected ")
-                              + (", ".join(map(str, get_args(annotation))) if choices else _type_name(annotation)),
-                              value, hint=_did_you_mean(str(value), map(str, get_args(annotation))) if choices
-                              else None) from None
+            raise ConfigError(
+                f"{section}.{key}",
+                ("unknown choice; choose from " if choices else "expected ")
+                + (", ".join(map(str, get_args(annotation))) if choices else _type_name(annotation)),
+                value,
+                hint=_did_you_mean(str(value), map(str, get_args(annotation))) if choices else None,
+            ) from None
     return cls(**kwargs)
 
 
@@ -172,13 +176,11 @@ def build_config(base: Mapping[str, Any] | None = None, overrides: Mapping[str, 
     return config
 
 
-def load_config(source: Config | Mapping[str, Any] | str | Path | None = None,
-                overrides: Iterable[str] | Mapping[str, Any] = ()) -> Config:
+def load_config(
+    source: Config | Mapping[str, Any] | str | Path | None = None, overrides: Iterable[str] | Mapping[str, Any] = ()
+) -> Config:
     """Accept a Config, a mapping (nested or dotted keys), or a TOML path, plus overrides."""
-    if isinstance(overrides, Mapping):
-        override_map = dict(overrides)
-    else:
-        override_map = dict(parse_override(o) for o in overrides)
+    override_map = dict(overrides) if isinstance(overrides, Mapping) else dict(map(parse_override, overrides))
     if isinstance(source, Config):
         base: Mapping[str, Any] = config_to_dict(source)
     elif isinstance(source, (str, Path)):

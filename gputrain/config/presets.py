@@ -46,5 +46,9 @@ def check_gpt_context(model: Any, data_seq_len: int) -> None:
     context = gpt_size(model, "seq_len")
     if context is not None and data_seq_len > context:
         source = "model.seq_len" if model.seq_len is not None else f"model.preset={model.preset}'s context"
-        raise ConfigError("data.seq_len", f"is longer than the model's context ({source} = {context})",
-                          data_seq_len, hint=f"use data.seq_len <= {context}, or raise model.seq_len")
+        raise ConfigError(
+            "data.seq_len",
+            f"is longer than the model's context ({source} = {context})",
+            data_seq_len,
+            hint=f"use data.seq_len <= {context}, or raise model.seq_len",
+        )

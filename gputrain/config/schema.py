@@ -13,12 +13,20 @@ from gputrain.config.presets import GPTPreset, gpt_size
 from gputrain.errors import ConfigError
 
 Activation = Literal["auto", "relu", "leaky_relu", "gelu", "silu", "tanh", "sigmoid"]
-InitScheme = Literal["default", "constant", "normal", "trunc_normal", "xavier_uniform", "xavier_normal",
-                     "kaiming_uniform", "kaiming_normal", "orthogonal"]
+InitScheme = Literal[
+    "default",
+    "constant",
+    "normal",
+    "trunc_normal",
+    "xavier_uniform",
+    "xavier_normal",
+    "kaiming_uniform",
+    "kaiming_normal",
+    "orthogonal",
+]
 Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
 OptimizerName = Literal["sgd", "adam", "adamw", "rmsprop", "adagrad", "adadelta", "adamax", "nadam"]
-ScheduleName = Literal["constant", "step", "multistep", "exponential", "cosine", "warmup_cosine", "linear",
-                       "onecycle"]
+ScheduleName = Literal["constant", "step", "multistep", "exponential", "cosine", "warmup_cosine", "linear", "onecycle"]
 Task = Literal["auto", "classification", "regression", "lm"]
 
 
@@ -81,9 +89,11 @@ class ModelConfig:
             _positive("model", name, getattr(self, name))
         d_model, n_head = gpt_size(self, "d_model"), gpt_size(self, "n_head")
         if d_model is not None and n_head is not None and d_model % n_head:
-            raise ConfigError("model.n_head" if self.n_head is not None else "model.d_model",
-                              f"d_model ({d_model}) must be a multiple of n_head ({n_head})",
-                              self.n_head if self.n_head is not None else self.d_model)
+            raise ConfigError(
+                "model.n_head" if self.n_head is not None else "model.d_model",
+                f"d_model ({d_model}) must be a multiple of n_head ({n_head})",
+                self.n_head if self.n_head is not None else self.d_model,
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -132,8 +142,11 @@ class DataConfig:
         _fraction("data", "val_fraction", self.val_fraction)
         _fraction("data", "test_fraction", self.test_fraction)
         if self.val_fraction + self.test_fraction >= 0.9:
-            raise ConfigError("data.val_fraction", "val_fraction + test_fraction must leave at least 10% "
-                              "for training", self.val_fraction + self.test_fraction)
+            raise ConfigError(
+                "data.val_fraction",
+                "val_fraction + test_fraction must leave at least 10% for training",
+                self.val_fraction + self.test_fraction,
+            )
         if self.num_workers != "auto":
             _positive("data", "num_workers", self.num_workers, allow_zero=True)
         for name in ("seq_len", "num_samples", "num_classes", "vocab_size", "max_eval_samples"):
@@ -342,6 +355,12 @@ class Config:
 
 
 SECTIONS: dict[str, type] = {
-    "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "optim": OptimConfig,
-    "eval": EvalConfig, "checkpoint": CheckpointConfig, "log": LogConfig, "parallel": ParallelConfig,
+    "model": ModelConfig,
+    "data": DataConfig,
+    "train": TrainConfig,
+    "optim": OptimConfig,
+    "eval": EvalConfig,
+    "checkpoint": CheckpointConfig,
+    "log": LogConfig,
+    "parallel": ParallelConfig,
 }

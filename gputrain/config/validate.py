@@ -12,8 +12,12 @@ from gputrain.errors import ConfigError
 def _check_choice(field: str, value: str, choices: list[str]) -> None:
     if value not in choices:
         close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
-        raise ConfigError(field, "unknown choice; choose from " + ", ".join(choices), value,
-                          hint=f"did you mean {close[0]!r}?" if close else None)
+        raise ConfigError(
+            field,
+            "unknown choice; choose from " + ", ".join(choices),
+            value,
+            hint=f"did you mean {close[0]!r}?" if close else None,
+        )
 
 
 def resolve_grad_accum(config: Config, dp_degree: int = 1) -> int:
@@ -25,26 +29,40 @@ def resolve_grad_accum(config: Config, dp_degree: int = 1) -> int:
     train = config.train
     per_rank, rem = divmod(train.batch_size, dp_degree)
     if rem:
-        raise ConfigError("train.batch_size", f"must divide evenly over the {dp_degree} data-parallel ranks",
-                          train.batch_size, hint=f"use a multiple of {dp_degree}")
+        raise ConfigError(
+            "train.batch_size",
+            f"must divide evenly over the {dp_degree} data-parallel ranks",
+            train.batch_size,
+            hint=f"use a multiple of {dp_degree}",
+        )
     if train.grad_accum == "auto":
         micro = train.micro_batch_size
         if micro is None or micro >= per_rank:
             return 1
         accum, rem = divmod(per_rank, micro)
         if rem:
-            raise ConfigError("train.batch_size", f"with grad_accum=auto must be a multiple of "
-                              f"train.micro_batch_size ({micro}) × data-parallel ranks ({dp_degree})",
-                              train.batch_size)
+            raise ConfigError(
+                "train.batch_size",
+                f"with grad_accum=auto must be a multiple of "
+                f"train.micro_batch_size ({micro}) × data-parallel ranks ({dp_degree})",
+                train.batch_size,
+            )
         return accum
     if per_rank % train.grad_accum:
-        raise ConfigError("train.batch_size", f"is not divisible by train.grad_accum={train.grad_accum}"
-                          + (f" × {dp_degree} ranks" if dp_degree > 1 else ""), train.batch_size,
-                          hint="the micro-batch is batch_size / (ranks × grad_accum): make it a whole number")
+        raise ConfigError(
+            "train.batch_size",
+            f"is not divisible by train.grad_accum={train.grad_accum}"
+            + (f" × {dp_degree} ranks" if dp_degree > 1 else ""),
+            train.batch_size,
+            hint="the micro-batch is batch_size / (ranks × grad_accum): make it a whole number",
+        )
     if train.micro_batch_size is not None and train.micro_batch_size != per_rank // train.grad_accum:
-        raise ConfigError("train.micro_batch_size", f"disagrees with train.batch_size={train.batch_size} / "
-                          f"(ranks {dp_degree} × train.grad_accum {train.grad_accum}); set grad_accum=auto",
-                          train.micro_batch_size)
+        raise ConfigError(
+            "train.micro_batch_size",
+            f"disagrees with train.batch_size={train.batch_size} / "
+            f"(ranks {dp_degree} × train.grad_accum {train.grad_accum}); set grad_accum=auto",
+            train.micro_batch_size,
+        )
     return train.grad_accum
 
 
@@ -53,7 +71,7 @@ _NO_CUDA_GRAPHS = {
     "fsdp": "CUDA graph trees do not support FSDP2, whose gathered parameters are new tensors every step",
     "hybrid": "CUDA graph trees do not support FSDP2, whose gathered parameters are new tensors every step",
     "pp": "pipeline schedules run several micro-batches forward before their backward passes, and each "
-          "replay overwrites the graph outputs the earlier ones still need",
+    "replay overwrites the graph outputs the earlier ones still need",
     "tp": "the tensor-parallel collectives inside the compiled blocks are not captured into CUDA graphs",
 }
 
@@ -62,17 +80,25 @@ def check_cuda_graphs(cuda_graphs: bool, strategy: str, chosen_by_auto: bool = F
     """train.cuda_graphs works with one device or DDP only; refuse the rest before anything runs."""
     if cuda_graphs and strategy in _NO_CUDA_GRAPHS:
         picked = f"parallel.strategy=auto chose {strategy}" if chosen_by_auto else f"parallel.strategy={strategy}"
-        raise ConfigError("train.cuda_graphs", f"cannot be used with {picked}: {_NO_CUDA_GRAPHS[strategy]}", True,
-                          hint="use parallel.strategy=none or ddp, or set train.cuda_graphs=false")
+        raise ConfigError(
+            "train.cuda_graphs",
+            f"cannot be used with {picked}: {_NO_CUDA_GRAPHS[strategy]}",
+            True,
+            hint="use parallel.strategy=none or ddp, or set train.cuda_graphs=false",
+        )
 
 
 def check_pipeline_precision(precision: str, pipelined: bool) -> None:
     """fp16 needs a GradScaler to scale the loss before backward; a pipeline schedule runs the
     backward passes itself, so there is no loss to scale."""
     if pipelined and precision == "fp16":
-        raise ConfigError("train.precision", "fp16 cannot be used with pipeline parallelism: the schedule runs "
-                          "the backward passes itself, so the loss cannot be scaled", precision,
-                          hint="use train.precision=bf16 (no loss scaling needed) or fp32")
+        raise ConfigError(
+            "train.precision",
+            "fp16 cannot be used with pipeline parallelism: the schedule runs "
+            "the backward passes itself, so the loss cannot be scaled",
+            precision,
+            hint="use train.precision=bf16 (no loss scaling needed) or fp32",
+        )
 
 
 def validate_config(config: Config) -> None:
@@ -85,11 +111,19 @@ def validate_config(config: Config) -> None:
 
         check_gpt_context(config.model, config.data.seq_len)
     if config.train.clip_grad_norm is not None and config.train.clip_grad_value is not None:
-        raise ConfigError("train.clip_grad_value", "set either train.clip_grad_norm or train.clip_grad_value, "
-                          "not both", config.train.clip_grad_value)
+        raise ConfigError(
+            "train.clip_grad_value",
+            "set either train.clip_grad_norm or train.clip_grad_value, not both",
+            config.train.clip_grad_value,
+        )
     check_cuda_graphs(config.train.cuda_graphs, config.parallel.strategy)
-    check_pipeline_precision(config.train.precision, config.parallel.strategy == "pp"
-                             or (config.parallel.strategy == "hybrid" and config.parallel.pp > 1))
+    check_pipeline_precision(
+        config.train.precision,
+        config.parallel.strategy == "pp" or (config.parallel.strategy == "hybrid" and config.parallel.pp > 1),
+    )
     if config.eval.early_stop_metric is not None and config.eval.every_epochs == 0:
-        raise ConfigError("eval.early_stop_metric", "needs validation during training: set eval.every_epochs >= 1",
-                          config.eval.early_stop_metric)
+        raise ConfigError(
+            "eval.early_stop_metric",
+            "needs validation during training: set eval.every_epochs >= 1",
+            config.eval.early_stop_metric,
+        )

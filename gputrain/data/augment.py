@@ -45,8 +45,9 @@ def _is_image_batch(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point()
 
 
-def build_batch_transform(augment: Sequence[str], channels_last: bool,
-                          pixels: Callable[[Any], Any] | None = None) -> Callable[[Any], Any] | None:
+def build_batch_transform(
+    augment: Sequence[str], channels_last: bool, pixels: Callable[[Any], Any] | None = None
+) -> Callable[[Any], Any] | None:
     """A function applied to each training micro-batch (inputs, targets, ...) on the device, or
     None when there is nothing to do. `pixels` (data/pixels.py) first turns uint8 images into
     floats; then only 4-D floating-point inputs are touched."""
@@ -78,8 +79,9 @@ def is_conv_net(model: torch.nn.Module) -> bool:
     return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
 
 
-def apply_channels_last(model: torch.nn.Module, device: torch.device, sharded: bool = False,
-                        pipelined: bool = False) -> bool:
+def apply_channels_last(
+    model: torch.nn.Module, device: torch.device, sharded: bool = False, pipelined: bool = False
+) -> bool:
     """Put a conv net's weights in channels_last on CUDA (cuDNN's tensor-core kernels want NHWC).
     Returns whether it did.
 

@@ -50,8 +50,9 @@ def load_csv(path: Path, label_column: str | None, task: str) -> tuple[torch.Ten
     label_index = len(header) - 1
     if label_column is not None:
         if label_column not in header:
-            raise ConfigError("data.label_column", f"no such column in {path}; columns: {', '.join(header)}",
-                              label_column)
+            raise ConfigError(
+                "data.label_column", f"no such column in {path}; columns: {', '.join(header)}", label_column
+            )
         label_index = header.index(label_column)
     features: list[list[float]] = []
     labels: list[str] = []
@@ -66,8 +67,10 @@ def load_csv(path: Path, label_column: str | None, task: str) -> tuple[torch.Ten
             try:
                 value = float(cell)
             except ValueError:
-                raise DataError(f"{path}: line {line}, column {header[col]!r}: {cell.strip()!r} is not a number "
-                                "(feature columns must be numeric)") from None
+                raise DataError(
+                    f"{path}: line {line}, column {header[col]!r}: {cell.strip()!r} is not a number "
+                    "(feature columns must be numeric)"
+                ) from None
             if not math.isfinite(value):
                 raise DataError(f"{path}: line {line}, column {header[col]!r}: {cell.strip()!r} is not finite")
             values.append(value)
@@ -86,8 +89,7 @@ def load_csv(path: Path, label_column: str | None, task: str) -> tuple[torch.Ten
     classes = sorted(set(labels), key=(lambda v: float(v)) if numeric else str)
     index = {name: i for i, name in enumerate(classes)}
     targets = torch.tensor([index[v] for v in labels], dtype=torch.long)
-    return inputs, targets, DataSpec(task="classification", input_shape=(inputs.shape[1],),
-                                     num_classes=len(classes))
+    return inputs, targets, DataSpec(task="classification", input_shape=(inputs.shape[1],), num_classes=len(classes))
 
 
 @register_data("csv")

@@ -34,7 +34,7 @@ class GuardedBatch:
     batch: Any
     failed: list[_Failed]
 
-    def pin_memory(self) -> "GuardedBatch":
+    def pin_memory(self) -> GuardedBatch:
         """The DataLoader's pin hook calls this on objects it does not know; without it the
         tensors inside would stay in pageable memory and every copy to the GPU would block."""
         return GuardedBatch(None if self.batch is None else pin_memory(self.batch), self.failed)
@@ -80,7 +80,10 @@ def unwrap(item: GuardedBatch, on_error: str) -> tuple[Any, int]:
     if item.failed and (on_error == "fail" or item.batch is None):
         first = item.failed[0]
         more = f" (and {len(item.failed) - 1} more in this batch)" if len(item.failed) > 1 else ""
-        hint = "; set data.on_error=skip to skip unreadable samples" if on_error == "fail" else \
-            "; every sample of the micro-batch was unreadable"
+        hint = (
+            "; set data.on_error=skip to skip unreadable samples"
+            if on_error == "fail"
+            else "; every sample of the micro-batch was unreadable"
+        )
         raise BadSample(f"{first.where}: {first.problem}{more}{hint}")
     return item.batch, len(item.failed)

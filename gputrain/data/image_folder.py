@@ -79,7 +79,7 @@ class ImageFolderData(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return decode_image(self.files[index], self.size), self.labels[index]
 
-    def subset(self, indices: list[int] | np.ndarray) -> "ImageFolderData":
+    def subset(self, indices: list[int] | np.ndarray) -> ImageFolderData:
         return ImageFolderData([self.files[i] for i in indices], [self.labels[i] for i in indices], self.size)
 
 
@@ -88,8 +88,11 @@ def _subfolders(folder: Path) -> list[Path]:
 
 
 def _images_in(folder: Path) -> list[str]:
-    return sorted(e.path for e in os.scandir(folder)
-                  if e.is_file() and Path(e.name).suffix.lower() in IMAGE_SUFFIXES and not e.name.startswith("."))
+    return sorted(
+        e.path
+        for e in os.scandir(folder)
+        if e.is_file() and Path(e.name).suffix.lower() in IMAGE_SUFFIXES and not e.name.startswith(".")
+    )
 
 
 def scan_classes(folder: Path, classes: list[str] | None = None) -> tuple[list[str], list[str], list[int]]:
@@ -147,20 +150,31 @@ def build_image_folder(config: DataConfig, seed: int) -> DataBundle:
         train = ImageFolderData(files, labels, size)  # type: ignore[arg-type]
         val_dir = next((root / n for n in _VAL_NAMES if (root / n).is_dir()), None)
         val = ImageFolderData(*scan_classes(val_dir, classes)[1:], size) if val_dir else None  # type: ignore[arg-type]
-        test = (ImageFolderData(*scan_classes(root / "test", classes)[1:], size)  # type: ignore[arg-type]
-                if (root / "test").is_dir() else None)
+        test = (
+            ImageFolderData(*scan_classes(root / "test", classes)[1:], size)  # type: ignore[arg-type]
+            if (root / "test").is_dir()
+            else None
+        )
     else:
         classes, files, labels = scan_classes(root)
         everything = ImageFolderData(files, labels, size)  # type: ignore[arg-type]
         train_idx, val_idx, test_idx = split_indices(len(files), config.val_fraction, config.test_fraction, seed)
         if len(train_idx) == 0:
-            raise ConfigError("data.val_fraction", f"leaves no training images out of {len(files)}",
-                              config.val_fraction)
+            raise ConfigError(
+                "data.val_fraction", f"leaves no training images out of {len(files)}", config.val_fraction
+            )
         train = everything.subset(train_idx.tolist())
         val = everything.subset(val_idx.tolist()) if len(val_idx) else None
         test = everything.subset(test_idx.tolist()) if len(test_idx) else None
     mean, std = _channel_stats(train, seed) if config.normalize else (None, None)
-    spec = DataSpec(task="classification", input_shape=(3, *size), num_classes=len(classes), uint8_pixels=True,
-                    pixel_mean=mean, pixel_std=std)
-    return DataBundle(train=train, val=_cap(val, config.max_eval_samples), test=_cap(test, config.max_eval_samples),
-                      spec=spec)
+    spec = DataSpec(
+        task="classification",
+        input_shape=(3, *size),
+        num_classes=len(classes),
+        uint8_pixels=True,
+        pixel_mean=mean,
+        pixel_std=std,
+    )
+    return DataBundle(
+        train=train, val=_cap(val, config.max_eval_samples), test=_cap(test, config.max_eval_samples), spec=spec
+    )

@@ -21,11 +21,15 @@ from gputrain.data.tensors import TensorData, split_indices
 from gputrain.errors import ConfigError, DataError
 
 FILES = {
-    "train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
-    "test_images": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte",
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
 }
-_WHERE = ("MNIST: https://ossci-datasets.s3.amazonaws.com/mnist/ (the mirror torchvision uses); "
-          "Fashion-MNIST: https://github.com/zalandoresearch/fashion-mnist (same file names)")
+_WHERE = (
+    "MNIST: https://ossci-datasets.s3.amazonaws.com/mnist/ (the mirror torchvision uses); "
+    "Fashion-MNIST: https://github.com/zalandoresearch/fashion-mnist (same file names)"
+)
 _IDX_UBYTE = 0x08  # the only element type MNIST uses; IDX also defines int8..float64
 
 
@@ -54,12 +58,13 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
     magic = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else None
     if magic != expected_magic:
         shown = "missing" if magic is None else f"0x{magic:08x}"
-        raise DataError(f"{path}: not an IDX file of {ndim}-d unsigned bytes: magic number {shown}, expected "
-                        f"0x{expected_magic:08x}")
+        raise DataError(
+            f"{path}: not an IDX file of {ndim}-d unsigned bytes: magic number {shown}, expected 0x{expected_magic:08x}"
+        )
     header = 4 + 4 * ndim
     if len(raw) < header:
         raise DataError(f"{path}: truncated IDX header ({len(raw)} bytes)")
-    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     expected = header + int(np.prod(dims))
     if len(raw) != expected:
         raise DataError(f"{path}: {len(raw)} bytes, but its header ({' x '.join(map(str, dims))}) needs {expected}")
@@ -94,5 +99,9 @@ def build_mnist(config: DataConfig, seed: int) -> DataBundle:
         train_x, val_x, test_inputs = ((t - mean) / std for t in (train_x, val_x, test_inputs))
     spec = DataSpec(task="classification", input_shape=tuple(inputs.shape[1:]), num_classes=num_classes)
     val = TensorData(val_x.contiguous(), targets[val_idx]) if len(val_idx) else None
-    return DataBundle(train=TensorData(train_x.contiguous(), targets[train_idx]), val=val,
-                      test=TensorData(test_inputs.contiguous(), test_targets), spec=spec)
+    return DataBundle(
+        train=TensorData(train_x.contiguous(), targets[train_idx]),
+        val=val,
+        test=TensorData(test_inputs.contiguous(), test_targets),
+        spec=spec,
+    )

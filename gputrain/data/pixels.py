@@ -47,7 +47,7 @@ def pixel_scaler(spec: DataSpec | None, device: torch.device) -> BatchTransform 
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8:
             return batch
         images = images.float().div_(255.0)
-        if mean is not None:
+        if mean is not None and std is not None:
             images = images.sub_(mean).div_(std)
         rest = list(batch[1:])
         return [images, *rest] if isinstance(batch, list) else (images, *rest)

@@ -29,8 +29,16 @@ class DataBundle:
 
 DataBuilder = Callable[[DataConfig, int], DataBundle]
 SOURCES: Registry[DataBuilder] = Registry(
-    ["gputrain.data.digits", "gputrain.data.csv_table", "gputrain.data.synthetic", "gputrain.data.mnist",
-     "gputrain.data.image_folder", "gputrain.data.text", "gputrain.data.tokens"])
+    [
+        "gputrain.data.digits",
+        "gputrain.data.csv_table",
+        "gputrain.data.synthetic",
+        "gputrain.data.mnist",
+        "gputrain.data.image_folder",
+        "gputrain.data.text",
+        "gputrain.data.tokens",
+    ]
+)
 
 
 def register_data(name: str) -> Callable[[DataBuilder], DataBuilder]:

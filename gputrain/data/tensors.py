@@ -34,7 +34,7 @@ class TensorData(Dataset):
             return self.inputs[indices], self.targets[indices]
         return _gather_pinned(self.inputs, indices), _gather_pinned(self.targets, indices)
 
-    def to(self, device: torch.device) -> "TensorData":
+    def to(self, device: torch.device) -> TensorData:
         return TensorData(self.inputs.to(device), self.targets.to(device))
 
     @property
@@ -50,9 +50,9 @@ def _gather_pinned(source: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 def split_indices(n: int, val_fraction: float, test_fraction: float, seed: int) -> tuple[torch.Tensor, ...]:
     """A seeded permutation cut into train / val / test index sets."""
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    n_test = int(round(n * test_fraction))
-    n_val = int(round(n * val_fraction))
-    return order[n_test + n_val:], order[n_test:n_test + n_val], order[:n_test]
+    n_test = round(n * test_fraction)
+    n_val = round(n * val_fraction)
+    return order[n_test + n_val :], order[n_test : n_test + n_val], order[:n_test]
 
 
 def _standardise(train: torch.Tensor, *others: torch.Tensor) -> list[torch.Tensor]:
@@ -64,13 +64,13 @@ def _standardise(train: torch.Tensor, *others: torch.Tensor) -> list[torch.Tenso
     return [(t - mean) / std for t in (train, *others)]
 
 
-def split_tensors(inputs: torch.Tensor, targets: torch.Tensor, spec: DataSpec, config: DataConfig,
-                  seed: int) -> DataBundle:
+def split_tensors(
+    inputs: torch.Tensor, targets: torch.Tensor, spec: DataSpec, config: DataConfig, seed: int
+) -> DataBundle:
     """Split in-memory data into train/val/test (seeded), normalising with train statistics only."""
     train_idx, val_idx, test_idx = split_indices(len(inputs), config.val_fraction, config.test_fraction, seed)
     if len(train_idx) == 0:
-        raise ConfigError("data.val_fraction", f"leaves no training samples out of {len(inputs)}",
-                          config.val_fraction)
+        raise ConfigError("data.val_fraction", f"leaves no training samples out of {len(inputs)}", config.val_fraction)
     parts = [inputs[train_idx], inputs[val_idx], inputs[test_idx]]
     if config.normalize and inputs.is_floating_point():
         parts = _standardise(*parts)

@@ -23,7 +23,7 @@ def contiguous_split(num_windows: int, val_fraction: float, test_fraction: float
     """Window index ranges (train, val, test) in order, sized by the fractions."""
     n_val, n_test = round(num_windows * val_fraction), round(num_windows * test_fraction)
     n_train = num_windows - n_val - n_test
-    return range(0, n_train), range(n_train, n_train + n_val), range(n_train + n_val, num_windows)
+    return range(n_train), range(n_train, n_train + n_val), range(n_train + n_val, num_windows)
 
 
 def read_text(path: Path) -> str:
@@ -43,7 +43,7 @@ def char_windows(text: str, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, l
     ids = torch.tensor([index[ch] for ch in text], dtype=torch.long)
     num_windows = (len(ids) - 1) // seq_len
     used = num_windows * seq_len
-    return ids[:used].view(num_windows, seq_len), ids[1:used + 1].view(num_windows, seq_len), vocab
+    return ids[:used].view(num_windows, seq_len), ids[1 : used + 1].view(num_windows, seq_len), vocab
 
 
 @register_data("text")
@@ -58,11 +58,13 @@ def build_text(config: DataConfig, seed: int) -> DataBundle:
     x, y, vocab = char_windows(read_text(path), config.seq_len)
     train, val, test = contiguous_split(len(x), config.val_fraction, config.test_fraction)
     if len(train) == 0:
-        raise DataError(f"{path}: too short for data.seq_len={config.seq_len}: {len(x)} windows of "
-                        f"{config.seq_len + 1} characters leave none for training; use a smaller data.seq_len")
+        raise DataError(
+            f"{path}: too short for data.seq_len={config.seq_len}: {len(x)} windows of "
+            f"{config.seq_len + 1} characters leave none for training; use a smaller data.seq_len"
+        )
     spec = DataSpec(task="lm", input_shape=(config.seq_len,), vocab_size=len(vocab))
 
     def part(r: range) -> TensorData | None:
-        return TensorData(x[r.start:r.stop], y[r.start:r.stop]) if len(r) else None
+        return TensorData(x[r.start : r.stop], y[r.start : r.stop]) if len(r) else None
 
     return DataBundle(train=part(train), val=part(val), test=part(test), spec=spec)  # type: ignore[arg-type]

@@ -46,13 +46,13 @@ class TokenWindows(Dataset):
         if not 0 <= index < self.count:
             raise IndexError(index)
         start = (self.first + index * self.step) * self.seq_len
-        window = torch.from_numpy(self._map()[start:start + self.seq_len + 1].astype(np.int64))
+        window = torch.from_numpy(self._map()[start : start + self.seq_len + 1].astype(np.int64))
         return window[:-1], window[1:]
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_tokens": None}
 
-    def capped(self, limit: int | None) -> "TokenWindows":
+    def capped(self, limit: int | None) -> TokenWindows:
         """At most `limit` windows, evenly spread over this split (fixed, so evaluations compare)."""
         if limit is None or self.count <= limit:
             return self
@@ -67,8 +67,9 @@ def count_tokens(path: Path, seq_len: int) -> int:
         DataError: naming the file.
     """
     if not path.is_file():
-        raise DataError(f"{path}: no such token file (flat uint16 ids, e.g. nanoGPT's prepare.py writes train.bin "
-                        "and val.bin)")
+        raise DataError(
+            f"{path}: no such token file (flat uint16 ids, e.g. nanoGPT's prepare.py writes train.bin and val.bin)"
+        )
     size = path.stat().st_size
     if size % 2:
         raise DataError(f"{path}: odd byte count ({size}): not a flat array of uint16 token ids")
@@ -79,7 +80,7 @@ def count_tokens(path: Path, seq_len: int) -> int:
 
 def largest_token(path: Path) -> int:
     tokens = np.memmap(path, dtype=np.uint16, mode="r")
-    return max(int(tokens[i:i + _SCAN_CHUNK].max()) for i in range(0, len(tokens), _SCAN_CHUNK))
+    return max(int(tokens[i : i + _SCAN_CHUNK].max()) for i in range(0, len(tokens), _SCAN_CHUNK))
 
 
 def _token_files(config: DataConfig) -> tuple[Path, Path | None]:
@@ -117,5 +118,6 @@ def build_tokens(config: DataConfig, seed: int) -> DataBundle:
         vocab_size = 1 + max(largest_token(p) for p in (path, val_path) if p is not None)
     spec = DataSpec(task="lm", input_shape=(T,), vocab_size=vocab_size)
     cap = config.max_eval_samples
-    return DataBundle(train=train, val=val.capped(cap) if val else None, test=test.capped(cap) if test else None,
-                      spec=spec)
+    return DataBundle(
+        train=train, val=val.capped(cap) if val else None, test=test.capped(cap) if test else None, spec=spec
+    )

@@ -8,7 +8,6 @@ norms, dropout) is recomputed — most of the memory saving of `full` for a few 
 
 from __future__ import annotations
 
-import functools
 from typing import Literal
 
 import torch
@@ -53,8 +52,12 @@ def apply_ac(model: nn.Module, mode: ACMode) -> nn.Module:
     """
     if mode == "none":
         return model
-    kwargs = {"context_fn": _selective_context} if mode == "selective" else {}
-    wrap = functools.partial(checkpoint_wrapper, **kwargs)
+
+    def wrap(module: nn.Module) -> nn.Module:
+        if mode == "selective":
+            return checkpoint_wrapper(module, context_fn=_selective_context)
+        return checkpoint_wrapper(module)
+
     blocks = find_blocks(model)
     if not blocks:
         return wrap(model)

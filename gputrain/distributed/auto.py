@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from gputrain.distributed.ac import ACMode
+from gputrain.distributed.parallel_dims import Strategy
+
 if TYPE_CHECKING:
     from gputrain.config.schema import Config
 
@@ -25,22 +28,22 @@ USABLE_FRACTION = 0.85
 # Share of the activations still held with checkpointing: selective keeps the matmul outputs (about
 # half of a transformer block's saved bytes); full keeps only each block's input.
 _AC_KEEP = {"none": 1.0, "selective": 0.5, "full": 0.15}
-_OPTIM_STATES = {"adam": 2, "adamw": 2, "nadam": 2, "adamax": 2, "adadelta": 2, "adagrad": 1, "rmsprop": 1,
-                 "sgd": 0}
+_OPTIM_STATES = {"adam": 2, "adamw": 2, "nadam": 2, "adamax": 2, "adadelta": 2, "adagrad": 1, "rmsprop": 1, "sgd": 0}
 GIB = 1024**3
 
 
 @dataclass(slots=True)
 class StrategyChoice:
-    strategy: str
+    strategy: Strategy
     """none, ddp, fsdp, tp, pp or hybrid (auto resolved)."""
-    activation_checkpointing: str
+    activation_checkpointing: ACMode
     reason: str | None = None
     """For auto: the numbers behind the choice, printed at start."""
 
 
-def choose_strategy(config: Config, model: nn.Module, world_size: int, device: torch.device,
-                    sample: torch.Tensor | None) -> StrategyChoice:
+def choose_strategy(
+    config: Config, model: nn.Module, world_size: int, device: torch.device, sample: torch.Tensor | None
+) -> StrategyChoice:
     """The configured strategy, or for `auto` the one the memory estimate picks.
 
     Args:
@@ -83,8 +86,10 @@ def activation_bytes(model: nn.Module, sample: torch.Tensor, micro_batch: int) -
 
     The model's parameters are swapped for meta tensors with `functional_call`, so nothing is
     copied or computed; parameters saved by matmuls are not counted (they are the weights)."""
-    meta = {name: torch.empty_like(t, device="meta", requires_grad=t.requires_grad)
-            for name, t in [*model.named_parameters(), *model.named_buffers()]}
+    meta = {
+        name: torch.empty_like(t, device="meta", requires_grad=t.requires_grad)
+        for name, t in [*model.named_parameters(), *model.named_buffers()]
+    }
     param_ids = {id(t) for t in meta.values()}
     seen: set[int] = set()
     total = 0
@@ -103,23 +108,34 @@ def activation_bytes(model: nn.Module, sample: torch.Tensor, micro_batch: int) -
     return total
 
 
-def estimate_memory(model: nn.Module, sample: torch.Tensor | None, micro_batch: int, optimizer: str,
-                    momentum: float = 0.0, precision: str = "fp32") -> MemoryEstimate:
+def estimate_memory(
+    model: nn.Module,
+    sample: torch.Tensor | None,
+    micro_batch: int,
+    optimizer: str,
+    momentum: float = 0.0,
+    precision: str = "fp32",
+) -> MemoryEstimate:
     """Weights, gradients, optimizer state and activations of `model` at `micro_batch` samples."""
     n = sum(p.numel() for p in model.parameters())
     acts = activation_bytes(model, sample, micro_batch) if sample is not None else 0
     if precision in ("bf16", "fp16"):
         acts //= 2  # autocast saves most activations in half precision
-    return MemoryEstimate(num_params=n, weights_bytes=4 * n, grads_bytes=4 * n,
-                          optimizer_bytes=4 * n * optimizer_states_per_param(optimizer, momentum),
-                          activation_bytes=acts, micro_batch=micro_batch)
+    return MemoryEstimate(
+        num_params=n,
+        weights_bytes=4 * n,
+        grads_bytes=4 * n,
+        optimizer_bytes=4 * n * optimizer_states_per_param(optimizer, momentum),
+        activation_bytes=acts,
+        micro_batch=micro_batch,
+    )
 
 
-def decide(est: MemoryEstimate, world_size: int, device_bytes: int) -> tuple[str, str, bool]:
+def decide(est: MemoryEstimate, world_size: int, device_bytes: int) -> tuple[Strategy, ACMode, bool]:
     """(strategy, activation_checkpointing, fits) — the first candidate within the usable memory."""
     budget = device_bytes * USABLE_FRACTION
     if world_size == 1:
-        candidates = [("none", "none"), ("none", "selective"), ("none", "full")]
+        candidates: list[tuple[Strategy, ACMode]] = [("none", "none"), ("none", "selective"), ("none", "full")]
     else:
         candidates = [("ddp", "none"), ("fsdp", "none"), ("fsdp", "selective"), ("fsdp", "full")]
     for strategy, ac in candidates:
@@ -142,22 +158,27 @@ def format_count(n: int) -> str:
     return str(n)
 
 
-def explain(est: MemoryEstimate, world_size: int, device_bytes: int, strategy: str, ac: str, fits: bool,
-            optimizer: str) -> str:
+def explain(
+    est: MemoryEstimate, world_size: int, device_bytes: int, strategy: str, ac: str, fits: bool, optimizer: str
+) -> str:
     """The numbers behind the choice, in one line."""
     gib = format_bytes
     shard = f" (÷{world_size} sharded)" if strategy == "fsdp" else ""
-    line = (f"auto: {format_count(est.num_params)} parameters; per rank: weights {gib(est.weights_bytes)}, gradients "
-            f"{gib(est.grads_bytes)}, {optimizer} state {gib(est.optimizer_bytes)}{shard}, activations "
-            f"{gib(est.activation_bytes * _AC_KEEP[ac])} at micro-batch {est.micro_batch}"
-            f"{f' with {ac} checkpointing' if ac != 'none' else ''} = "
-            f"{gib(est.per_rank(strategy, world_size, ac))} of {gib(device_bytes * USABLE_FRACTION)} usable "
-            f"({gib(device_bytes)} device)")
+    line = (
+        f"auto: {format_count(est.num_params)} parameters; per rank: weights {gib(est.weights_bytes)}, gradients "
+        f"{gib(est.grads_bytes)}, {optimizer} state {gib(est.optimizer_bytes)}{shard}, activations "
+        f"{gib(est.activation_bytes * _AC_KEEP[ac])} at micro-batch {est.micro_batch}"
+        f"{f' with {ac} checkpointing' if ac != 'none' else ''} = "
+        f"{gib(est.per_rank(strategy, world_size, ac))} of {gib(device_bytes * USABLE_FRACTION)} usable "
+        f"({gib(device_bytes)} device)"
+    )
     if strategy == "fsdp" and fits:
         line += f"; a DDP replica would need {gib(est.per_rank('ddp', world_size))}"
     if not fits:
-        line += ("; DOES NOT FIT even so: use more ranks, a smaller train.micro_batch_size, "
-                 "parallel.cpu_offload=true or train.precision=bf16")
+        line += (
+            "; DOES NOT FIT even so: use more ranks, a smaller train.micro_batch_size, "
+            "parallel.cpu_offload=true or train.precision=bf16"
+        )
     return line
 
 
@@ -169,14 +190,16 @@ def device_memory_bytes(device: torch.device) -> int:
     return ram // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
-def choose_auto(config: Config, model: nn.Module, world_size: int, device: torch.device,
-                sample: torch.Tensor | None) -> StrategyChoice:
+def choose_auto(
+    config: Config, model: nn.Module, world_size: int, device: torch.device, sample: torch.Tensor | None
+) -> StrategyChoice:
     """Resolve parallel.strategy=auto for this model, job and device."""
     per_rank_batch = max(1, config.train.batch_size // world_size)
     accum = config.train.grad_accum if isinstance(config.train.grad_accum, int) else 1
     micro = config.train.micro_batch_size or max(1, per_rank_batch // accum)
-    precision = config.train.precision if config.train.precision != "auto" else (
-        "bf16" if device.type == "cuda" else "fp32")
+    precision = (
+        config.train.precision if config.train.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32")
+    )
     est = estimate_memory(model, sample, micro, config.optim.name, config.optim.momentum, precision)
     device_bytes = device_memory_bytes(device)
     strategy, ac, fits = decide(est, world_size, device_bytes)

@@ -29,8 +29,7 @@ def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
         name, blocks = stack
         return [(f"{name}.{i}", block) for i, block in enumerate(blocks)]
     if isinstance(model, nn.Sequential):
-        return [(name, child) for name, child in model.named_children()
-                if any(True for _ in child.parameters())]
+        return [(name, child) for name, child in model.named_children() if any(True for _ in child.parameters())]
     return []
 
 

@@ -84,8 +84,14 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0, cpu_collect
             # nccl only notices a dead peer through its watchdog: make it abort the job instead of hanging
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         timeout = datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group(process_group_backend(device, cpu_collectives), timeout=timeout,
-                                store=_restart_store(world, timeout), rank=rank, world_size=world, device_id=gpu)
+        dist.init_process_group(
+            process_group_backend(device, cpu_collectives),
+            timeout=timeout,
+            store=_restart_store(world, timeout),
+            rank=rank,
+            world_size=world,
+            device_id=gpu,
+        )
     return DistContext(rank=rank, world_size=world, local_rank=local_rank, dp_rank=rank, dp_size=world)
 
 
@@ -97,8 +103,9 @@ def _restart_store(world: int, timeout: datetime.timedelta) -> dist.Store | None
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                         timeout=timeout)
+    base = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
+    )
     return dist.PrefixStore(f"gputrain/attempt_{attempt}", base)
 
 

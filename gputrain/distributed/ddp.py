@@ -13,7 +13,8 @@ def apply_ddp(model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Mo
 
     Returns the wrapper; the caller keeps `model` for its state dict (DDP adds a `module.` prefix).
     """
-    device_ids = [device.index if device.index is not None else torch.cuda.current_device()] \
-        if device.type == "cuda" else None
+    device_ids = (
+        [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else None
+    )
     # DDP broadcasts buffers (BatchNorm statistics) from rank 0 each forward only when a model has any
     return DistributedDataParallel(model, device_ids=device_ids, process_group=mesh.get_group())

@@ -38,7 +38,6 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32", cpu_
     blocks = find_blocks(model)
     for i, (_, block) in enumerate(blocks):
         # the last block's parameters are needed again at once by the backward pass: keep them gathered
-        fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload,
-                    reshard_after_forward=i < len(blocks) - 1)
+        fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=i < len(blocks) - 1)
     fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
     return model

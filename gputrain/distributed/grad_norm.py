@@ -22,8 +22,9 @@ def _plain_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.nn.utils.get_total_norm(grads)
 
 
-def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float | None,
-                       pp_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def grad_norm_and_clip(
+    params: list[torch.Tensor], max_norm: float | None, pp_group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     """L2 norm of all gradients (a device tensor, no host sync); clip to `max_norm` when given."""
     with_grad = [p for p in params if p.grad is not None]
     # sharded (DTensor) and plain gradients cannot meet in one kernel: norm each kind, then combine
@@ -31,12 +32,13 @@ def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float | None,
     plain = [p for p in with_grad if not isinstance(p.grad, DTensor)]
     norms = []
     if sharded:  # FSDP/TP: each rank holds a partial norm of its shards
-        norms.append(torch.nn.utils.get_total_norm([p.grad for p in sharded]).full_tensor())
+        partial = torch.nn.utils.get_total_norm([p.grad for p in sharded if p.grad is not None])
+        norms.append(partial.full_tensor() if isinstance(partial, DTensor) else partial)
     if plain or not sharded:
-        norms.append(_plain_norm([p.grad for p in plain]))
+        norms.append(_plain_norm([p.grad for p in plain if p.grad is not None]))
     norm = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
     if pp_group is not None:  # each stage only sees its own layers' gradients
-        squared = norm ** 2
+        squared = norm**2
         dist.all_reduce(squared, group=pp_group)
         norm = squared.sqrt()
     if max_norm is not None:

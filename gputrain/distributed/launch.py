@@ -35,8 +35,10 @@ class LaunchOptions:
         if not 0 <= self.node_rank < self.nnodes:
             raise UsageError(f"--node-rank must be in 0..{self.nnodes - 1}, not {self.node_rank}")
         if self.nnodes > 1 and not self.rdzv_endpoint:
-            raise UsageError("--nnodes > 1 needs --rdzv-endpoint host:port (the same on every node: node 0's "
-                             "address and a free port)")
+            raise UsageError(
+                "--nnodes > 1 needs --rdzv-endpoint host:port (the same on every node: node 0's "
+                "address and a free port)"
+            )
         if self.rdzv_endpoint and ":" not in self.rdzv_endpoint:
             raise UsageError(f"--rdzv-endpoint must be host:port, not {self.rdzv_endpoint!r}")
         if self.max_restarts < 0:
@@ -49,8 +51,12 @@ def torchrun_args(opts: LaunchOptions, child_argv: list[str]) -> list[str]:
     if opts.nnodes == 1 and not opts.rdzv_endpoint:
         args.append("--standalone")  # a free local port, no endpoint to agree on
     else:
-        args += [f"--nnodes={opts.nnodes}", f"--node-rank={opts.node_rank}", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint={opts.rdzv_endpoint}"]
+        args += [
+            f"--nnodes={opts.nnodes}",
+            f"--node-rank={opts.node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={opts.rdzv_endpoint}",
+        ]
     return [*args, "-m", "gputrain", *child_argv]
 
 

@@ -44,18 +44,29 @@ class ParallelDims:
                 raise ConfigError(f"parallel.{name}", "must be >= 1, or -1 for the remaining ranks", value)
         fill = [name for name, value in degrees.items() if value == -1]
         if len(fill) > 1:
-            raise ConfigError(f"parallel.{fill[0]}", "only one degree may be -1 (the remaining ranks); -1 is also set "
-                              "for " + ", ".join(f"parallel.{n}" for n in fill[1:]), -1)
+            raise ConfigError(
+                f"parallel.{fill[0]}",
+                "only one degree may be -1 (the remaining ranks); -1 is also set "
+                "for " + ", ".join(f"parallel.{n}" for n in fill[1:]),
+                -1,
+            )
         known = math.prod(v for v in degrees.values() if v != -1)
         if fill:
             rest, rem = divmod(self.world_size, known)
             if rem or rest < 1:
-                raise ConfigError(_FIELDS, f"the fixed degrees multiply to {known}, which does not divide the "
-                                  f"world size {self.world_size}", degrees)
+                raise ConfigError(
+                    _FIELDS,
+                    f"the fixed degrees multiply to {known}, which does not divide the world size {self.world_size}",
+                    degrees,
+                )
             setattr(self, fill[0], rest)
         elif known != self.world_size:
-            raise ConfigError(_FIELDS, f"must multiply to the world size {self.world_size}, not {known}", degrees,
-                              hint="set one degree to -1 to take the remaining ranks")
+            raise ConfigError(
+                _FIELDS,
+                f"must multiply to the world size {self.world_size}, not {known}",
+                degrees,
+                hint="set one degree to -1 to take the remaining ranks",
+            )
 
     # ------------------------------------------------------------------ what is enabled
     @property
@@ -117,8 +128,12 @@ def dims_for_strategy(strategy: Strategy, cfg: ParallelConfig, world_size: int) 
     """
     if strategy == "none":
         if world_size > 1:
-            raise ConfigError("parallel.strategy", f"'none' trains on one process, but {world_size} ranks were "
-                              "launched", strategy, hint="use ddp, fsdp or auto, or launch one process")
+            raise ConfigError(
+                "parallel.strategy",
+                f"'none' trains on one process, but {world_size} ranks were launched",
+                strategy,
+                hint="use ddp, fsdp or auto, or launch one process",
+            )
         return ParallelDims(world_size=1)
     if strategy == "ddp":
         return ParallelDims(dp_replicate=-1, world_size=world_size)
@@ -128,5 +143,6 @@ def dims_for_strategy(strategy: Strategy, cfg: ParallelConfig, world_size: int) 
         return ParallelDims(tp=cfg.tp if cfg.tp > 1 else world_size, dp_shard=-1, world_size=world_size)
     if strategy == "pp":
         return ParallelDims(pp=cfg.pp if cfg.pp > 1 else world_size, dp_shard=-1, world_size=world_size)
-    return ParallelDims(dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, tp=cfg.tp, pp=cfg.pp,
-                        world_size=world_size)
+    return ParallelDims(
+        dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, tp=cfg.tp, pp=cfg.pp, world_size=world_size
+    )

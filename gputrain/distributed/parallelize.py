@@ -18,10 +18,10 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from gputrain.config.schema import Config
 from gputrain.distributed.auto import StrategyChoice
-from gputrain.errors import ConfigError
 from gputrain.distributed.blocks import find_blocks
 from gputrain.distributed.context import DistContext
 from gputrain.distributed.parallel_dims import ParallelDims, dims_for_strategy
+from gputrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from gputrain.distributed.pp import PipelineRunner
@@ -37,13 +37,13 @@ class Parallelized:
     """The module that holds this rank's parameters (state dicts and the optimizer use it)."""
     step_model: nn.Module
     """The module the training step calls (DDP-wrapped, compiled, ... as configured)."""
-    pipeline: "PipelineRunner | None" = None
+    pipeline: PipelineRunner | None = None
     """Pipeline schedule driving forward and backward when pipeline parallelism is on."""
 
 
 def setup_parallel(ctx: DistContext, choice: StrategyChoice, config: Config, device: torch.device) -> ParallelDims:
     """Resolve the degrees, build the device mesh and set this rank's data-parallel coordinates."""
-    dims = dims_for_strategy(choice.strategy, config.parallel, ctx.world_size)  # type: ignore[arg-type]
+    dims = dims_for_strategy(choice.strategy, config.parallel, ctx.world_size)
     ctx.dims = dims
     ctx.dp_rank, ctx.dp_size = dims.dp_rank(ctx.rank), dims.dp_size
     if ctx.enabled:
@@ -62,9 +62,17 @@ def _apply_compile(model: nn.Module, mode: str | None = None) -> None:
         model.compile(mode=mode)
 
 
-def parallelize(model: nn.Module, ctx: DistContext, config: Config, device: torch.device,
-                precision: str = "fp32", choice: StrategyChoice | None = None, grad_accum: int = 1,
-                tp_plan: TPPlan | None = None, loss_fn: LossFn | None = None) -> Parallelized:
+def parallelize(
+    model: nn.Module,
+    ctx: DistContext,
+    config: Config,
+    device: torch.device,
+    choice: StrategyChoice,
+    precision: str = "fp32",
+    grad_accum: int = 1,
+    tp_plan: TPPlan | None = None,
+    loss_fn: LossFn | None = None,
+) -> Parallelized:
     """Apply the chosen parallelisms in the fixed order; unchanged on one process with strategy none.
 
     With pipeline parallelism each of this rank's stage modules goes through the same order.
@@ -78,21 +86,27 @@ def parallelize(model: nn.Module, ctx: DistContext, config: Config, device: torc
     Raises:
         ConfigError: tensor parallelism without a plan, or pipeline parallelism without a loss_fn.
     """
-    choice = choice or StrategyChoice(config.parallel.strategy, config.parallel.activation_checkpointing)
     dims, mesh = ctx.dims, ctx.mesh
     if dims is not None and dims.tp_enabled and tp_plan is None:
-        raise ConfigError("parallel.tp", f"tensor parallelism needs a plan for {type(model).__name__}: pass "
-                          "tp_plan={'layer.name': ColwiseParallel(), ...} (torch.distributed.tensor.parallel) to "
-                          "the Trainer; the built-in mlp and gpt models have theirs", dims.tp,
-                          hint="or use parallel.strategy=fsdp or ddp for this model")
+        raise ConfigError(
+            "parallel.tp",
+            f"tensor parallelism needs a plan for {type(model).__name__}: pass "
+            "tp_plan={'layer.name': ColwiseParallel(), ...} (torch.distributed.tensor.parallel) to "
+            "the Trainer; the built-in mlp and gpt models have theirs",
+            dims.tp,
+            hint="or use parallel.strategy=fsdp or ddp for this model",
+        )
     pipeline = None
     if dims is not None and dims.pp_enabled:
         from gputrain.distributed.pp import apply_pp
 
         if loss_fn is None:
-            raise ConfigError("parallel.strategy", "pipeline parallelism computes the loss on the last stage: pass "
-                              "loss_fn(outputs, targets) to the Trainer (step_fn cannot be split into stages)",
-                              config.parallel.strategy)
+            raise ConfigError(
+                "parallel.strategy",
+                "pipeline parallelism computes the loss on the last stage: pass "
+                "loss_fn(outputs, targets) to the Trainer (step_fn cannot be split into stages)",
+                config.parallel.strategy,
+            )
         model, pipeline = apply_pp(model, mesh["pp"], config, device, grad_accum, loss_fn)  # type: ignore[index]
     chunks = pipeline.chunks if pipeline is not None else [model]
     for i, chunk in enumerate(chunks):
@@ -105,8 +119,16 @@ def parallelize(model: nn.Module, ctx: DistContext, config: Config, device: torc
     return Parallelized(model=model, step_model=chunks[0])
 
 
-def _apply_in_order(model: nn.Module, dims: ParallelDims | None, mesh: Any, choice: StrategyChoice, config: Config,
-                    device: torch.device, precision: str, tp_plan: TPPlan | None) -> nn.Module:
+def _apply_in_order(
+    model: nn.Module,
+    dims: ParallelDims | None,
+    mesh: Any,
+    choice: StrategyChoice,
+    config: Config,
+    device: torch.device,
+    precision: str,
+    tp_plan: TPPlan | None,
+) -> nn.Module:
     """TP → activation checkpointing → compile → FSDP/DDP on one module; returns what to call."""
     if dims is not None and dims.tp_enabled and tp_plan is not None:
         from gputrain.distributed.tp import apply_tp
@@ -115,7 +137,7 @@ def _apply_in_order(model: nn.Module, dims: ParallelDims | None, mesh: Any, choi
     if choice.activation_checkpointing != "none":
         from gputrain.distributed.ac import apply_ac
 
-        model = apply_ac(model, choice.activation_checkpointing)  # type: ignore[arg-type]
+        model = apply_ac(model, choice.activation_checkpointing)
     cuda_graphs = config.train.cuda_graphs and device.type == "cuda"
     if config.train.compile or cuda_graphs:
         _apply_compile(model, "reduce-overhead" if cuda_graphs else None)

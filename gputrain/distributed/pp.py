@@ -39,7 +39,7 @@ def layer_units(model: nn.Sequential) -> list[list[int]]:
     pending: list[int] = []
     for i, child in enumerate(model):
         if any(True for _ in child.parameters()):
-            units.append(pending + [i])
+            units.append([*pending, i])
             pending = []
         elif units:
             units[-1].append(i)
@@ -64,8 +64,18 @@ def split_units(num_units: int, num_stages: int) -> list[range]:
 class PipelineRunner:
     """This rank's stage modules and the schedule that drives them for one optimizer step."""
 
-    def __init__(self, holder: nn.Module, chunks: list[nn.Module], stage_ids: list[int], num_stages: int,
-                 mesh: DeviceMesh, schedule: str, n_microbatches: int, device: torch.device, loss_fn: LossFn) -> None:
+    def __init__(
+        self,
+        holder: nn.Module,
+        chunks: list[nn.Module],
+        stage_ids: list[int],
+        num_stages: int,
+        mesh: DeviceMesh,
+        schedule: str,
+        n_microbatches: int,
+        device: torch.device,
+        loss_fn: LossFn,
+    ) -> None:
         self.holder = holder
         self.chunks = chunks
         """This rank's stage modules, in stage order (parallelize wraps them for TP/AC/compile/DP)."""
@@ -92,8 +102,10 @@ class PipelineRunner:
     def bind(self, chunks: list[nn.Module]) -> None:
         """Build the stages over the final (wrapped) chunks, and the schedule."""
         self.chunks = chunks
-        stages = [PipelineStage(chunk, sid, self.num_stages, self.device, group=self.group)
-                  for chunk, sid in zip(chunks, self.stage_ids)]
+        stages = [
+            PipelineStage(chunk, sid, self.num_stages, self.device, group=self.group)
+            for chunk, sid in zip(chunks, self.stage_ids)
+        ]
         cls = _SCHEDULES[self.schedule_name]
         if self.schedule_name == "interleaved_1f1b":
             self._schedule = cls(stages, n_microbatches=self.n_microbatches, loss_fn=self.loss_fn, scale_grads=True)
@@ -153,8 +165,9 @@ class PipelineForward(nn.Module):
         return self.runner.forward(inputs)
 
 
-def apply_pp(model: nn.Module, mesh: DeviceMesh, config: Config, device: torch.device,
-             n_microbatches: int, loss_fn: LossFn) -> tuple[nn.Module, PipelineRunner]:
+def apply_pp(
+    model: nn.Module, mesh: DeviceMesh, config: Config, device: torch.device, n_microbatches: int, loss_fn: LossFn
+) -> tuple[nn.Module, PipelineRunner]:
     """Cut `model` into stages; return this rank's holder module (parameters, state dict) and runner.
 
     Raises:
@@ -163,21 +176,36 @@ def apply_pp(model: nn.Module, mesh: DeviceMesh, config: Config, device: torch.d
     """
     pp, schedule = mesh.size(), config.parallel.pp_schedule
     if not isinstance(model, nn.Sequential):
-        raise ConfigError("parallel.pp", f"pipeline parallelism cuts nn.Sequential models (mlp, cnn) between "
-                          f"layers; {type(model).__name__} is not one", pp,
-                          hint="use parallel.strategy=fsdp or tp for this model")
+        raise ConfigError(
+            "parallel.pp",
+            f"pipeline parallelism cuts nn.Sequential models (mlp, cnn) between "
+            f"layers; {type(model).__name__} is not one",
+            pp,
+            hint="use parallel.strategy=fsdp or tp for this model",
+        )
     virtual = 2 if schedule == "interleaved_1f1b" else 1
     num_stages = pp * virtual
     units = layer_units(model)
     if len(units) < num_stages:
-        raise ConfigError("parallel.pp", f"the model has {len(units)} layers with parameters, fewer than the "
-                          f"{num_stages} pipeline stages ({pp} ranks × {virtual} with {schedule})", pp)
+        raise ConfigError(
+            "parallel.pp",
+            f"the model has {len(units)} layers with parameters, fewer than the "
+            f"{num_stages} pipeline stages ({pp} ranks × {virtual} with {schedule})",
+            pp,
+        )
     if schedule != "gpipe" and n_microbatches < pp:
-        raise ConfigError("train.grad_accum", f"the {schedule} schedule needs at least parallel.pp={pp} "
-                          f"micro-batches per step", n_microbatches, hint=f"set train.grad_accum={pp} or more")
+        raise ConfigError(
+            "train.grad_accum",
+            f"the {schedule} schedule needs at least parallel.pp={pp} micro-batches per step",
+            n_microbatches,
+            hint=f"set train.grad_accum={pp} or more",
+        )
     if schedule == "interleaved_1f1b" and n_microbatches % pp:
-        raise ConfigError("train.grad_accum", f"interleaved_1f1b needs a multiple of parallel.pp={pp} "
-                          f"micro-batches per step", n_microbatches)
+        raise ConfigError(
+            "train.grad_accum",
+            f"interleaved_1f1b needs a multiple of parallel.pp={pp} micro-batches per step",
+            n_microbatches,
+        )
     holder = copy.deepcopy(model)
     ranges = split_units(len(units), num_stages)
     pp_rank = mesh.get_local_rank()

@@ -26,8 +26,11 @@ def slurm_world(env: Mapping[str, str]) -> tuple[int, int, int, str, str] | None
     outside a multi-task Slurm step. MASTER_ADDR/MASTER_PORT already set win."""
     if "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) <= 1:
         return None
-    addr = env.get("MASTER_ADDR") or env.get("SLURM_LAUNCH_NODE_IPADDR") \
+    addr = (
+        env.get("MASTER_ADDR")
+        or env.get("SLURM_LAUNCH_NODE_IPADDR")
         or first_host(env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "127.0.0.1")))
+    )
     # every task of the job derives the same port from the job id, so no file or broadcast is needed
     port = env.get("MASTER_PORT") or str(_DEFAULT_PORT + int(env.get("SLURM_JOB_ID", "0")) % 10000)
     return (int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", "0")), addr, port)
@@ -41,6 +44,5 @@ def export_slurm_env() -> bool:
     if found is None:
         return False
     rank, world, local, addr, port = found
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local), MASTER_ADDR=addr,
-                      MASTER_PORT=port)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local), MASTER_ADDR=addr, MASTER_PORT=port)
     return True

@@ -12,8 +12,16 @@ from gputrain.env.checks import Check, gpu_training_possible, run_checks
 from gputrain.env.device import explain_cuda_unavailable, resolve_device
 from gputrain.env.facts import EnvReport, collect_env
 
-__all__ = ["Check", "EnvReport", "collect_env", "explain_cuda_unavailable", "gpu_training_possible",
-           "resolve_device", "run_checks", "write_env_json"]
+__all__ = [
+    "Check",
+    "EnvReport",
+    "collect_env",
+    "explain_cuda_unavailable",
+    "gpu_training_possible",
+    "resolve_device",
+    "run_checks",
+    "write_env_json",
+]
 
 
 def write_env_json(run_dir: str | Path) -> Path:

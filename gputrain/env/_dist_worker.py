@@ -24,8 +24,13 @@ def main(argv: list[str]) -> int:
     try:
         if backend == "nccl":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
         in_collective = False
         if os.environ.get("GPUTRAIN_DOCTOR_DIST_FAIL_RANK") == str(rank):
             raise RuntimeError(f"injected failure on rank {rank}")
@@ -37,7 +42,7 @@ def main(argv: list[str]) -> int:
         expected = world_size * (world_size + 1) / 2
         ok = bool(torch.all(tensor == expected).item())
         error = None if ok else f"all-reduce gave {tensor[0].item()}, expected {expected}"
-    except Exception as err:  # reported to the parent as data, not a traceback
+    except Exception as err:  # noqa: BLE001 - reported to the parent as data, not a traceback
         ok, error = False, f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
     finally:
         if dist.is_initialized():

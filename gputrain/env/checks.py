@@ -12,10 +12,27 @@ from typing import Any, Literal
 
 from gputrain.env.facts import EnvReport, GpuFacts
 
-__all__ = ["CHECKS", "Check", "Status", "check_cuda_available", "check_cuda_visible_devices",
-           "check_cudnn", "check_dist", "check_driver", "check_driver_cuda_version", "check_gpus",
-           "check_nccl", "check_python", "check_shm", "check_torch_build", "check_torch_installs",
-           "check_torch_version", "gpu_training_possible", "run_checks", "why_cuda_unavailable"]
+__all__ = [
+    "CHECKS",
+    "Check",
+    "Status",
+    "check_cuda_available",
+    "check_cuda_visible_devices",
+    "check_cudnn",
+    "check_dist",
+    "check_driver",
+    "check_driver_cuda_version",
+    "check_gpus",
+    "check_nccl",
+    "check_python",
+    "check_shm",
+    "check_torch_build",
+    "check_torch_installs",
+    "check_torch_version",
+    "gpu_training_possible",
+    "run_checks",
+    "why_cuda_unavailable",
+]
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -61,16 +78,21 @@ def _gpus_exist(f: EnvReport) -> bool:
 def check_python(f: EnvReport) -> Check:
     got = _version_tuple(f.python)
     if got is not None and got < MIN_PYTHON:
-        return Check("python", "fail", f"Python {f.python} is older than gputrain supports (3.10)",
-                     "use Python 3.10 or newer")
+        return Check(
+            "python", "fail", f"Python {f.python} is older than gputrain supports (3.10)", "use Python 3.10 or newer"
+        )
     return Check("python", "ok", f"Python {f.python} ({f.python_executable})")
 
 
 def check_torch_version(f: EnvReport) -> Check:
     got = _version_tuple(f.torch)
     if got is not None and got < MIN_TORCH:
-        return Check("torch version", "fail", f"torch {f.torch} is older than gputrain supports (2.10)",
-                     "pip install -U 'torch>=2.10'")
+        return Check(
+            "torch version",
+            "fail",
+            f"torch {f.torch} is older than gputrain supports (2.10)",
+            "pip install -U 'torch>=2.10'",
+        )
     return Check("torch version", "ok", f"torch {f.torch} ({f.torch_path})")
 
 
@@ -79,10 +101,12 @@ def install_cuda_build(driver_cuda: str | None) -> str:
     have = _version_tuple(driver_cuda)
     cuda = DEFAULT_WHEEL_CUDA
     if have is not None:
-        fitting = [v for v in WHEEL_CUDA_VERSIONS if _version_tuple(v) <= have]
+        fitting = [v for v in WHEEL_CUDA_VERSIONS if (_version_tuple(v) or (0,)) <= have]
         if not fitting:
-            return (f"upgrade the NVIDIA driver (it supports CUDA {driver_cuda}; torch wheels need "
-                    f"{WHEEL_CUDA_VERSIONS[-1]} or newer), then install a CUDA build of torch")
+            return (
+                f"upgrade the NVIDIA driver (it supports CUDA {driver_cuda}; torch wheels need "
+                f"{WHEEL_CUDA_VERSIONS[-1]} or newer), then install a CUDA build of torch"
+            )
         cuda = fitting[0]
     tag = "cu" + cuda.replace(".", "")
     return f"install a CUDA build: pip install torch --index-url https://download.pytorch.org/whl/{tag}"
@@ -93,9 +117,12 @@ def check_torch_build(f: EnvReport) -> Check:
     if f.torch_build == "cpu" and f.mps_available:
         return Check("torch build", "ok", f"torch {f.torch}: macOS build, Apple GPU through MPS")
     if f.torch_build == "cpu":
-        return Check("torch build", "fail",
-                     f"torch {f.torch} is a CPU-only build: it cannot use any GPU",
-                     install_cuda_build(f.driver.driver_cuda_version))
+        return Check(
+            "torch build",
+            "fail",
+            f"torch {f.torch} is a CPU-only build: it cannot use any GPU",
+            install_cuda_build(f.driver.driver_cuda_version),
+        )
     if f.torch_build == "rocm":
         return Check("torch build", "ok", f"ROCm build (HIP {f.torch_hip})")
     return Check("torch build", "ok", f"CUDA build (CUDA runtime {f.torch_cuda})")
@@ -106,16 +133,20 @@ def check_driver(f: EnvReport) -> Check | None:
         return None  # AMD and Apple GPUs: the NVIDIA driver is irrelevant
     d = f.driver
     if not d.present:
-        return Check("nvidia driver", "fail",
-                     "no NVIDIA driver found (no libcuda, no nvidia-smi, no /proc/driver/nvidia)",
-                     "install the NVIDIA driver (or run on a machine with an NVIDIA GPU)")
+        return Check(
+            "nvidia driver",
+            "fail",
+            "no NVIDIA driver found (no libcuda, no nvidia-smi, no /proc/driver/nvidia)",
+            "install the NVIDIA driver (or run on a machine with an NVIDIA GPU)",
+        )
     if d.driver_version is None:
-        return Check("nvidia driver", "warn",
-                     f"driver files found but NVML cannot read the driver ({d.nvml_error})",
-                     "check the driver install (nvidia-smi should list the GPUs); reboot after a "
-                     "driver upgrade")
-    return Check("nvidia driver", "ok",
-                 f"driver {d.driver_version}, supports CUDA {d.driver_cuda_version or '?'}")
+        return Check(
+            "nvidia driver",
+            "warn",
+            f"driver files found but NVML cannot read the driver ({d.nvml_error})",
+            "check the driver install (nvidia-smi should list the GPUs); reboot after a driver upgrade",
+        )
+    return Check("nvidia driver", "ok", f"driver {d.driver_version}, supports CUDA {d.driver_cuda_version or '?'}")
 
 
 def check_driver_cuda_version(f: EnvReport) -> Check | None:
@@ -123,17 +154,27 @@ def check_driver_cuda_version(f: EnvReport) -> Check | None:
     need, have = _version_tuple(f.torch_cuda), _version_tuple(f.driver.driver_cuda_version)
     if need is None or have is None:
         return None
-    detail = (f"driver {f.driver.driver_version} supports CUDA {f.driver.driver_cuda_version}, "
-              f"torch was built for CUDA {f.torch_cuda}")
+    detail = (
+        f"driver {f.driver.driver_version} supports CUDA {f.driver.driver_cuda_version}, "
+        f"torch was built for CUDA {f.torch_cuda}"
+    )
     if have[0] < need[0]:
-        return Check("driver vs CUDA runtime", "fail", f"driver too old: {detail}",
-                     f"upgrade the NVIDIA driver to one supporting CUDA {f.torch_cuda}, or install a "
-                     f"torch wheel built for CUDA {f.driver.driver_cuda_version} or older")
+        return Check(
+            "driver vs CUDA runtime",
+            "fail",
+            f"driver too old: {detail}",
+            f"upgrade the NVIDIA driver to one supporting CUDA {f.torch_cuda}, or install a "
+            f"torch wheel built for CUDA {f.driver.driver_cuda_version} or older",
+        )
     if have < need:
         # Same major: CUDA minor-version compatibility runs it, but without PTX JIT.
-        return Check("driver vs CUDA runtime", "warn", f"driver older than the runtime: {detail} "
-                     "(runs via minor-version compatibility; kernels needing PTX JIT fail)",
-                     f"upgrade the NVIDIA driver to one supporting CUDA {f.torch_cuda}")
+        return Check(
+            "driver vs CUDA runtime",
+            "warn",
+            f"driver older than the runtime: {detail} "
+            "(runs via minor-version compatibility; kernels needing PTX JIT fail)",
+            f"upgrade the NVIDIA driver to one supporting CUDA {f.torch_cuda}",
+        )
     return Check("driver vs CUDA runtime", "ok", detail)
 
 
@@ -151,10 +192,12 @@ def check_cuda_visible_devices(f: EnvReport) -> Check | None:
     if visible is None:
         return None
     if _hides_every_gpu(visible, f.driver.nvml_gpu_count):
-        return Check("CUDA_VISIBLE_DEVICES", "fail",
-                     f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU "
-                     f"({f.driver.nvml_gpu_count or 0} on the machine)",
-                     "unset CUDA_VISIBLE_DEVICES or list the GPUs to use, e.g. CUDA_VISIBLE_DEVICES=0,1")
+        return Check(
+            "CUDA_VISIBLE_DEVICES",
+            "fail",
+            f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU ({f.driver.nvml_gpu_count or 0} on the machine)",
+            "unset CUDA_VISIBLE_DEVICES or list the GPUs to use, e.g. CUDA_VISIBLE_DEVICES=0,1",
+        )
     return Check("CUDA_VISIBLE_DEVICES", "ok", f"CUDA_VISIBLE_DEVICES={visible!r}")
 
 
@@ -166,8 +209,10 @@ def why_cuda_unavailable(f: EnvReport) -> tuple[str, str]:
             return result.detail, result.fix or ""
     if f.torch_build != "cpu" and not _gpus_exist(f) and f.driver.present:
         return "the driver sees no GPU", "check that the GPU is attached (nvidia-smi should list it)"
-    return (f"CUDA did not initialise for torch {f.torch} (CUDA {f.torch_cuda})",
-            "run `python -c 'import torch; torch.cuda.init()'` to see CUDA's own error")
+    return (
+        f"CUDA did not initialise for torch {f.torch} (CUDA {f.torch_cuda})",
+        "run `python -c 'import torch; torch.cuda.init()'` to see CUDA's own error",
+    )
 
 
 def check_cuda_available(f: EnvReport) -> Check:
@@ -181,24 +226,39 @@ def check_cuda_available(f: EnvReport) -> Check:
 
 
 def _gpu_check(gpu: GpuFacts) -> Check:
-    gib = (lambda b: "?" if b is None else f"{b / GIB:.1f}")
-    detail = (f"{gpu.name}, {gib(gpu.memory_used_bytes)}/{gib(gpu.memory_total_bytes)} GiB used, "
-              f"cc {gpu.capability or '?'}, bf16 {'yes' if gpu.bf16 else 'no'}, "
-              f"tf32 {'yes' if gpu.tf32 else 'no'}, util {gpu.utilization_pct if gpu.utilization_pct is not None else '?'}%, "
-              f"{gpu.temperature_c if gpu.temperature_c is not None else '?'} C, "
-              f"MIG {'on' if gpu.mig_enabled else 'off'}")
+    def gib(size: int | None) -> str:
+        return "?" if size is None else f"{size / GIB:.1f}"
+
+    detail = (
+        f"{gpu.name}, {gib(gpu.memory_used_bytes)}/{gib(gpu.memory_total_bytes)} GiB used, "
+        f"cc {gpu.capability or '?'}, bf16 {'yes' if gpu.bf16 else 'no'}, "
+        f"tf32 {'yes' if gpu.tf32 else 'no'}, util {gpu.utilization_pct if gpu.utilization_pct is not None else '?'}%, "
+        f"{gpu.temperature_c if gpu.temperature_c is not None else '?'} C, "
+        f"MIG {'on' if gpu.mig_enabled else 'off'}"
+    )
     name = f"gpu {gpu.index}"
     if gpu.mig_enabled:
-        return Check(name, "warn", detail + ": MIG is on, so torch sees MIG slices, not the whole GPU",
-                     "use the MIG instance UUIDs in CUDA_VISIBLE_DEVICES, or disable MIG: "
-                     "nvidia-smi -i N -mig 0")
+        return Check(
+            name,
+            "warn",
+            detail + ": MIG is on, so torch sees MIG slices, not the whole GPU",
+            "use the MIG instance UUIDs in CUDA_VISIBLE_DEVICES, or disable MIG: nvidia-smi -i N -mig 0",
+        )
     used = gpu.memory_used_bytes or 0
     if gpu.memory_total_bytes and used > 0.5 * gpu.memory_total_bytes:
-        return Check(name, "warn", detail + ": another process holds over half the memory",
-                     "find it with nvidia-smi and stop it, or pick another GPU")
+        return Check(
+            name,
+            "warn",
+            detail + ": another process holds over half the memory",
+            "find it with nvidia-smi and stop it, or pick another GPU",
+        )
     if gpu.utilization_pct is not None and gpu.utilization_pct >= 50:
-        return Check(name, "warn", detail + ": the GPU is busy with another process",
-                     "find it with nvidia-smi, or pick another GPU; benchmarks will read low")
+        return Check(
+            name,
+            "warn",
+            detail + ": the GPU is busy with another process",
+            "find it with nvidia-smi, or pick another GPU; benchmarks will read low",
+        )
     if gpu.temperature_c is not None and gpu.temperature_c >= 85:
         return Check(name, "warn", detail + ": hot enough to throttle its clocks", "check the cooling")
     return Check(name, "ok", detail)
@@ -212,8 +272,12 @@ def check_cudnn(f: EnvReport) -> Check | None:
     if f.torch_build != "cuda" or not f.cuda_available:
         return None
     if f.cudnn_version is None:
-        return Check("cudnn", "warn", "cuDNN is not available: convolutions run on slow fallbacks",
-                     "reinstall the torch CUDA wheel (it bundles cuDNN)")
+        return Check(
+            "cudnn",
+            "warn",
+            "cuDNN is not available: convolutions run on slow fallbacks",
+            "reinstall the torch CUDA wheel (it bundles cuDNN)",
+        )
     return Check("cudnn", "ok", f"cuDNN {f.cudnn_version}")
 
 
@@ -221,8 +285,12 @@ def check_nccl(f: EnvReport) -> Check | None:
     if f.torch_build != "cuda" or not f.platform.startswith("Linux"):
         return None  # NCCL ships only in the Linux CUDA wheels
     if f.nccl_version is None:
-        return Check("nccl", "warn", "NCCL is not available: multi-GPU training falls back to gloo (slow)",
-                     "reinstall the torch CUDA wheel for Linux (it bundles NCCL)")
+        return Check(
+            "nccl",
+            "warn",
+            "NCCL is not available: multi-GPU training falls back to gloo (slow)",
+            "reinstall the torch CUDA wheel for Linux (it bundles NCCL)",
+        )
     return Check("nccl", "ok", f"NCCL {f.nccl_version}")
 
 
@@ -230,10 +298,13 @@ def check_torch_installs(f: EnvReport) -> Check:
     installs = f.torch_installs
     if len(installs) > 1:
         listed = "; ".join(f"{i.path} ({i.version or '?'})" for i in installs)
-        return Check("torch installs", "warn",
-                     f"{len(installs)} torch installations on sys.path, the first wins: {listed}",
-                     "pip uninstall torch until one remains, or clear PYTHONPATH / --user site-packages; "
-                     "a fresh virtual env avoids it")
+        return Check(
+            "torch installs",
+            "warn",
+            f"{len(installs)} torch installations on sys.path, the first wins: {listed}",
+            "pip uninstall torch until one remains, or clear PYTHONPATH / --user site-packages; "
+            "a fresh virtual env avoids it",
+        )
     return Check("torch installs", "ok", "one torch installation on sys.path")
 
 
@@ -242,11 +313,14 @@ def check_shm(f: EnvReport) -> Check | None:
     if shm is None:
         return None
     size = f"{shm.path} is {shm.total_bytes / (1 << 20):.0f} MiB ({shm.free_bytes / (1 << 20):.0f} MiB free)"
-    fix = ("give the container more: docker run --shm-size=16g (or --ipc=host), "
-           "or set data.num_workers=0")
+    fix = "give the container more: docker run --shm-size=16g (or --ipc=host), or set data.num_workers=0"
     if shm.total_bytes < MIN_SHM_BYTES:
-        return Check("shared memory", "warn", f"{size}: too small for data-loader workers "
-                     "(they fail with 'bus error' or 'No space left on device')", fix)
+        return Check(
+            "shared memory",
+            "warn",
+            f"{size}: too small for data-loader workers (they fail with 'bus error' or 'No space left on device')",
+            fix,
+        )
     if shm.free_bytes < MIN_SHM_BYTES // 2:
         return Check("shared memory", "warn", f"{size}: almost full, data-loader workers may fail", fix)
     return Check("shared memory", "ok", size)
@@ -260,16 +334,30 @@ def check_dist(f: EnvReport) -> Check | None:
     if d.ok:
         return Check(name, "ok", f"{d.world_size} ranks agreed in {d.seconds:.1f} s")
     who = f"rank {d.failed_rank}" if d.failed_rank is not None else "the launcher"
-    return Check(name, "fail", f"{who} of {d.world_size} failed: {d.error}",
-                 "check that every rank can reach MASTER_ADDR:MASTER_PORT (firewall, NCCL_SOCKET_IFNAME), "
-                 "rerun with NCCL_DEBUG=INFO")
+    return Check(
+        name,
+        "fail",
+        f"{who} of {d.world_size} failed: {d.error}",
+        "check that every rank can reach MASTER_ADDR:MASTER_PORT (firewall, NCCL_SOCKET_IFNAME), "
+        "rerun with NCCL_DEBUG=INFO",
+    )
 
 
 CheckFn = Callable[[EnvReport], "Check | list[Check] | None"]
 CHECKS: tuple[CheckFn, ...] = (
-    check_python, check_torch_version, check_torch_build, check_driver, check_driver_cuda_version,
-    check_cuda_visible_devices, check_cuda_available, check_gpus, check_cudnn, check_nccl,
-    check_torch_installs, check_shm, check_dist,
+    check_python,
+    check_torch_version,
+    check_torch_build,
+    check_driver,
+    check_driver_cuda_version,
+    check_cuda_visible_devices,
+    check_cuda_available,
+    check_gpus,
+    check_cudnn,
+    check_nccl,
+    check_torch_installs,
+    check_shm,
+    check_dist,
 )
 
 

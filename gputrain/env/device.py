@@ -39,20 +39,25 @@ def resolve_device(requested: str) -> tuple[torch.device, str]:
         return torch.device("cpu"), "requested"
     if requested == "mps":
         if not _mps_available():
-            raise ConfigError("train.device", "MPS is not available on this machine (it needs Apple silicon "
-                              "and a macOS build of torch)", requested, hint="use train.device=auto or cpu")
+            raise ConfigError(
+                "train.device",
+                "MPS is not available on this machine (it needs Apple silicon and a macOS build of torch)",
+                requested,
+                hint="use train.device=auto or cpu",
+            )
         return torch.device("mps"), "requested"
     if requested == "cuda" or requested.startswith("cuda:"):
         index_text = requested.partition(":")[2] or "0"
         if not index_text.isdigit():
-            raise ConfigError("train.device", "the CUDA index must be a number", requested,
-                              hint="e.g. cuda, cuda:0, cuda:1")
+            raise ConfigError(
+                "train.device", "the CUDA index must be a number", requested, hint="e.g. cuda, cuda:0, cuda:1"
+            )
         if not torch.cuda.is_available():
             raise ConfigError("train.device", f"CUDA is not available: {explain_cuda_unavailable()}", requested)
         index, count = int(index_text), torch.cuda.device_count()
         if index >= count:
-            raise ConfigError("train.device", f"there are {count} visible CUDA device(s), numbered 0..{count - 1}",
-                              requested)
+            raise ConfigError(
+                "train.device", f"there are {count} visible CUDA device(s), numbered 0..{count - 1}", requested
+            )
         return torch.device("cuda", index), f"requested ({torch.cuda.get_device_name(index)})"
-    raise ConfigError("train.device", "unknown device", requested,
-                      hint="choose from auto, cpu, cuda, cuda:N, mps")
+    raise ConfigError("train.device", "unknown device", requested, hint="choose from auto, cpu, cuda, cuda:N, mps")

@@ -18,7 +18,7 @@ from typing import Literal
 
 from gputrain.env.facts import DistFacts
 
-__all__ = ["FAIL_RANK_ENV", "collect_dist_smoke", "choose_backend"]
+__all__ = ["FAIL_RANK_ENV", "choose_backend", "collect_dist_smoke"]
 
 # Test hook: the rank named here raises before the all-reduce, so the failure path is exercised
 # for real (the other rank is then stuck in the collective and must be killed by the parent).
@@ -58,15 +58,29 @@ def collect_dist_smoke(backend: Backend, world_size: int, timeout_s: float = 60.
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=python_path)
     try:
         for rank in range(world_size):
-            cmd = [sys.executable, "-m", "gputrain.env._dist_worker", backend, str(rank),
-                   str(world_size), str(port), str(timeout_s)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "gputrain.env._dist_worker",
+                backend,
+                str(rank),
+                str(world_size),
+                str(port),
+                str(timeout_s),
+            ]
             ranks.append(_Rank(cmd, env))
         failed_rank, error = _wait(ranks, start, timeout_s)
     finally:
         for r in ranks:
             r.close()
-    return DistFacts(backend=backend, world_size=world_size, ok=failed_rank is None and error is None,
-                     seconds=round(time.monotonic() - start, 3), failed_rank=failed_rank, error=error)
+    return DistFacts(
+        backend=backend,
+        world_size=world_size,
+        ok=failed_rank is None and error is None,
+        seconds=round(time.monotonic() - start, 3),
+        failed_rank=failed_rank,
+        error=error,
+    )
 
 
 class _Rank:
@@ -74,8 +88,9 @@ class _Rank:
     logs) would block the child and look like a hang."""
 
     def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
-        self._out = tempfile.TemporaryFile("w+")
-        self._err = tempfile.TemporaryFile("w+")
+        # kept open for the child's lifetime; closed by `close`
+        self._out = tempfile.TemporaryFile("w+")  # noqa: SIM115
+        self._err = tempfile.TemporaryFile("w+")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=self._err, text=True, env=env)
 
     @property
@@ -105,14 +120,20 @@ def _outcome(p: _Rank) -> dict[str, object]:
     try:
         result = json.loads(_last_line(out))
     except json.JSONDecodeError:
-        return {"ok": False, "crashed": True,
-                "error": _last_line(err)[:300] or f"exit code {p.returncode} with no report"}
-    return {"ok": bool(result.get("ok")) and p.returncode == 0, "crashed": False,
-            "error": result.get("error"), "in_collective": result.get("in_collective", True)}
+        return {
+            "ok": False,
+            "crashed": True,
+            "error": _last_line(err)[:300] or f"exit code {p.returncode} with no report",
+        }
+    return {
+        "ok": bool(result.get("ok")) and p.returncode == 0,
+        "crashed": False,
+        "error": result.get("error"),
+        "in_collective": result.get("in_collective", True),
+    }
 
 
-def _wait(procs: Sequence[_Rank], start: float,
-          timeout_s: float) -> tuple[int | None, str | None]:
+def _wait(procs: Sequence[_Rank], start: float, timeout_s: float) -> tuple[int | None, str | None]:
     """Poll until all ranks exit, or one fails (then blame it), or the time is up."""
     outcomes: dict[int, dict[str, object]] = {}
     first_failure: float | None = None

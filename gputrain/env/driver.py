@@ -17,8 +17,13 @@ __all__ = ["DriverFacts", "GpuFacts", "collect_driver", "find_libcuda"]
 # Where distributions and the CUDA images put the driver's user-space library. Scanning files is
 # cheaper than ctypes.util.find_library, which shells out to ldconfig (and gcc) on Linux.
 _LIBCUDA_DIRS = (
-    "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
-    "/usr/local/nvidia/lib64", "/usr/local/cuda/compat", "/usr/lib/wsl/lib",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/nvidia/lib64",
+    "/usr/local/cuda/compat",
+    "/usr/lib/wsl/lib",
 )
 
 
@@ -64,8 +69,7 @@ class DriverFacts:
     @property
     def present(self) -> bool:
         """Any sign of an NVIDIA driver at all."""
-        return bool(self.libcuda_path or self.nvidia_smi_path or self.proc_driver
-                    or self.driver_version)
+        return bool(self.libcuda_path or self.nvidia_smi_path or self.proc_driver or self.driver_version)
 
 
 def _capability_at_least(capability: str, major: int, minor: int) -> bool:
@@ -147,8 +151,13 @@ def _collect_nvml() -> tuple[dict[str, Any], list[GpuFacts]]:
 def _nvidia_smi_driver(smi: str) -> str | None:
     """Driver version from nvidia-smi: the fallback when NVML cannot be loaded."""
     try:
-        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10, check=False)
+        out = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = out.stdout.strip().splitlines()

@@ -18,8 +18,17 @@ import torch
 
 from gputrain.env.driver import DriverFacts, GpuFacts, collect_driver
 
-__all__ = ["DistFacts", "DriverFacts", "EnvReport", "GpuFacts", "ShmFacts", "TorchInstall",
-           "collect_env", "collect_shm", "collect_torch_installs"]
+__all__ = [
+    "DistFacts",
+    "DriverFacts",
+    "EnvReport",
+    "GpuFacts",
+    "ShmFacts",
+    "TorchInstall",
+    "collect_env",
+    "collect_shm",
+    "collect_torch_installs",
+]
 
 TorchBuild = Literal["cuda", "rocm", "cpu"]
 
@@ -144,7 +153,7 @@ def _dist_info_version(entry: str) -> str | None:
         return None
     for name in names:
         if name.startswith("torch-") and name.endswith((".dist-info", ".egg-info")):
-            return name[len("torch-"):].rsplit(".", 1)[0]
+            return name[len("torch-") :].rsplit(".", 1)[0]
     return None
 
 
@@ -212,9 +221,16 @@ def _torch_gpus(cuda_available: bool) -> list[GpuFacts]:
     gpus = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
-        gpus.append(GpuFacts(
-            index=i, name=props.name, memory_total_bytes=props.total_memory, memory_used_bytes=None,
-            capability=f"{props.major}.{props.minor}", utilization_pct=None, temperature_c=None,
-            mig_enabled=None,
-        ))
+        gpus.append(
+            GpuFacts(
+                index=i,
+                name=props.name,
+                memory_total_bytes=props.total_memory,
+                memory_used_bytes=None,
+                capability=f"{props.major}.{props.minor}",
+                utilization_pct=None,
+                temperature_c=None,
+                mig_enabled=None,
+            )
+        )
     return gpus

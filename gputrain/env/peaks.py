@@ -36,41 +36,126 @@ class GpuPeak:
 
 # Most specific pattern first: "H100 PCIE" must win over "H100", "A10" must not match "A100".
 PEAKS: tuple[GpuPeak, ...] = (
-    GpuPeak("B200", r"^B200\b", {"fp32": 80 * T, "tf32": 1100 * T, "bf16": 2250 * T, "fp16": 2250 * T},
-            "NVIDIA HGX B200 datasheet (per GPU, 1000 W; sparse figures halved)", sms=148),
-    GpuPeak("GH200", r"^GH200\b", {"fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989.5 * T, "fp16": 989.5 * T},
-            "NVIDIA GH200 Grace Hopper Superchip datasheet (sparse figures halved)", sms=132),
-    GpuPeak("H200 NVL", r"^H200 NVL", {"fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835.5 * T, "fp16": 835.5 * T},
-            "NVIDIA H200 NVL datasheet (sparse figures halved)", sms=132),
-    GpuPeak("H200 SXM", r"^H200\b", {"fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989.5 * T, "fp16": 989.5 * T},
-            "NVIDIA H200 SXM datasheet (sparse figures halved)", sms=132),
-    GpuPeak("H100 NVL", r"^H100 NVL", {"fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835.5 * T, "fp16": 835.5 * T},
-            "NVIDIA H100 NVL datasheet (sparse figures halved)", sms=132),
-    GpuPeak("H100 PCIe", r"^H100 PCIE", {"fp32": 51 * T, "tf32": 378 * T, "bf16": 756.5 * T, "fp16": 756.5 * T},
-            "NVIDIA H100 PCIe datasheet (sparse figures halved)", sms=114),
-    GpuPeak("H100 SXM", r"^H100\b", {"fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989.5 * T, "fp16": 989.5 * T},
-            "NVIDIA H100 SXM5 datasheet (sparse figures halved)", sms=132),
-    GpuPeak("A100", r"^A100\b", {"fp32": 19.5 * T, "tf32": 156 * T, "bf16": 312 * T, "fp16": 312 * T},
-            "NVIDIA A100 Tensor Core GPU datasheet (SXM4 and PCIe; dense)", sms=108),
-    GpuPeak("A10", r"^A10$", {"fp32": 31.2 * T, "tf32": 62.5 * T, "bf16": 125 * T, "fp16": 125 * T},
-            "NVIDIA A10 Tensor Core GPU datasheet (sparse figures halved)", sms=72),
-    GpuPeak("L40S", r"^L40S\b", {"fp32": 91.6 * T, "tf32": 183 * T, "bf16": 362.05 * T, "fp16": 362.05 * T},
-            "NVIDIA L40S datasheet (sparse figures halved)", sms=142),
-    GpuPeak("L4", r"^L4$", {"fp32": 30.3 * T, "tf32": 60 * T, "bf16": 121 * T, "fp16": 121 * T},
-            "NVIDIA L4 Tensor Core GPU datasheet (sparse figures halved)", sms=58),
-    GpuPeak("V100S PCIe", r"^V100S", {"fp32": 16.4 * T, "fp16": 130 * T},
-            "NVIDIA V100 Tensor Core GPU datasheet (V100S PCIe)", sms=80),
-    GpuPeak("V100 PCIe", r"^V100-PCIE", {"fp32": 14 * T, "fp16": 112 * T},
-            "NVIDIA V100 Tensor Core GPU datasheet (V100 PCIe)", sms=80),
-    GpuPeak("V100 SXM2", r"^V100\b", {"fp32": 15.7 * T, "fp16": 125 * T},
-            "NVIDIA V100 Tensor Core GPU datasheet (V100 SXM2)", sms=80),
-    GpuPeak("T4", r"^T4$", {"fp32": 8.1 * T, "fp16": 65 * T},
-            "NVIDIA T4 Tensor Core GPU datasheet (FP16 mixed precision)", sms=40),
+    GpuPeak(
+        "B200",
+        r"^B200\b",
+        {"fp32": 80 * T, "tf32": 1100 * T, "bf16": 2250 * T, "fp16": 2250 * T},
+        "NVIDIA HGX B200 datasheet (per GPU, 1000 W; sparse figures halved)",
+        sms=148,
+    ),
+    GpuPeak(
+        "GH200",
+        r"^GH200\b",
+        {"fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989.5 * T, "fp16": 989.5 * T},
+        "NVIDIA GH200 Grace Hopper Superchip datasheet (sparse figures halved)",
+        sms=132,
+    ),
+    GpuPeak(
+        "H200 NVL",
+        r"^H200 NVL",
+        {"fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835.5 * T, "fp16": 835.5 * T},
+        "NVIDIA H200 NVL datasheet (sparse figures halved)",
+        sms=132,
+    ),
+    GpuPeak(
+        "H200 SXM",
+        r"^H200\b",
+        {"fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989.5 * T, "fp16": 989.5 * T},
+        "NVIDIA H200 SXM datasheet (sparse figures halved)",
+        sms=132,
+    ),
+    GpuPeak(
+        "H100 NVL",
+        r"^H100 NVL",
+        {"fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835.5 * T, "fp16": 835.5 * T},
+        "NVIDIA H100 NVL datasheet (sparse figures halved)",
+        sms=132,
+    ),
+    GpuPeak(
+        "H100 PCIe",
+        r"^H100 PCIE",
+        {"fp32": 51 * T, "tf32": 378 * T, "bf16": 756.5 * T, "fp16": 756.5 * T},
+        "NVIDIA H100 PCIe datasheet (sparse figures halved)",
+        sms=114,
+    ),
+    GpuPeak(
+        "H100 SXM",
+        r"^H100\b",
+        {"fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989.5 * T, "fp16": 989.5 * T},
+        "NVIDIA H100 SXM5 datasheet (sparse figures halved)",
+        sms=132,
+    ),
+    GpuPeak(
+        "A100",
+        r"^A100\b",
+        {"fp32": 19.5 * T, "tf32": 156 * T, "bf16": 312 * T, "fp16": 312 * T},
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 and PCIe; dense)",
+        sms=108,
+    ),
+    GpuPeak(
+        "A10",
+        r"^A10$",
+        {"fp32": 31.2 * T, "tf32": 62.5 * T, "bf16": 125 * T, "fp16": 125 * T},
+        "NVIDIA A10 Tensor Core GPU datasheet (sparse figures halved)",
+        sms=72,
+    ),
+    GpuPeak(
+        "L40S",
+        r"^L40S\b",
+        {"fp32": 91.6 * T, "tf32": 183 * T, "bf16": 362.05 * T, "fp16": 362.05 * T},
+        "NVIDIA L40S datasheet (sparse figures halved)",
+        sms=142,
+    ),
+    GpuPeak(
+        "L4",
+        r"^L4$",
+        {"fp32": 30.3 * T, "tf32": 60 * T, "bf16": 121 * T, "fp16": 121 * T},
+        "NVIDIA L4 Tensor Core GPU datasheet (sparse figures halved)",
+        sms=58,
+    ),
+    GpuPeak(
+        "V100S PCIe",
+        r"^V100S",
+        {"fp32": 16.4 * T, "fp16": 130 * T},
+        "NVIDIA V100 Tensor Core GPU datasheet (V100S PCIe)",
+        sms=80,
+    ),
+    GpuPeak(
+        "V100 PCIe",
+        r"^V100-PCIE",
+        {"fp32": 14 * T, "fp16": 112 * T},
+        "NVIDIA V100 Tensor Core GPU datasheet (V100 PCIe)",
+        sms=80,
+    ),
+    GpuPeak(
+        "V100 SXM2",
+        r"^V100\b",
+        {"fp32": 15.7 * T, "fp16": 125 * T},
+        "NVIDIA V100 Tensor Core GPU datasheet (V100 SXM2)",
+        sms=80,
+    ),
+    GpuPeak(
+        "T4",
+        r"^T4$",
+        {"fp32": 8.1 * T, "fp16": 65 * T},
+        "NVIDIA T4 Tensor Core GPU datasheet (FP16 mixed precision)",
+        sms=40,
+    ),
     # GeForce: tensor rates with FP32 accumulation, which are half the FP16-accumulate headline.
-    GpuPeak("RTX 4090", r"^GEFORCE RTX 4090$", {"fp32": 82.6 * T, "tf32": 82.6 * T, "bf16": 165.2 * T, "fp16": 165.2 * T},
-            "NVIDIA Ada Lovelace GPU architecture whitepaper, RTX 4090 (FP32 accumulate, dense)", sms=128),
-    GpuPeak("RTX 3090", r"^GEFORCE RTX 3090$", {"fp32": 35.6 * T, "tf32": 35.6 * T, "bf16": 71 * T, "fp16": 71 * T},
-            "NVIDIA Ampere GA102 GPU architecture whitepaper, RTX 3090 (FP32 accumulate, dense)", sms=82),
+    GpuPeak(
+        "RTX 4090",
+        r"^GEFORCE RTX 4090$",
+        {"fp32": 82.6 * T, "tf32": 82.6 * T, "bf16": 165.2 * T, "fp16": 165.2 * T},
+        "NVIDIA Ada Lovelace GPU architecture whitepaper, RTX 4090 (FP32 accumulate, dense)",
+        sms=128,
+    ),
+    GpuPeak(
+        "RTX 3090",
+        r"^GEFORCE RTX 3090$",
+        {"fp32": 35.6 * T, "tf32": 35.6 * T, "bf16": 71 * T, "fp16": 71 * T},
+        "NVIDIA Ampere GA102 GPU architecture whitepaper, RTX 3090 (FP32 accumulate, dense)",
+        sms=82,
+    ),
 )
 
 
@@ -78,7 +163,7 @@ def _normalise(device_name: str) -> str:
     name = device_name.strip().upper()
     for prefix in ("NVIDIA ", "TESLA "):
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
     return name
 
 

@@ -22,15 +22,23 @@ def render_table(checks: Sequence[Check], *, width: int = 100) -> str:
     lines = []
     for c in checks:
         head = f"{_MARK[c.status]}  {c.name:<{name_w}}  "
-        lines.extend(textwrap.wrap(c.detail, width, initial_indent=head, subsequent_indent=indent,
-                                   break_on_hyphens=False) or [head])
+        lines.extend(
+            textwrap.wrap(c.detail, width, initial_indent=head, subsequent_indent=indent, break_on_hyphens=False)
+            or [head]
+        )
         if c.fix and c.status != "ok":
-            lines.extend(textwrap.wrap(c.fix, width, initial_indent=indent + "fix: ",
-                                       subsequent_indent=indent + "     ", break_on_hyphens=False))
+            lines.extend(
+                textwrap.wrap(
+                    c.fix,
+                    width,
+                    initial_indent=indent + "fix: ",
+                    subsequent_indent=indent + "     ",
+                    break_on_hyphens=False,
+                )
+            )
     fails = sum(c.status == "fail" for c in checks)
     warns = sum(c.status == "warn" for c in checks)
-    verdict = ("GPU training is possible" if fails == 0
-               else "GPU training is NOT possible until the FAIL rows are fixed")
+    verdict = "GPU training is possible" if fails == 0 else "GPU training is NOT possible until the FAIL rows are fixed"
     lines.append("")
     lines.append(f"{verdict} ({fails} fail, {warns} warn, {len(checks) - fails - warns} ok)")
     return "\n".join(lines)

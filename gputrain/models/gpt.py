@@ -55,8 +55,7 @@ class CausalSelfAttention(nn.Module):
         B, T, _ = x.shape
         qkv = self.c_attn(x).view(B, T, -1, 3, self.head_dim)  # -1: the heads this rank holds
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))  # [B, heads, T, head_dim]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, -1)))
 
 
@@ -110,16 +109,17 @@ class GPT(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
-                if getattr(module, "bias", None) is not None:
+                if isinstance(module, nn.Linear) and module.bias is not None:
                     nn.init.zeros_(module.bias)
         residual_std = 0.02 / math.sqrt(2 * self.shape.n_layer)
         for block in self.blocks:
-            nn.init.normal_(block.attn.c_proj.weight, mean=0.0, std=residual_std)  # type: ignore[union-attr]
-            nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=residual_std)  # type: ignore[union-attr]
+            assert isinstance(block, Block)
+            nn.init.normal_(block.attn.c_proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=residual_std)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         T = idx.shape[1]
-        if T > self.shape.seq_len:  # shapes only: no host-device sync
+        if self.shape.seq_len < T:  # shapes only: no host-device sync
             raise ValueError(f"sequence of {T} tokens is longer than the model's context ({self.shape.seq_len})")
         positions = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(positions))
@@ -137,20 +137,35 @@ def resolve_gpt_shape(config: ModelConfig, spec: DataSpec) -> GPTShape:
             exceeds model.vocab_size.
     """
     if spec.task != "lm" or spec.vocab_size is None:
-        raise ConfigError("model.name", f"gpt models token sequences (data.task=lm); this data is {spec.task} "
-                          f"with samples of shape {list(spec.input_shape)}", config.name,
-                          hint="use data.name=text, tokens or synthetic with data.task=lm")
+        raise ConfigError(
+            "model.name",
+            f"gpt models token sequences (data.task=lm); this data is {spec.task} "
+            f"with samples of shape {list(spec.input_shape)}",
+            config.name,
+            hint="use data.name=text, tokens or synthetic with data.task=lm",
+        )
     data_seq_len = spec.input_shape[0]
     check_gpt_context(config, data_seq_len)
     vocab_size = config.vocab_size or spec.vocab_size
     if vocab_size < spec.vocab_size:
-        raise ConfigError("model.vocab_size", f"is smaller than the data's vocabulary ({spec.vocab_size} ids)",
-                          config.vocab_size, hint=f"use model.vocab_size >= {spec.vocab_size} or leave it unset")
-    sizes = {name: gpt_size(config, name) for name in ("n_layer", "n_head", "d_model", "seq_len")}
-    return GPTShape(n_layer=sizes["n_layer"], n_head=sizes["n_head"], d_model=sizes["d_model"],  # type: ignore[arg-type]
-                    seq_len=sizes["seq_len"] or data_seq_len, vocab_size=vocab_size, bias=config.bias,
-                    dropout=config.dropout or 0.0,
-                    activation="gelu" if config.activation == "auto" else config.activation)
+        raise ConfigError(
+            "model.vocab_size",
+            f"is smaller than the data's vocabulary ({spec.vocab_size} ids)",
+            config.vocab_size,
+            hint=f"use model.vocab_size >= {spec.vocab_size} or leave it unset",
+        )
+    n_layer, n_head, d_model = (gpt_size(config, name) for name in ("n_layer", "n_head", "d_model"))
+    assert n_layer is not None and n_head is not None and d_model is not None  # a preset or its default gives each
+    return GPTShape(
+        n_layer=n_layer,
+        n_head=n_head,
+        d_model=d_model,
+        seq_len=gpt_size(config, "seq_len") or data_seq_len,
+        vocab_size=vocab_size,
+        bias=config.bias,
+        dropout=config.dropout or 0.0,
+        activation="gelu" if config.activation == "auto" else config.activation,
+    )
 
 
 @register_model("gpt")

@@ -31,8 +31,11 @@ def gpt_tp_plan(model: GPT, tp_degree: int) -> dict[str, ParallelStyle]:
         ConfigError: the heads do not divide over the ranks (each rank takes whole heads).
     """
     if model.shape.n_head % tp_degree:
-        raise ConfigError("parallel.tp", f"must divide the number of attention heads ({model.shape.n_head}): each "
-                          "rank takes whole heads", tp_degree)
+        raise ConfigError(
+            "parallel.tp",
+            f"must divide the number of attention heads ({model.shape.n_head}): each rank takes whole heads",
+            tp_degree,
+        )
     plan: dict[str, ParallelStyle] = {
         # token ids are replicated; the embedding output comes out split along the sequence
         "wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
@@ -43,15 +46,17 @@ def gpt_tp_plan(model: GPT, tp_degree: int) -> dict[str, ParallelStyle]:
     }
     for i in range(len(model.blocks)):
         block = f"blocks.{i}"
-        plan.update({
-            f"{block}.ln_1": SequenceParallel(),
-            # gather the sequence shards, then split by heads: each rank attends with its own heads
-            f"{block}.attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            f"{block}.attn.c_attn": ColwiseParallel(),
-            f"{block}.attn.c_proj": RowwiseParallel(output_layouts=Shard(1)),
-            f"{block}.ln_2": SequenceParallel(),
-            f"{block}.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            f"{block}.mlp.c_fc": ColwiseParallel(),
-            f"{block}.mlp.c_proj": RowwiseParallel(output_layouts=Shard(1)),
-        })
+        plan.update(
+            {
+                f"{block}.ln_1": SequenceParallel(),
+                # gather the sequence shards, then split by heads: each rank attends with its own heads
+                f"{block}.attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                f"{block}.attn.c_attn": ColwiseParallel(),
+                f"{block}.attn.c_proj": RowwiseParallel(output_layouts=Shard(1)),
+                f"{block}.ln_2": SequenceParallel(),
+                f"{block}.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                f"{block}.mlp.c_fc": ColwiseParallel(),
+                f"{block}.mlp.c_proj": RowwiseParallel(output_layouts=Shard(1)),
+            }
+        )
     return plan

@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from torch import nn
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "auto": nn.ReLU,  # model.activation=auto: relu for the convolutional/MLP families (gpt picks gelu itself)
-    "relu": nn.ReLU, "leaky_relu": nn.LeakyReLU, "gelu": nn.GELU, "silu": nn.SiLU, "tanh": nn.Tanh,
+    "relu": nn.ReLU,
+    "leaky_relu": nn.LeakyReLU,
+    "gelu": nn.GELU,
+    "silu": nn.SiLU,
+    "tanh": nn.Tanh,
     "sigmoid": nn.Sigmoid,
 }
 # The gain torch.nn.init uses for each activation (gelu/silu behave close to relu for init).
-_GAIN_NAME = {"auto": "relu", "relu": "relu", "leaky_relu": "leaky_relu", "gelu": "relu", "silu": "relu",
-              "tanh": "tanh", "sigmoid": "sigmoid"}
+_GAIN_NAME: dict[str, Literal["relu", "leaky_relu", "tanh", "sigmoid"]] = {
+    "auto": "relu",
+    "relu": "relu",
+    "leaky_relu": "leaky_relu",
+    "gelu": "relu",
+    "silu": "relu",
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+}
 
 
 def make_activation(name: str) -> nn.Module:

@@ -14,8 +14,9 @@ from gputrain.models.registry import register_model
 
 
 class MLP(nn.Sequential):
-    def __init__(self, in_features: int, hidden_sizes: list[int], out_features: int, activation: str,
-                 dropout: float) -> None:
+    def __init__(
+        self, in_features: int, hidden_sizes: list[int], out_features: int, activation: str, dropout: float
+    ) -> None:
         layers: list[nn.Module] = [nn.Flatten()]
         width = in_features
         for size in hidden_sizes:
@@ -30,15 +31,22 @@ class MLP(nn.Sequential):
 @register_model("mlp")
 def build_mlp(config: ModelConfig, spec: DataSpec) -> nn.Module:
     if spec.task == "lm":
-        raise ConfigError("model.name", "mlp cannot model token sequences; use a language model such as gpt",
-                          config.name)
-    return MLP(num_features(spec.input_shape), config.hidden_sizes, spec.num_model_outputs, config.activation,
-               config.dropout or 0.0)
+        raise ConfigError(
+            "model.name", "mlp cannot model token sequences; use a language model such as gpt", config.name
+        )
+    return MLP(
+        num_features(spec.input_shape),
+        config.hidden_sizes,
+        spec.num_model_outputs,
+        config.activation,
+        config.dropout or 0.0,
+    )
 
 
 def mlp_tp_plan(model: nn.Module, tp_degree: int) -> dict[str, ParallelStyle]:
-    """How the MLP (or a pipeline stage cut from it) splits over tensor-parallel ranks: its Linear layers alternate column-wise
-    (output features split, no communication) and row-wise (input features split, one all-reduce),
+    """How the MLP (or a pipeline stage cut from it) splits over tensor-parallel ranks: its Linear
+    layers alternate column-wise (output features split, no communication) and row-wise (input
+    features split, one all-reduce),
     so each pair costs one all-reduce; an odd last Linear is column-wise with its output gathered.
     Only element-wise layers (activations, dropout) sit between them, so they run on the shards."""
     linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]

@@ -18,7 +18,8 @@ from gputrain.registry import Registry
 
 ModelBuilder = Callable[[ModelConfig, DataSpec], nn.Module]
 MODELS: Registry[ModelBuilder] = Registry(
-    ["gputrain.models.mlp", "gputrain.models.cnn", "gputrain.models.resnet", "gputrain.models.gpt"])
+    ["gputrain.models.mlp", "gputrain.models.cnn", "gputrain.models.resnet", "gputrain.models.gpt"]
+)
 
 
 def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:

@@ -73,21 +73,36 @@ def _shortcut(in_ch: int, out_ch: int, stride: int) -> nn.Module | None:
 
 
 class ResNet(nn.Module):
-    def __init__(self, block: type[BasicBlock] | type[Bottleneck], depths: list[int], in_shape: tuple[int, int, int],
-                 num_outputs: int, activation: str, dropout: float, base_width: int = 64) -> None:
+    def __init__(
+        self,
+        block: type[BasicBlock] | type[Bottleneck],
+        depths: list[int],
+        in_shape: tuple[int, ...],
+        num_outputs: int,
+        activation: str,
+        dropout: float,
+        base_width: int = 64,
+    ) -> None:
         super().__init__()
         in_channels, height, width = in_shape
         if min(height, width) < _SMALL_STEM_BELOW:
-            stem: list[nn.Module] = [nn.Conv2d(in_channels, base_width, 3, padding=1, bias=False),
-                                     nn.BatchNorm2d(base_width), make_activation(activation)]
+            stem: list[nn.Module] = [
+                nn.Conv2d(in_channels, base_width, 3, padding=1, bias=False),
+                nn.BatchNorm2d(base_width),
+                make_activation(activation),
+            ]
         else:
-            stem = [nn.Conv2d(in_channels, base_width, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(base_width),
-                    make_activation(activation), nn.MaxPool2d(3, stride=2, padding=1)]
+            stem = [
+                nn.Conv2d(in_channels, base_width, 7, stride=2, padding=3, bias=False),
+                nn.BatchNorm2d(base_width),
+                make_activation(activation),
+                nn.MaxPool2d(3, stride=2, padding=1),
+            ]
         self.stem = nn.Sequential(*stem)
         stages: list[nn.Module] = []
         ch = base_width
         for i, depth in enumerate(depths):
-            width_i = base_width * 2 ** i
+            width_i = base_width * 2**i
             blocks = []
             for j in range(depth):
                 blocks.append(block(ch, width_i, 2 if (i > 0 and j == 0) else 1, activation))
@@ -124,12 +139,30 @@ _VARIANTS: dict[str, tuple[type[BasicBlock] | type[Bottleneck], list[int]]] = {
 
 def build_resnet(variant: str, config: ModelConfig, spec: DataSpec) -> ResNet:
     if not spec.is_image:
-        raise ConfigError("model.name", f"{variant} needs image data (channels, height, width); this data gives "
-                          f"samples of shape {list(spec.input_shape)}", config.name, hint="use model.name=mlp")
+        raise ConfigError(
+            "model.name",
+            f"{variant} needs image data (channels, height, width); this data gives "
+            f"samples of shape {list(spec.input_shape)}",
+            config.name,
+            hint="use model.name=mlp",
+        )
     block, depths = _VARIANTS[variant]
-    return ResNet(block, depths, spec.input_shape, spec.num_model_outputs,  # type: ignore[arg-type]
-                  config.activation, config.dropout or 0.0, config.base_width)
+    return ResNet(
+        block,
+        depths,
+        spec.input_shape,
+        spec.num_model_outputs,
+        config.activation,
+        config.dropout or 0.0,
+        config.base_width,
+    )
+
+
+def _register(variant: str) -> None:
+    @register_model(variant)
+    def build(config: ModelConfig, spec: DataSpec) -> nn.Module:
+        return build_resnet(variant, config, spec)
 
 
 for _name in _VARIANTS:
-    register_model(_name)(lambda config, spec, _variant=_name: build_resnet(_variant, config, spec))
+    _register(_name)

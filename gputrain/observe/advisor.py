@@ -77,13 +77,18 @@ class RunFacts:
 def check_data_bound(f: RunFacts) -> Finding | None:
     if f.data_fraction is None or f.data_fraction < DATA_BOUND_FRACTION:
         return None
-    evidence = f"the {'device' if f.device_type == 'cuda' else 'training'} waits for data " \
-               f"{100 * f.data_fraction:.0f}% of each step"
+    evidence = (
+        f"the {'device' if f.device_type == 'cuda' else 'training'} waits for data "
+        f"{100 * f.data_fraction:.0f}% of each step"
+    )
     if not f.loader_workers_apply:
         return Finding("data-bound", evidence, "make the per-sample work cheaper, or precompute the data set")
     workers = min(max(f.cpu_count - 1, 1), max(4, 2 * f.num_workers))
-    change = f"data.num_workers={workers} ({f.num_workers} now)" if workers > f.num_workers else \
-        "cheaper __getitem__ (decode/augment on the device with data.augment)"
+    change = (
+        f"data.num_workers={workers} ({f.num_workers} now)"
+        if workers > f.num_workers
+        else "cheaper __getitem__ (decode/augment on the device with data.augment)"
+    )
     if f.device_type == "cuda" and not f.pin_memory:
         change += ", pinned memory"
     return Finding("data-bound", evidence, change)
@@ -92,10 +97,14 @@ def check_data_bound(f: RunFacts) -> Finding | None:
 def check_launch_bound(f: RunFacts) -> Finding | None:
     if f.device_type != "cuda" or f.short_kernels_per_step is None or f.short_kernels_per_step < LAUNCH_BOUND_KERNELS:
         return None
-    change = "train.cuda_graphs=true (the graph replays the launches)" if f.compiled else \
-        "train.compile=true or a larger batch"
-    return Finding("launch-bound", f"{f.short_kernels_per_step:,.0f} kernels of < {SHORT_KERNEL_US:g} µs per step",
-                   change)
+    change = (
+        "train.cuda_graphs=true (the graph replays the launches)"
+        if f.compiled
+        else "train.compile=true or a larger batch"
+    )
+    return Finding(
+        "launch-bound", f"{f.short_kernels_per_step:,.0f} kernels of < {SHORT_KERNEL_US:g} µs per step", change
+    )
 
 
 def check_fp32_matmuls(f: RunFacts) -> Finding | None:
@@ -103,17 +112,21 @@ def check_fp32_matmuls(f: RunFacts) -> Finding | None:
         return None
     if f.fp32_matmul_share is None or f.fp32_matmul_share < FP32_MATMUL_SHARE:
         return None
-    return Finding("fp32 matmuls on a GPU with tensor cores",
-                   f"{100 * f.fp32_matmul_share:.0f}% of device time in fp32 matmul/conv kernels",
-                   "train.precision=bf16 (or tf32 to keep fp32 storage)")
+    return Finding(
+        "fp32 matmuls on a GPU with tensor cores",
+        f"{100 * f.fp32_matmul_share:.0f}% of device time in fp32 matmul/conv kernels",
+        "train.precision=bf16 (or tf32 to keep fp32 storage)",
+    )
 
 
 def check_host_syncs(f: RunFacts) -> Finding | None:
     if f.device_type != "cuda" or f.syncs_per_step is None or f.syncs_per_step < 1:
         return None
-    return Finding("host sync every step", f"{f.syncs_per_step:.1f} host-device syncs per step "
-                   "(.item(), .cpu(), .tolist() or printing a tensor)",
-                   "remove the .item() (or similar) from your step_fn / loss_fn; gputrain logs the loss itself")
+    return Finding(
+        "host sync every step",
+        f"{f.syncs_per_step:.1f} host-device syncs per step (.item(), .cpu(), .tolist() or printing a tensor)",
+        "remove the .item() (or similar) from your step_fn / loss_fn; gputrain logs the loss itself",
+    )
 
 
 def check_utilisation(f: RunFacts) -> Finding | None:
@@ -123,16 +136,22 @@ def check_utilisation(f: RunFacts) -> Finding | None:
         return None  # the data finding explains the idle device
     if f.comm_fraction is not None and f.comm_fraction >= COMM_BOUND_FRACTION:
         return None  # so does the communication finding
-    return Finding("batch too small to fill the GPU", f"utilisation {100 * f.device_utilisation:.0f}%",
-                   f"train.batch_size={2 * f.batch_size} or more ({f.batch_size} now), or train.compile=true")
+    return Finding(
+        "batch too small to fill the GPU",
+        f"utilisation {100 * f.device_utilisation:.0f}%",
+        f"train.batch_size={2 * f.batch_size} or more ({f.batch_size} now), or train.compile=true",
+    )
 
 
 def check_channels_last(f: RunFacts) -> Finding | None:
     if f.device_type != "cuda" or not f.conv_net or f.channels_last:
         return None
-    return Finding("conv net not in channels_last", "convolution weights are in NCHW (contiguous) layout",
-                   "channels_last memory format (gputrain applies it to conv nets on CUDA by default; "
-                   "a user DataLoader should also yield channels_last images)")
+    return Finding(
+        "conv net not in channels_last",
+        "convolution weights are in NCHW (contiguous) layout",
+        "channels_last memory format (gputrain applies it to conv nets on CUDA by default; "
+        "a user DataLoader should also yield channels_last images)",
+    )
 
 
 def check_comm_bound(f: RunFacts) -> Finding | None:
@@ -141,15 +160,25 @@ def check_comm_bound(f: RunFacts) -> Finding | None:
     # each optimizer step pays one gradient exchange: more samples per step spread it thinner
     change = f"train.grad_accum={2 * f.grad_accum} ({f.grad_accum} now) or a larger train.batch_size"
     if f.strategy in ("fsdp", "hybrid"):
-        change += "; if the model fits on one device, parallel.strategy=ddp (one all-reduce instead of " \
-                  "all-gathers and reduce-scatters)"
-    return Finding("communication-bound",
-                   f"the step waits for gradient communication {100 * f.comm_fraction:.0f}% of its time", change)
+        change += (
+            "; if the model fits on one device, parallel.strategy=ddp (one all-reduce instead of "
+            "all-gathers and reduce-scatters)"
+        )
+    return Finding(
+        "communication-bound",
+        f"the step waits for gradient communication {100 * f.comm_fraction:.0f}% of its time",
+        change,
+    )
 
 
 RULES: tuple[Callable[[RunFacts], Finding | None], ...] = (
-    check_data_bound, check_comm_bound, check_launch_bound, check_fp32_matmuls, check_host_syncs,
-    check_utilisation, check_channels_last,
+    check_data_bound,
+    check_comm_bound,
+    check_launch_bound,
+    check_fp32_matmuls,
+    check_host_syncs,
+    check_utilisation,
+    check_channels_last,
 )
 
 

@@ -22,6 +22,7 @@ the speed report gives comm as null where nothing is timed apart. One process: c
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -94,7 +95,7 @@ class StepTimer:
             if self._cuda:
                 marks[-1][1].synchronize()
             step: dict[str, float] = dict.fromkeys(CATEGORIES, 0.0)
-            for (_, earlier), (category, later) in zip(marks, marks[1:]):
+            for (_, earlier), (category, later) in itertools.pairwise(marks):
                 step[category] += self._elapsed(earlier, later)
             for category, seconds in step.items():
                 self.totals_s[category] += seconds

@@ -79,9 +79,16 @@ class RunConsole:
     def start(self, total_steps: int, done: int) -> None:
         if self.mode != "bar":
             return
-        self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                                  console=self.console, transient=False)
+        self._progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+        )
         self._progress.start()
         self._task = self._progress.add_task("train", total=total_steps, completed=done, status="")
 
@@ -95,9 +102,11 @@ class RunConsole:
             self._progress.update(self._task, status=status)
         elif self.mode == "plain":
             speed = record.get("samples_per_s")
-            self.console.print(f"step {record['step']}/{total_steps} {status} lr {_fmt(record['lr'])}"
-                               + (f" grad_norm {_fmt(record['grad_norm'])}" if record.get("grad_norm") is not None
-                                  else "") + (f" {speed:,.0f} samples/s" if speed else ""))
+            self.console.print(
+                f"step {record['step']}/{total_steps} {status} lr {_fmt(record['lr'])}"
+                + (f" grad_norm {_fmt(record['grad_norm'])}" if record.get("grad_norm") is not None else "")
+                + (f" {speed:,.0f} samples/s" if speed else "")
+            )
 
     def evaluated(self, split: str, epoch: int | None, metrics: dict[str, float]) -> None:
         where = f"{split} epoch {epoch + 1}" if epoch is not None else split

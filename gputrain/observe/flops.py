@@ -36,12 +36,16 @@ def _cpu_attention_flops() -> dict[Any, Any]:
     forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
     if forward is not None:
-        def forward_flops(query, key, value, *args, out_shape=None, **kwargs):  # type: ignore[no-untyped-def]
+
+        def forward_flops(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
             return flop_counter.sdpa_flop_count(query, key, value)
 
         mapping[forward] = forward_flops
     if backward is not None:
-        def backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs):  # type: ignore[no-untyped-def]
+
+        def backward_flops(
+            grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any
+        ) -> int:
             return flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
 
         mapping[backward] = backward_flops
@@ -125,7 +129,12 @@ def gpt_dims(model: nn.Module, seq_len: int | None = None) -> GptDims | None:
         return None
     linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     # Embedding lookups cost no FLOPs; a table tied to the output projection does (it is a matmul).
-    embedding = sum(p.numel() for m in model.modules() if isinstance(m, nn.Embedding)
-                    for p in m.parameters() if id(p) not in linear_weights)
+    embedding = sum(
+        p.numel()
+        for m in model.modules()
+        if isinstance(m, nn.Embedding)
+        for p in m.parameters()
+        if id(p) not in linear_weights
+    )
     n_params = sum(p.numel() for p in model.parameters()) - embedding
     return GptDims(n_params=n_params, n_layer=n_layer, n_head=n_head, head_dim=d_model // n_head, seq_len=seq_len)

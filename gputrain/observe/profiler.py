@@ -66,8 +66,13 @@ class ProfileReport:
     summary: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"facts": self.facts.to_dict(), "findings": [vars_of(f) for f in self.findings],
-                "top_device_ops": self.top_device_ops, "top_host_ops": self.top_host_ops, "files": self.files}
+        return {
+            "facts": self.facts.to_dict(),
+            "findings": [vars_of(f) for f in self.findings],
+            "top_device_ops": self.top_device_ops,
+            "top_host_ops": self.top_host_ops,
+            "files": self.files,
+        }
 
 
 def vars_of(finding: Finding) -> dict[str, str]:
@@ -78,8 +83,9 @@ def _top_ops(prof: Any, key: str, limit: int) -> list[dict[str, Any]]:
     rows = []
     for avg in prof.key_averages():
         device_us = getattr(avg, "self_device_time_total", 0) or 0
-        rows.append({"name": avg.key, "calls": avg.count, "self_host_us": avg.self_cpu_time_total,
-                     "self_device_us": device_us})
+        rows.append(
+            {"name": avg.key, "calls": avg.count, "self_host_us": avg.self_cpu_time_total, "self_device_us": device_us}
+        )
     rows = [r for r in rows if r[key] > 0 and not r["name"].startswith("ProfilerStep")]
     return sorted(rows, key=lambda r: r[key], reverse=True)[:limit]
 
@@ -90,16 +96,18 @@ def _user_syncs(events: Any, device_type: str) -> int:
     range) overlap the optimizer's without nesting, which leaves the tree's parents wrong there."""
     names = _SYNC_EVENTS.get(device_type, _SYNC_EVENTS["cpu"])
     ours = [(e.thread, e.time_range.start, e.time_range.end) for e in events if e.name.startswith(_NOT_THE_USERS)]
-    return sum(1 for e in events if e.name in names
-               and not any(t == e.thread and start <= e.time_range.start <= end for t, start, end in ours))
+    return sum(
+        1
+        for e in events
+        if e.name in names and not any(t == e.thread and start <= e.time_range.start <= end for t, start, end in ours)
+    )
 
 
 def _device_kernels(events: Any) -> list[tuple[str, float]]:
     """(name, duration µs) of every device activity in the active window (kernels, copies)."""
     from torch.autograd import DeviceType
 
-    return [(e.name, float(e.time_range.end - e.time_range.start)) for e in events
-            if e.device_type == DeviceType.CUDA]
+    return [(e.name, float(e.time_range.end - e.time_range.start)) for e in events if e.device_type == DeviceType.CUDA]
 
 
 def _model_layout(model: nn.Module) -> tuple[bool, bool]:
@@ -121,12 +129,21 @@ def collect_facts(target: ProfileTarget, prof: Any, active_steps: int, summary: 
     conv_net, channels_last = _model_layout(target.model)
     breakdown = summary["train"].get("time_breakdown") or {}
     facts = RunFacts(
-        device_type=target.device.type, precision=target.precision, batch_size=target.batch_size,
+        device_type=target.device.type,
+        precision=target.precision,
+        batch_size=target.batch_size,
         step_time_s=(window_us / 1e6 / steps) if window_us else (summary["train"]["step_time_s"] or 0.0),
-        data_fraction=breakdown.get("data"), num_workers=target.loader_workers, pin_memory=target.pin_memory,
-        loader_workers_apply=target.loader_applies, compiled=target.compiled, conv_net=conv_net,
-        channels_last=channels_last, syncs_per_step=_user_syncs(events, target.device.type) / steps,
-        comm_fraction=breakdown.get("comm"), strategy=target.strategy, grad_accum=target.grad_accum,
+        data_fraction=breakdown.get("data"),
+        num_workers=target.loader_workers,
+        pin_memory=target.pin_memory,
+        loader_workers_apply=target.loader_applies,
+        compiled=target.compiled,
+        conv_net=conv_net,
+        channels_last=channels_last,
+        syncs_per_step=_user_syncs(events, target.device.type) / steps,
+        comm_fraction=breakdown.get("comm"),
+        strategy=target.strategy,
+        grad_accum=target.grad_accum,
     )
     if target.device.type == "cuda":
         kernels = _device_kernels(events)
@@ -174,17 +191,25 @@ def profile_run(target: ProfileTarget, top: int = 10) -> ProfileReport:
     suffix = f"-rank{target.rank}" if target.rank is not None else ""
     cuda = target.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities, schedule=schedule(wait=WAIT_STEPS, warmup=WARMUP_STEPS, active=active,
-                                                          repeat=1)) as prof:
-        with _memory_history(target.device, run_dir / f"memory_snapshot{suffix}.pickle", files):
-            summary = target.fit(prof.step)
+    with (
+        profile(
+            activities=activities, schedule=schedule(wait=WAIT_STEPS, warmup=WARMUP_STEPS, active=active, repeat=1)
+        ) as prof,
+        _memory_history(target.device, run_dir / f"memory_snapshot{suffix}.pickle", files),
+    ):
+        summary = target.fit(prof.step)
     trace = run_dir / f"trace{suffix}.json"
     prof.export_chrome_trace(str(trace))
     files.insert(0, str(trace))
     facts = collect_facts(target, prof, active, summary)
-    report = ProfileReport(facts=facts, findings=advise(facts), files=files, summary=summary,
-                           top_device_ops=_top_ops(prof, "self_device_us", top) if cuda else [],
-                           top_host_ops=_top_ops(prof, "self_host_us", top))
+    report = ProfileReport(
+        facts=facts,
+        findings=advise(facts),
+        files=files,
+        summary=summary,
+        top_device_ops=_top_ops(prof, "self_device_us", top) if cuda else [],
+        top_host_ops=_top_ops(prof, "self_host_us", top),
+    )
     facts_file = run_dir / f"profile{suffix}.json"
     facts_file.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     report.files.append(str(facts_file))

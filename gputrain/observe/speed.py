@@ -39,20 +39,29 @@ def device_peak_memory_bytes(device: torch.device) -> int:
 
 class SpeedMeter:
     """Args:
-        model: the unwrapped model (for the GPT formula).
-        device, precision: what the peak is looked up for.
-        world_size: ranks sharing each optimizer step (one rank's FLOPs × world_size = the step's).
-        global_batch: samples per optimizer step; seq_len: tokens per sample for LMs, else None.
-        breakdown_every: time every N-th step (0: never).
-        count_flops: False where the counter cannot run (pipeline schedules call autograd.grad,
-            which rejects the counter's module hooks); the FLOP figures are then null.
-        comm_timed: the step times data-parallel gradient communication apart (breakdown.py); on
-            several ranks without it, comm is reported as null (not measured), not as 0.
+    model: the unwrapped model (for the GPT formula).
+    device, precision: what the peak is looked up for.
+    world_size: ranks sharing each optimizer step (one rank's FLOPs × world_size = the step's).
+    global_batch: samples per optimizer step; seq_len: tokens per sample for LMs, else None.
+    breakdown_every: time every N-th step (0: never).
+    count_flops: False where the counter cannot run (pipeline schedules call autograd.grad,
+        which rejects the counter's module hooks); the FLOP figures are then null.
+    comm_timed: the step times data-parallel gradient communication apart (breakdown.py); on
+        several ranks without it, comm is reported as null (not measured), not as 0.
     """
 
-    def __init__(self, model: nn.Module, device: torch.device, precision: str, world_size: int,
-                 global_batch: int, seq_len: int | None, breakdown_every: int, count_flops: bool = True,
-                 comm_timed: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        precision: str,
+        world_size: int,
+        global_batch: int,
+        seq_len: int | None,
+        breakdown_every: int,
+        count_flops: bool = True,
+        comm_timed: bool = False,
+    ) -> None:
         self.device = device
         self.comm_timed = comm_timed
         self.precision = precision
@@ -121,8 +130,12 @@ class SpeedMeter:
         _, source = self.peak()
         rates = self._rates(steps, seconds)
         if rates["mfu"] is not None and rates["mfu"] > 1.0:  # more than the hardware can do: the peak is wrong
-            log.warning("MFU is %.0f%% of the %s peak, so that peak is too low%s", 100 * rates["mfu"], source,
-                        " (it was measured on a busy machine? run `gputrain bench` again)" if source == "bench" else "")
+            log.warning(
+                "MFU is %.0f%% of the %s peak, so that peak is too low%s",
+                100 * rates["mfu"],
+                source,
+                " (it was measured on a busy machine? run `gputrain bench` again)" if source == "bench" else "",
+            )
         return {
             "flops_per_step": self.flops_per_step,
             "achieved_flops": rates["achieved_flops"],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -11,8 +11,13 @@ from torch.distributed.tensor import DTensor
 from gputrain.config.schema import OptimConfig
 
 _CLASSES: dict[str, type[torch.optim.Optimizer]] = {
-    "sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "rmsprop": torch.optim.RMSprop,
-    "adagrad": torch.optim.Adagrad, "adadelta": torch.optim.Adadelta, "adamax": torch.optim.Adamax,
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "rmsprop": torch.optim.RMSprop,
+    "adagrad": torch.optim.Adagrad,
+    "adadelta": torch.optim.Adadelta,
+    "adamax": torch.optim.Adamax,
     "nadam": torch.optim.NAdam,
 }
 
@@ -26,7 +31,9 @@ def effective_lr(config: OptimConfig, batch_size: int) -> float:
 
 # The kernel each fused optimizer runs; DTensor must know how to shard it for FSDP2/TP parameters.
 _FUSED_OPS: dict[type[torch.optim.Optimizer], str] = {
-    torch.optim.SGD: "_fused_sgd_", torch.optim.Adam: "_fused_adam_", torch.optim.AdamW: "_fused_adamw_",
+    torch.optim.SGD: "_fused_sgd_",
+    torch.optim.Adam: "_fused_adam_",
+    torch.optim.AdamW: "_fused_adamw_",
     torch.optim.Adagrad: "_fused_adagrad_",
 }
 # Sharding rules every supported torch (2.10+) registers, should the registry below not be readable.
@@ -40,15 +47,18 @@ def _dtensor_has_rule(op_name: str) -> bool:
     packet = getattr(torch.ops.aten, op_name, None)
     try:
         propagator = DTensor._op_dispatcher.sharding_propagator
-        tables = [getattr(propagator, name, {}) for name in
-                  ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules")]
+        tables = [
+            getattr(propagator, name, {})
+            for name in ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules")
+        ]
     except AttributeError:  # a torch whose internals moved: trust only the known rules
         return False
-    return packet is not None and all(any(getattr(packet, overload) in table for table in tables)
-                                      for overload in packet.overloads())
+    return packet is not None and all(
+        any(getattr(packet, overload) in table for table in tables) for overload in packet.overloads()
+    )
 
 
-def fused_kernel_fits(cls: type[torch.optim.Optimizer], params: list[torch.Tensor]) -> bool:
+def fused_kernel_fits(cls: type[torch.optim.Optimizer], params: Sequence[torch.Tensor]) -> bool:
     """Whether `cls(params, fused=True)` can step: the optimizer has a fused kernel, and sharded
     (DTensor) parameters have a sharding rule for it (torch has one for Adam and AdamW only, so
     fused SGD or Adagrad would raise NotImplementedError at the first step under FSDP2 or TP)."""
@@ -58,8 +68,9 @@ def fused_kernel_fits(cls: type[torch.optim.Optimizer], params: list[torch.Tenso
     return not any(isinstance(p, DTensor) for p in params) or _dtensor_has_rule(op_name)
 
 
-def kernel_flags(cls: type[torch.optim.Optimizer], params: list[torch.Tensor],
-                 device: torch.device) -> dict[str, bool]:
+def kernel_flags(
+    cls: type[torch.optim.Optimizer], params: Sequence[torch.Tensor], device: torch.device
+) -> dict[str, bool]:
     """fused on CUDA where the kernel fits the parameters (one kernel for all of them), else foreach."""
     if device.type == "cuda" and fused_kernel_fits(cls, params):
         return {"fused": True}
@@ -68,8 +79,9 @@ def kernel_flags(cls: type[torch.optim.Optimizer], params: list[torch.Tensor],
     return {}  # on CPU torch picks the fastest path itself
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], config: OptimConfig, batch_size: int,
-                    device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(
+    params: Iterable[torch.nn.Parameter], config: OptimConfig, batch_size: int, device: torch.device
+) -> torch.optim.Optimizer:
     params = list(params)
     cls = _CLASSES[config.name]
     lr = effective_lr(config, batch_size)

@@ -23,7 +23,7 @@ def _decay_factor(config: OptimConfig, total_steps: int, peak_lr: float) -> Call
     if name == "multistep":
         return lambda s: config.gamma ** sum(s >= m for m in config.milestones)
     if name == "exponential":
-        return lambda s: config.gamma ** s
+        return lambda s: config.gamma**s
     if name in ("cosine", "warmup_cosine"):
         return lambda s: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(s, span) / span))
     if name == "linear":
@@ -35,9 +35,13 @@ def build_schedule(optimizer: torch.optim.Optimizer, config: OptimConfig, total_
     """A scheduler stepped once per optimizer step. `warmup_steps` ramps linearly from ~0 to the peak."""
     peak_lr = optimizer.param_groups[0]["lr"]
     if config.schedule == "onecycle":
-        return OneCycleLR(optimizer, max_lr=peak_lr, total_steps=max(1, total_steps),
-                          pct_start=(config.warmup_steps / total_steps) if config.warmup_steps else 0.3,
-                          cycle_momentum=config.name in ("sgd", "rmsprop"))
+        return OneCycleLR(
+            optimizer,
+            max_lr=peak_lr,
+            total_steps=max(1, total_steps),
+            pct_start=(config.warmup_steps / total_steps) if config.warmup_steps else 0.3,
+            cycle_momentum=config.name in ("sgd", "rmsprop"),
+        )
     decay = _decay_factor(config, total_steps, peak_lr)
     warmup = config.warmup_steps
 

@@ -42,8 +42,9 @@ class BatchPlan:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         return torch.randperm(self.num_samples, generator=generator)
 
-    def micro_batches(self, epoch: int, start_step: int = 0,
-                      device: torch.device | None = None) -> Iterator[list[torch.Tensor]]:
+    def micro_batches(
+        self, epoch: int, start_step: int = 0, device: torch.device | None = None
+    ) -> Iterator[list[torch.Tensor]]:
         """For each optimizer step from `start_step`: this rank's micro-batch indices.
 
         Args:
@@ -55,8 +56,10 @@ class BatchPlan:
         b, n = self.micro_batch, self.dp_size
         for step in range(start_step, self.steps_per_epoch):
             base = step * self.global_batch
-            yield [order[base + j * n * b + self.dp_rank * b: base + j * n * b + (self.dp_rank + 1) * b]
-                   for j in range(self.grad_accum)]
+            yield [
+                order[base + j * n * b + self.dp_rank * b : base + j * n * b + (self.dp_rank + 1) * b]
+                for j in range(self.grad_accum)
+            ]
 
 
 class PlanBatchSampler(torch.utils.data.Sampler[list[int]]):

@@ -81,16 +81,25 @@ def place_run(config: Config, model: nn.Module, train_data: Any) -> Placement:
     switches = apply_process_switches(device, precision, cfg.train.deterministic)
     sample = as_model_sees_it(example_input(train_data)) if cfg.parallel.strategy == "auto" else None
     choice = choose_strategy(cfg, model, dist.world_size, device, sample)
-    check_cuda_graphs(cfg.train.cuda_graphs and device.type == "cuda", choice.strategy,
-                      chosen_by_auto=cfg.parallel.strategy == "auto")
+    check_cuda_graphs(
+        cfg.train.cuda_graphs and device.type == "cuda", choice.strategy, chosen_by_auto=cfg.parallel.strategy == "auto"
+    )
     dims = setup_parallel(dist, choice, cfg, device)
     check_pipeline_precision(precision, dims.pp_enabled)  # auto may have chosen fp16
     setup_logging(dist.rank, dist.world_size)
     set_by_us = switches.describe(device)
-    device_line = (f"device: {device} ({device_reason}); precision {precision} ({precision_reason})"
-                   + (f"; {set_by_us}" if set_by_us else ""))
-    return Placement(device, precision, dist, dims, choice, resolve_grad_accum(cfg, dist.dp_size),
-                     (device_line, describe_choice(choice, dist)))
+    device_line = f"device: {device} ({device_reason}); precision {precision} ({precision_reason})" + (
+        f"; {set_by_us}" if set_by_us else ""
+    )
+    return Placement(
+        device,
+        precision,
+        dist,
+        dims,
+        choice,
+        resolve_grad_accum(cfg, dist.dp_size),
+        (device_line, describe_choice(choice, dist)),
+    )
 
 
 @dataclass(slots=True)
@@ -118,10 +127,18 @@ class TrainingParts:
     run_dir: Path
 
 
-def build_training(config: Config, model: nn.Module, train_data: Dataset | DataLoader, *,
-                   loss_fn: LossFn | None = None, step_fn: ComputeLoss | None = None, spec: DataSpec | None = None,
-                   run_dir: str | Path | None = None, names: tuple[str, str] | None = None,
-                   tp_plan: UserTPPlan | None = None) -> TrainingParts:
+def build_training(
+    config: Config,
+    model: nn.Module,
+    train_data: Dataset | DataLoader,
+    *,
+    loss_fn: LossFn | None = None,
+    step_fn: ComputeLoss | None = None,
+    spec: DataSpec | None = None,
+    run_dir: str | Path | None = None,
+    names: tuple[str, str] | None = None,
+    tp_plan: UserTPPlan | None = None,
+) -> TrainingParts:
     """All the parts of a training run of `model` on `train_data` under `config`.
 
     Raises:
@@ -146,15 +163,32 @@ def build_training(config: Config, model: nn.Module, train_data: Dataset | DataL
     channels_last = apply_channels_last(model, device, sharded=dims.fsdp_enabled, pipelined=dims.pp_enabled)
     # data-parallel gradient traffic is timed apart from backward; a pipeline runs its own backward
     time_comm = (dims.ddp_enabled or dims.fsdp_enabled) and not dims.pp_enabled
-    speed = SpeedMeter(model, device, place.precision, dist.world_size, global_batch, task.tokens_per_sample,
-                       cfg.log.breakdown_every, count_flops=not dims.pp_enabled, comm_timed=time_comm)
+    speed = SpeedMeter(
+        model,
+        device,
+        place.precision,
+        dist.world_size,
+        global_batch,
+        task.tokens_per_sample,
+        cfg.log.breakdown_every,
+        count_flops=not dims.pp_enabled,
+        comm_timed=time_comm,
+    )
     pixels = pixel_scaler_for(spec, train_data, device)  # uint8 images become floats on the device
-    feed = BatchFeed(train_data, plan, device, cfg.data.num_workers, on_error=cfg.data.on_error,
-                     grad_accum=place.grad_accum, transform=build_batch_transform(cfg.data.augment, channels_last, pixels),
-                     timer=speed.timer)
+    feed = BatchFeed(
+        train_data,
+        plan,
+        device,
+        cfg.data.num_workers,
+        on_error=cfg.data.on_error,
+        grad_accum=place.grad_accum,
+        transform=build_batch_transform(cfg.data.augment, channels_last, pixels),
+        timer=speed.timer,
+    )
     if feed.steps_per_epoch == 0:
-        raise ConfigError("train.grad_accum", "the DataLoader has fewer batches than one accumulation",
-                          place.grad_accum)
+        raise ConfigError(
+            "train.grad_accum", "the DataLoader has fewer batches than one accumulation", place.grad_accum
+        )
     total_steps = cfg.train.epochs * feed.steps_per_epoch
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)
@@ -166,26 +200,80 @@ def build_training(config: Config, model: nn.Module, train_data: Dataset | DataL
 
     precision = Precision(place.precision, device)
     # parallelize before the optimizer: FSDP/TP replace the parameters, PP keeps only this rank's stage
-    par = parallelize(model, dist, cfg, device, place.precision, place.choice, place.grad_accum,
-                      tp_plan=_tp_plan(tp_plan, model, dims), loss_fn=task.loss_fn if step_fn is None else None)
+    par = parallelize(
+        model,
+        dist,
+        cfg,
+        device,
+        place.choice,
+        place.precision,
+        place.grad_accum,
+        tp_plan=_tp_plan(tp_plan, model, dims),
+        loss_fn=task.loss_fn if step_fn is None else None,
+    )
     optimizer = build_optimizer(par.model.parameters(), cfg.optim, global_batch, device)
     scheduler = build_schedule(optimizer, cfg.optim, total_steps)
-    guard = None if cfg.train.on_nonfinite == "off" else NonFiniteGuard(
-        cfg.train.on_nonfinite, distributed=dist.enabled, scaler_active=precision.scaler is not None)
-    step = StepParts(model=par.step_model, optimizer=optimizer, scheduler=scheduler, precision=precision,
-                     compute_loss=loss_of_batch(task, step_fn), clip_grad_norm=cfg.train.clip_grad_norm,
-                     clip_grad_value=cfg.train.clip_grad_value, pipeline=par.pipeline, pp_group=pp_group(dist),
-                     timer=speed.timer, guard=guard, time_comm=time_comm, params=list(par.step_model.parameters()),
-                     persistent_grads=cuda_graphs)
+    guard = (
+        None
+        if cfg.train.on_nonfinite == "off"
+        else NonFiniteGuard(
+            cfg.train.on_nonfinite, distributed=dist.enabled, scaler_active=precision.scaler is not None
+        )
+    )
+    step = StepParts(
+        model=par.step_model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        precision=precision,
+        compute_loss=loss_of_batch(task, step_fn),
+        clip_grad_norm=cfg.train.clip_grad_norm,
+        clip_grad_value=cfg.train.clip_grad_value,
+        pipeline=par.pipeline,
+        pp_group=pp_group(dist),
+        timer=speed.timer,
+        guard=guard,
+        time_comm=time_comm,
+        params=list(par.step_model.parameters()),
+        persistent_grads=cuda_graphs,
+    )
     # plain DDP: every rank holds the whole model, so evaluation can be split between them
     replicated = dist.enabled and dims.ddp_enabled and dims.dp_replicate == dist.world_size and not dims.pp_enabled
-    evaluator = Evaluator(par.step_model, par.model, task, metric_names, max(1, global_batch // place.grad_accum),
-                          dist, replicated, device, precision.autocast, step_fn=step_fn, batch_transform=pixels)
+    evaluator = Evaluator(
+        par.step_model,
+        par.model,
+        task,
+        metric_names,
+        max(1, global_batch // place.grad_accum),
+        dist,
+        replicated,
+        device,
+        precision.autocast,
+        step_fn=step_fn,
+        batch_transform=pixels,
+    )
     checkpointer = Checkpointer(cfg.checkpoint, run_path, dist, par.model, optimizer, pipelined=dims.pp_enabled)
-    metrics = MetricsLogger(cfg.log, run_path, dist, console, speed, optimizer, global_batch, total_steps,
-                            task.tokens_per_sample)
-    return TrainingParts(place, task, par.model, optimizer, scheduler, precision, step, feed, global_batch,
-                         total_steps, speed, evaluator, early_stopping, checkpointer, metrics, console, run_path)
+    metrics = MetricsLogger(
+        cfg.log, run_path, dist, console, speed, optimizer, global_batch, total_steps, task.tokens_per_sample
+    )
+    return TrainingParts(
+        place,
+        task,
+        par.model,
+        optimizer,
+        scheduler,
+        precision,
+        step,
+        feed,
+        global_batch,
+        total_steps,
+        speed,
+        evaluator,
+        early_stopping,
+        checkpointer,
+        metrics,
+        console,
+        run_path,
+    )
 
 
 def _batch_plan(cfg: Config, train_data: Any, place: Placement) -> tuple[BatchPlan | None, int]:
@@ -193,11 +281,18 @@ def _batch_plan(cfg: Config, train_data: Any, place: Placement) -> tuple[BatchPl
     dist = place.dist
     if isinstance(train_data, DataLoader):
         return None, (train_data.batch_size or 1) * place.grad_accum * dist.dp_size
-    plan = BatchPlan(num_samples=len(train_data), global_batch=cfg.train.batch_size, grad_accum=place.grad_accum,
-                     dp_rank=dist.dp_rank, dp_size=dist.dp_size, seed=cfg.train.seed)
+    plan = BatchPlan(
+        num_samples=len(train_data),
+        global_batch=cfg.train.batch_size,
+        grad_accum=place.grad_accum,
+        dp_rank=dist.dp_rank,
+        dp_size=dist.dp_size,
+        seed=cfg.train.seed,
+    )
     if plan.steps_per_epoch == 0:
-        raise ConfigError("train.batch_size", f"is larger than the {len(train_data)} training samples",
-                          cfg.train.batch_size)
+        raise ConfigError(
+            "train.batch_size", f"is larger than the {len(train_data)} training samples", cfg.train.batch_size
+        )
     return plan, cfg.train.batch_size
 
 
@@ -211,9 +306,11 @@ def _tp_plan(given: UserTPPlan | None, model: nn.Module, dims: ParallelDims) -> 
     if callable(given):
         return given
     if dims.pp_enabled:
-        raise ConfigError("parallel.tp", "a tp_plan dict names the whole model's modules, but pipeline "
-                          "parallelism splits the model into stages: pass a function (module, tp degree) -> plan",
-                          dims.tp)
+        raise ConfigError(
+            "parallel.tp",
+            "a tp_plan dict names the whole model's modules, but pipeline "
+            "parallelism splits the model into stages: pass a function (module, tp degree) -> plan",
+            dims.tp,
+        )
     plan = dict(given)
     return lambda module, degree: plan
-

@@ -15,7 +15,12 @@ from torch import nn
 
 from gputrain.checkpoint import CorruptCheckpoint, find_resumable, load_checkpoint, rotate_checkpoints, save_checkpoint
 from gputrain.checkpoint.async_save import AsyncSaver
-from gputrain.checkpoint.sharded import ShardedSaver, is_sharded_checkpoint, load_portable_checkpoint, save_final_weights
+from gputrain.checkpoint.sharded import (
+    ShardedSaver,
+    is_sharded_checkpoint,
+    load_portable_checkpoint,
+    save_final_weights,
+)
 from gputrain.config.schema import CheckpointConfig
 from gputrain.distributed.context import DistContext
 from gputrain.errors import ConfigError, RunError
@@ -24,22 +29,32 @@ from gputrain.errors import ConfigError, RunError
 def check_resume_setting(config: CheckpointConfig) -> None:
     """checkpoint.resume names auto, never or an existing checkpoint directory."""
     if config.resume not in ("auto", "never") and not Path(config.resume).is_dir():
-        raise ConfigError("checkpoint.resume", "no such checkpoint directory; use auto, never or a path like "
-                          "runs/NAME/checkpoints/step-100", config.resume)
+        raise ConfigError(
+            "checkpoint.resume",
+            "no such checkpoint directory; use auto, never or a path like runs/NAME/checkpoints/step-100",
+            config.resume,
+        )
 
 
 class Checkpointer:
     """Args:
-        config: the `checkpoint` section.
-        run_dir: the run directory; checkpoints go to `run_dir/checkpoints/step-<N>/`.
-        dist: this rank's place in the job (sharded saves and loads when several ranks run).
-        model: the module that holds this rank's parameters (its state dict is saved).
-        optimizer: saved and restored with the model.
-        pipelined: the model is a pipeline stage (the final weights are gathered from all stages).
+    config: the `checkpoint` section.
+    run_dir: the run directory; checkpoints go to `run_dir/checkpoints/step-<N>/`.
+    dist: this rank's place in the job (sharded saves and loads when several ranks run).
+    model: the module that holds this rank's parameters (its state dict is saved).
+    optimizer: saved and restored with the model.
+    pipelined: the model is a pipeline stage (the final weights are gathered from all stages).
     """
 
-    def __init__(self, config: CheckpointConfig, run_dir: Path, dist: DistContext, model: nn.Module,
-                 optimizer: torch.optim.Optimizer, pipelined: bool = False) -> None:
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        run_dir: Path,
+        dist: DistContext,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        pipelined: bool = False,
+    ) -> None:
         check_resume_setting(config)
         self.config = config
         self.root = run_dir / "checkpoints"
@@ -72,8 +87,10 @@ class Checkpointer:
         except CorruptCheckpoint as err:
             raise RunError(f"cannot resume: {err}") from None
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:  # verified bytes, not our state
-            raise RunError(f"cannot resume: {path}: state.pt does not hold this run's training state "
-                           f"({type(err).__name__}: {str(err)[:120]})") from None
+            raise RunError(
+                f"cannot resume: {path}: state.pt does not hold this run's training state "
+                f"({type(err).__name__}: {str(err)[:120]})"
+            ) from None
 
     def save(self, step: int, state: dict[str, Any], keep_step: int | None = None) -> Path | None:
         """Save step `step` with `state` (the loop's training state), then drop all but the last
@@ -88,9 +105,12 @@ class Checkpointer:
 
         if self._sharded is not None:  # every rank writes its shards; rank 0 commits and rotates
             return self._sharded.save(self.root, step, self.model, self.optimizer, state, on_commit=rotate)
-        state = {**state, "optimizer": self.optimizer.state_dict(),
-                 # parameter names let a multi-rank job resume a one-process checkpoint
-                 "param_names": [name for name, _ in self.model.named_parameters()]}
+        state = {
+            **state,
+            "optimizer": self.optimizer.state_dict(),
+            # parameter names let a multi-rank job resume a one-process checkpoint
+            "param_names": [name for name, _ in self.model.named_parameters()],
+        }
         if self._background is not None:  # rotation runs once the background save has committed
             return self._background.save(self.root, step, self.model, state, after=rotate)
         path = save_checkpoint(self.root, step, self.model, state)
@@ -107,4 +127,3 @@ class Checkpointer:
         """model.safetensors with the whole model (gathered from shards and stages; rank 0 writes)."""
         self.wait()
         save_final_weights(path, self.model, self.dist, self.pipelined)
-

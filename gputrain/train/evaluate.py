@@ -20,8 +20,12 @@ from gputrain.train.feed import eval_batches
 from gputrain.train.state import LoopState
 from gputrain.train.tasks import DEFAULT_METRICS, LossFn, Task, metric_mode
 
-_KNOWN = {"classification": {"accuracy", "precision", "recall", "f1", "auroc", "loss"},
-          "regression": {"mse", "mae", "loss"}, "lm": {"loss", "perplexity"}, "custom": {"loss"}}
+_KNOWN = {
+    "classification": {"accuracy", "precision", "recall", "f1", "auroc", "loss"},
+    "regression": {"mse", "mae", "loss"},
+    "lm": {"loss", "perplexity"},
+    "custom": {"loss"},
+}
 
 
 def resolve_metrics(requested: list[str] | str, task: str | None) -> list[str]:
@@ -32,8 +36,11 @@ def resolve_metrics(requested: list[str] | str, task: str | None) -> list[str]:
         return list(DEFAULT_METRICS.get(task, ["loss"]))
     unknown = [m for m in requested if m not in _KNOWN[task]]
     if unknown:
-        raise ConfigError("eval.metrics", f"{', '.join(unknown)} not available for {task}; choose from "
-                          + ", ".join(sorted(_KNOWN[task])), requested)
+        raise ConfigError(
+            "eval.metrics",
+            f"{', '.join(unknown)} not available for {task}; choose from " + ", ".join(sorted(_KNOWN[task])),
+            requested,
+        )
     return list(requested)
 
 
@@ -45,8 +52,9 @@ def shard_for_eval(data: Dataset, rank: int, world_size: int) -> Dataset:
     return Subset(data, range(rank, len(data), world_size))  # type: ignore[arg-type]
 
 
-def _build_metrics(names: list[str], task: str, num_classes: int | None, device: torch.device,
-                   across_ranks: bool) -> dict[str, Any]:
+def _build_metrics(
+    names: list[str], task: str, num_classes: int | None, device: torch.device, across_ranks: bool
+) -> dict[str, Any]:
     if not set(names) - {"loss", "perplexity"}:
         return {}  # computed here without torchmetrics, whose import alone takes seconds
     import torchmetrics.classification as C
@@ -72,10 +80,19 @@ def _build_metrics(names: list[str], task: str, num_classes: int | None, device:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable[Any], *, task: str, metric_names: list[str],
-             loss_fn: LossFn | None, num_classes: int | None, device: torch.device,
-             autocast: Callable[[], Any], step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-             across_ranks: bool = False) -> dict[str, float]:
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[Any],
+    *,
+    task: str,
+    metric_names: list[str],
+    loss_fn: LossFn | None,
+    num_classes: int | None,
+    device: torch.device,
+    autocast: Callable[[], Any],
+    step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    across_ranks: bool = False,
+) -> dict[str, float]:
     """Mean loss over samples and the requested metrics. One host sync, at the end.
 
     across_ranks: each rank passed its own share of the split (`shard_for_eval`); the loss sums,
@@ -88,6 +105,8 @@ def evaluate(model: nn.Module, batches: Iterable[Any], *, task: str, metric_name
     count = 0
     for batch in batches:
         with autocast():
+            outputs: torch.Tensor | None
+            loss: torch.Tensor | None
             if step_fn is not None:
                 loss = step_fn(model, batch)
                 outputs = targets = None
@@ -145,10 +164,20 @@ class Evaluator:
         batch_transform: applied to each batch on the device first (uint8 images to floats).
     """
 
-    def __init__(self, step_model: nn.Module, model: nn.Module, task: Task, metric_names: list[str], batch_size: int,
-                 dist: DistContext, replicated: bool, device: torch.device, autocast: Callable[[], Any],
-                 step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-                 batch_transform: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self,
+        step_model: nn.Module,
+        model: nn.Module,
+        task: Task,
+        metric_names: list[str],
+        batch_size: int,
+        dist: DistContext,
+        replicated: bool,
+        device: torch.device,
+        autocast: Callable[[], Any],
+        step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+        batch_transform: Callable[[Any], Any] | None = None,
+    ) -> None:
         self.step_model = step_model
         self.model = model
         self.task = task
@@ -175,9 +204,18 @@ class Evaluator:
         batches: Iterable[Any] = eval_batches(data, batch, self.device)
         if self.batch_transform is not None:
             batches = map(self.batch_transform, batches)
-        return evaluate(model, batches, task=self.task.kind, metric_names=self.metric_names,
-                        loss_fn=self.task.loss_fn, num_classes=self.task.num_classes, device=self.device,
-                        autocast=self.autocast, step_fn=self.step_fn, across_ranks=shared)
+        return evaluate(
+            model,
+            batches,
+            task=self.task.kind,
+            metric_names=self.metric_names,
+            loss_fn=self.task.loss_fn,
+            num_classes=self.task.num_classes,
+            device=self.device,
+            autocast=self.autocast,
+            step_fn=self.step_fn,
+            across_ranks=shared,
+        )
 
 
 class EarlyStopping:
@@ -187,8 +225,9 @@ class EarlyStopping:
     def __init__(self, config: EvalConfig, metric_names: list[str]) -> None:
         monitored = config.early_stop_metric
         if monitored is not None and monitored not in metric_names:
-            raise ConfigError("eval.early_stop_metric", "is not among the validation metrics: "
-                              + ", ".join(metric_names), monitored)
+            raise ConfigError(
+                "eval.early_stop_metric", "is not among the validation metrics: " + ", ".join(metric_names), monitored
+            )
         self.config = config
         self.monitored = monitored or ("loss" if "loss" in metric_names else None)
         """The metric whose best value is tracked (and whose checkpoint is kept): the configured one, else the loss."""

@@ -89,9 +89,17 @@ class BatchFeed:
         timer: marks the data and host-to-device time of sampled steps.
     """
 
-    def __init__(self, data: Dataset | DataLoader, plan: BatchPlan | None, device: torch.device,
-                 num_workers: int | str = "auto", on_error: str = "fail", grad_accum: int = 1,
-                 transform: Callable[[Any], Any] | None = None, timer: StepTimer | None = None) -> None:
+    def __init__(
+        self,
+        data: Dataset | DataLoader,
+        plan: BatchPlan | None,
+        device: torch.device,
+        num_workers: int | str = "auto",
+        on_error: str = "fail",
+        grad_accum: int = 1,
+        transform: Callable[[Any], Any] | None = None,
+        timer: StepTimer | None = None,
+    ) -> None:
         self.device = device
         self.on_error = on_error
         self.plan = plan
@@ -112,8 +120,12 @@ class BatchFeed:
             workers = auto_num_workers(num_workers, data)
             self.sampler = PlanBatchSampler(plan)
             self.loader = DataLoader(  # guarded: an unreadable sample is named, then failed on or skipped
-                GuardedDataset(data), batch_sampler=self.sampler, collate_fn=guarded_collate, num_workers=workers,
-                pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+                GuardedDataset(data),
+                batch_sampler=self.sampler,
+                collate_fn=guarded_collate,
+                num_workers=workers,
+                pin_memory=device.type == "cuda",
+                persistent_workers=workers > 0,
                 prefetch_factor=auto_prefetch_factor(workers),
                 # own generator: worker seeding must not draw from the global RNG the model uses
                 generator=torch.Generator().manual_seed(plan.seed),
@@ -200,8 +212,11 @@ class BatchFeed:
         batch, skipped = unwrap(item, self.on_error)
         if skipped and not self._warned_skip:
             self._warned_skip = True
-            log.warning("skipping unreadable samples (data.on_error=skip), e.g. %s: %s", item.failed[0].where,
-                        item.failed[0].problem)
+            log.warning(
+                "skipping unreadable samples (data.on_error=skip), e.g. %s: %s",
+                item.failed[0].where,
+                item.failed[0].problem,
+            )
         self._skipped += skipped
         return batch
 
@@ -214,7 +229,7 @@ def eval_batches(data: Dataset | DataLoader, batch_size: int, device: torch.devi
         return
     if isinstance(data, TensorData):
         for start in range(0, len(data), batch_size):
-            yield to_device((data.inputs[start:start + batch_size], data.targets[start:start + batch_size]), device)
+            yield to_device((data.inputs[start : start + batch_size], data.targets[start : start + batch_size]), device)
         return
     for batch in DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=0):
         yield to_device(batch, device)

@@ -29,20 +29,29 @@ log = logging.getLogger("gputrain")
 
 class MetricsLogger:
     """Args:
-        config: the `log` section.
-        run_dir: where metrics.jsonl and tensorboard/ go (rank 0 only).
-        dist: the job; the logged loss is the mean over all ranks.
-        console: rank 0's terminal.
-        speed: the run's speed meter (its figures join each row).
-        optimizer: its first group's learning rate is logged.
-        global_batch: samples per optimizer step.
-        total_steps: the last step, which is always logged.
-        tokens_per_sample: for language models, so rows carry tokens/s.
+    config: the `log` section.
+    run_dir: where metrics.jsonl and tensorboard/ go (rank 0 only).
+    dist: the job; the logged loss is the mean over all ranks.
+    console: rank 0's terminal.
+    speed: the run's speed meter (its figures join each row).
+    optimizer: its first group's learning rate is logged.
+    global_batch: samples per optimizer step.
+    total_steps: the last step, which is always logged.
+    tokens_per_sample: for language models, so rows carry tokens/s.
     """
 
-    def __init__(self, config: LogConfig, run_dir: Path, dist: DistContext, console: RunConsole, speed: SpeedMeter,
-                 optimizer: torch.optim.Optimizer, global_batch: int, total_steps: int,
-                 tokens_per_sample: int | None) -> None:
+    def __init__(
+        self,
+        config: LogConfig,
+        run_dir: Path,
+        dist: DistContext,
+        console: RunConsole,
+        speed: SpeedMeter,
+        optimizer: torch.optim.Optimizer,
+        global_batch: int,
+        total_steps: int,
+        tokens_per_sample: int | None,
+    ) -> None:
         self.config = config
         self.run_dir = run_dir
         self.dist = dist
@@ -83,7 +92,9 @@ class MetricsLogger:
             loss = all_reduce_mean(result.loss.float(), self.dist).item()
             samples_per_s = (state.samples_seen - since_samples) / seconds
             record: dict[str, Any] = {
-                "step": state.global_step, "epoch": state.epoch, "loss": loss,
+                "step": state.global_step,
+                "epoch": state.epoch,
+                "loss": loss,
                 "lr": self.optimizer.param_groups[0]["lr"],
                 "grad_norm": None if result.grad_norm is None else float(result.grad_norm),
                 "samples_per_s": samples_per_s,

@@ -34,7 +34,6 @@ from gputrain.errors import RunError
 from gputrain.observe.own_sync import own_sync
 
 
-
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """Whether a step may be applied: "apply", "nonfinite" (NaN/Inf; `reason` says what and where)
@@ -51,11 +50,13 @@ class NonFiniteStep(RunError):
     """A step produced NaN/Inf (train.on_nonfinite=stop). The parameters are those before the step."""
 
     @classmethod
-    def at(cls, step: int, rank: int | None, verdict: Verdict) -> "NonFiniteStep":
+    def at(cls, step: int, rank: int | None, verdict: Verdict) -> NonFiniteStep:
         where = f" (rank {rank})" if rank is not None else ""
-        return cls(f"step {step}{where}: {verdict.reason}; the step was not applied and the parameters are "
-                   "those before it. Lower optim.lr, set train.clip_grad_norm, check the data, or set "
-                   "train.on_nonfinite=skip to skip such steps")
+        return cls(
+            f"step {step}{where}: {verdict.reason}; the step was not applied and the parameters are "
+            "those before it. Lower optim.lr, set train.clip_grad_norm, check the data, or set "
+            "train.on_nonfinite=skip to skip such steps"
+        )
 
 
 class NonFiniteGuard:
@@ -102,7 +103,8 @@ class NonFiniteGuard:
             # which kernel path fits is a property of the model, so it is decided once, not per step
             device, dtype = loss.device, loss.dtype
             uniform = amp_check_supports(device, dtype) and all(
-                t.device == device and t.dtype == dtype and not isinstance(t, DTensor) for t in tensors)
+                t.device == device and t.dtype == dtype and not isinstance(t, DTensor) for t in tensors
+            )
             self._layout = (len(tensors), uniform)
             self._found = torch.zeros(1, device=device)  # kept: the kernel only sets it; a bad step resets it
             self._one = torch.ones(1, device=device)
@@ -119,12 +121,14 @@ class NonFiniteGuard:
         found.zero_()
         return self._diagnose(loss, None, grads)
 
-    def _diagnose(self, loss: torch.Tensor, grad_norm: torch.Tensor | None,
-                  grads: list[torch.Tensor] | None = None) -> Verdict:
+    def _diagnose(
+        self, loss: torch.Tensor, grad_norm: torch.Tensor | None, grads: list[torch.Tensor] | None = None
+    ) -> Verdict:
         bad_loss = not math.isfinite(float(loss.detach().float()))
         if grad_norm is None and grads:  # the rare bad step pays for a norm to say what was bad
-            grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()).cpu()
-                                                              for g in grads]))
+            grad_norm = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g.float()).cpu() for g in grads])
+            )
         bad_grad = grad_norm is not None and not math.isfinite(float(grad_norm.float()))
         local = int(bad_loss) + 2 * int(bad_grad)  # bits: 1 = this rank's loss, 2 = its gradients
         any_loss, any_grad = bad_loss, bad_grad

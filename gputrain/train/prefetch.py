@@ -28,8 +28,9 @@ def _tensors(batch: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(item)
 
 
-def prefetch_to_cuda(groups: Iterator[list[Any]], device: torch.device, move: Callable[[Any], Any],
-                     timer: StepTimer) -> Iterator[list[Any]]:
+def prefetch_to_cuda(
+    groups: Iterator[list[Any]], device: torch.device, move: Callable[[Any], Any], timer: StepTimer
+) -> Iterator[list[Any]]:
     """Yield each group of micro-batches on `device`, its copy issued one step ahead.
 
     Args:

@@ -37,7 +37,7 @@ class LoopState:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "LoopState":
+    def from_dict(cls, data: dict[str, Any]) -> LoopState:
         return cls(**data)
 
 
@@ -46,11 +46,16 @@ def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
 
     On CUDA only the generator of `device`, the one this rank draws from: a checkpoint then
     resumes on a machine with fewer GPUs (torch's all-devices variant fails there)."""
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)
+    assert isinstance(np_state, tuple)  # ("MT19937", keys, pos, has_gauss, cached_gaussian)
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
         "python": random.getstate(),
     }
     if device is not None and device.type == "cuda":
@@ -70,8 +75,15 @@ def cuda_rng_for(saved: Any, device: torch.device) -> torch.Tensor:
 def restore_rng(state: dict[str, Any], device: torch.device | None = None) -> None:
     torch.set_rng_state(state["torch"])
     np_state = state["numpy"]
-    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
-                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    np.random.set_state(
+        (
+            "MT19937",
+            np_state["keys"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     if state.get("cuda") is not None and device is not None and device.type == "cuda":
@@ -84,16 +96,34 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def training_state(scheduler: torch.optim.lr_scheduler.LRScheduler, precision: Any, loop: LoopState,
-                   device: torch.device, task: str | None, num_classes: int | None) -> dict[str, Any]:
+def training_state(
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    precision: Any,
+    loop: LoopState,
+    device: torch.device,
+    task: str | None,
+    num_classes: int | None,
+) -> dict[str, Any]:
     """What a checkpoint holds besides the weights and the optimizer: the LR schedule's position,
     the loss scale, the loop's counters and every RNG (weights_only-loadable)."""
-    return {"scheduler": scheduler.state_dict(), "precision": precision.state_dict(), "loop": loop.to_dict(),
-            "rng": capture_rng(device), "task": task, "num_classes": num_classes}
+    return {
+        "scheduler": scheduler.state_dict(),
+        "precision": precision.state_dict(),
+        "loop": loop.to_dict(),
+        "rng": capture_rng(device),
+        "task": task,
+        "num_classes": num_classes,
+    }
 
 
-def restore_training_state(path: Path, saved: dict[str, Any], scheduler: torch.optim.lr_scheduler.LRScheduler,
-                           precision: Any, rank: int, device: torch.device) -> LoopState:
+def restore_training_state(
+    path: Path,
+    saved: dict[str, Any],
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    precision: Any,
+    rank: int,
+    device: torch.device,
+) -> LoopState:
     """Put the training state of the checkpoint at `path` back; returns the loop's state to continue
     from. A sharded checkpoint holds every rank's RNG: each rank takes its own (the last one where
     this job has more ranks than the saving one had).
@@ -108,5 +138,7 @@ def restore_training_state(path: Path, saved: dict[str, Any], scheduler: torch.o
         restore_rng(rng[min(rank, len(rng) - 1)] if isinstance(rng, list) else rng, device)
         return LoopState.from_dict(saved["loop"])
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
-        raise RunError(f"cannot resume: {path}: state.pt does not hold this run's training state "
-                       f"({type(err).__name__}: {str(err)[:120]})") from None
+        raise RunError(
+            f"cannot resume: {path}: state.pt does not hold this run's training state "
+            f"({type(err).__name__}: {str(err)[:120]})"
+        ) from None

@@ -79,12 +79,12 @@ def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: boo
     with grad_sync(parts.model, sync_grads):
         with parts.precision.autocast():
             loss = parts.compute_loss(parts.model, batch)
-        time_comm = sync_grads and parts.time_comm and parts.timer is not None and parts.timer.active
-        if time_comm:
-            parts.timer.split_backward(loss)  # type: ignore[union-attr]
+        timer = parts.timer if sync_grads and parts.time_comm else None
+        if timer is not None and timer.active:
+            timer.split_backward(loss)
         parts.precision.backward(loss * scale if scale != 1.0 else loss)
-        if time_comm:
-            parts.timer.mark("comm")  # type: ignore[union-attr]
+        if timer is not None and timer.active:
+            timer.mark("comm")
     return loss.detach()
 
 
@@ -112,7 +112,7 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
             if measure_grad_norm:
                 grad_norm = grad_norm_and_clip(params, None, parts.pp_group)
             else:  # no norm wanted this step: the cheaper flag check
-                verdict = guard.check_gradients(loss_sum, [p.grad for p in params])  # type: ignore[misc]
+                verdict = guard.check_gradients(loss_sum, [p.grad for p in params if p.grad is not None])
         if parts.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(params, parts.clip_grad_value)
         if parts.clip_grad_norm is not None or (measure_grad_norm and grad_norm is None):

@@ -10,9 +10,21 @@ from gputrain.observe.speed import SpeedMeter, device_peak_memory_bytes
 from gputrain.train.state import LoopState
 
 
-def build_summary(status: str, wall_s: float, *, device: torch.device, precision: str, world_size: int,
-                  state: LoopState, speed: SpeedMeter, train_loss: float | None, tokens_per_sample: int | None,
-                  val: dict[str, float], test: dict[str, float], error: str | None = None) -> dict[str, Any]:
+def build_summary(
+    status: str,
+    wall_s: float,
+    *,
+    device: torch.device,
+    precision: str,
+    world_size: int,
+    state: LoopState,
+    speed: SpeedMeter,
+    train_loss: float | None,
+    tokens_per_sample: int | None,
+    val: dict[str, float],
+    test: dict[str, float],
+    error: str | None = None,
+) -> dict[str, Any]:
     """The run's summary. `status`: completed, stopped_early, interrupted or failed (then `error`
     says at which step and why)."""
     train_time = state.train_time_s

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data._utils.collate import default_collate
 
 from gputrain.data.pixels import is_uint8_image
-from gputrain.data.spec import DataSpec
+from gputrain.data.spec import DataSpec, TaskName
 from gputrain.errors import RunError, UsageError
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -43,7 +43,7 @@ def default_loss(task: str) -> LossFn:
     return lm_cross_entropy
 
 
-def infer_task(outputs: torch.Tensor, targets: torch.Tensor) -> str | None:
+def infer_task(outputs: torch.Tensor, targets: torch.Tensor) -> TaskName | None:
     """Guess the task from one batch (for the Python API with user models); None when unclear."""
     if not isinstance(outputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
         return None
@@ -81,8 +81,9 @@ class Task:
     """Language models: tokens in one sample (for tokens/s)."""
 
 
-def resolve_task(model: nn.Module, train_data: Any, *, spec: DataSpec | None, loss_fn: LossFn | None,
-                 step_fn: ComputeLoss | None) -> Task:
+def resolve_task(
+    model: nn.Module, train_data: Any, *, spec: DataSpec | None, loss_fn: LossFn | None, step_fn: ComputeLoss | None
+) -> Task:
     """The task from the data's spec; for a user's model and data, from the shapes and dtypes of
     the model's outputs on the first samples (computed on the meta device: no memory, no compute).
 
@@ -99,12 +100,20 @@ def resolve_task(model: nn.Module, train_data: Any, *, spec: DataSpec | None, lo
     if kind is None:
         if loss_fn is not None:
             return Task("custom", loss_fn)
-        seen = (f"outputs {tuple(probe[0].shape)} and targets {tuple(probe[1].shape)}" if probe is not None
-                else "the data (its samples are not (inputs, targets) tensors)")
+        seen = (
+            f"outputs {tuple(probe[0].shape)} and targets {tuple(probe[1].shape)}"
+            if probe is not None
+            else "the data (its samples are not (inputs, targets) tensors)"
+        )
         raise UsageError(f"cannot tell the task from {seen}: pass loss_fn= or step_fn= to the Trainer")
-    outputs, targets = probe  # type: ignore[misc]
-    return Task(kind, loss_fn or default_loss(kind), outputs.shape[-1] if kind == "classification" else None,
-                targets.shape[-1] if kind == "lm" else None)
+    assert probe is not None  # a task was inferred from it
+    outputs, targets = probe
+    return Task(
+        kind,
+        loss_fn or default_loss(kind),
+        outputs.shape[-1] if kind == "classification" else None,
+        targets.shape[-1] if kind == "lm" else None,
+    )
 
 
 def probe_outputs(model: nn.Module, data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -116,8 +125,7 @@ def probe_outputs(model: nn.Module, data: Any) -> tuple[torch.Tensor, torch.Tens
     inputs, targets = batch
     if is_uint8_image(inputs[0]):  # the model sees these as floats (data/pixels.py)
         inputs = inputs.float()
-    meta = {name: torch.empty_like(t, device="meta") for name, t in [*model.named_parameters(),
-                                                                      *model.named_buffers()]}
+    meta = {name: torch.empty_like(t, device="meta") for name, t in [*model.named_parameters(), *model.named_buffers()]}
     try:
         with torch.no_grad():
             return torch.func.functional_call(model, meta, (inputs.to("meta"),)), targets
@@ -139,7 +147,7 @@ def _first_samples(data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Up to two samples of `data` collated as a loader would, as (inputs, targets)."""
     dataset = data.dataset if isinstance(data, DataLoader) else data
     try:
-        batch = default_collate([dataset[i] for i in range(min(2, len(dataset)))])
+        batch = default_collate([dataset[i] for i in range(min(2, len(cast(Sized, dataset))))])
     except Exception:  # noqa: BLE001 - not an indexable data set of collatable samples
         batch = None
     if batch is None and isinstance(data, DataLoader):

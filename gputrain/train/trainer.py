@@ -73,14 +73,33 @@ class Trainer:
         UsageError (ConfigError, DataError): bad config or input, before anything heavy starts.
     """
 
-    def __init__(self, model: nn.Module, train_data: Dataset | DataLoader, *, loss_fn: LossFn | None = None,
-                 step_fn: ComputeLoss | None = None, val_data: Dataset | DataLoader | None = None,
-                 test_data: Dataset | DataLoader | None = None, config: ConfigLike = None,
-                 run_dir: str | Path | None = None, spec: DataSpec | None = None,
-                 names: tuple[str, str] | None = None, tp_plan: UserTPPlan | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        train_data: Dataset | DataLoader,
+        *,
+        loss_fn: LossFn | None = None,
+        step_fn: ComputeLoss | None = None,
+        val_data: Dataset | DataLoader | None = None,
+        test_data: Dataset | DataLoader | None = None,
+        config: ConfigLike = None,
+        run_dir: str | Path | None = None,
+        spec: DataSpec | None = None,
+        names: tuple[str, str] | None = None,
+        tp_plan: UserTPPlan | None = None,
+    ) -> None:
         self.config = config if isinstance(config, Config) else load_config(config)
-        parts = build_training(self.config, model, train_data, loss_fn=loss_fn, step_fn=step_fn, spec=spec,
-                               run_dir=run_dir, names=names, tp_plan=tp_plan)
+        parts = build_training(
+            self.config,
+            model,
+            train_data,
+            loss_fn=loss_fn,
+            step_fn=step_fn,
+            spec=spec,
+            run_dir=run_dir,
+            names=names,
+            tp_plan=tp_plan,
+        )
         self.place, self.task, self.model = parts.place, parts.task, parts.model
         self.device, self.dist = parts.place.device, parts.place.dist
         self.optimizer, self.scheduler, self.precision = parts.optimizer, parts.scheduler, parts.precision
@@ -93,8 +112,13 @@ class Trainer:
         self.stop = StopRequest()
 
     @classmethod
-    def from_config(cls, config: ConfigLike = None, run_dir: str | Path | None = None,
-                    overrides: Mapping[str, Any] | list[str] | None = None, evaluate: bool = True) -> "Trainer":
+    def from_config(
+        cls,
+        config: ConfigLike = None,
+        run_dir: str | Path | None = None,
+        overrides: Mapping[str, Any] | list[str] | None = None,
+        evaluate: bool = True,
+    ) -> Trainer:
         """Build model and data from the registries (what `gputrain train` does); `evaluate=False`
         leaves the validation and test splits out (a profile times training steps only)."""
         from gputrain.data import build_data
@@ -106,22 +130,40 @@ class Trainer:
         seed_everything(cfg.train.seed)
         bundle = build_data(cfg.data, cfg.train.seed)
         model = build_model(cfg.model, bundle.spec)
-        return cls(model, bundle.train, val_data=bundle.val if evaluate else None,
-                   test_data=bundle.test if evaluate else None, config=cfg, run_dir=run_dir, spec=bundle.spec,
-                   names=(cfg.model.name, cfg.data.name))
+        return cls(
+            model,
+            bundle.train,
+            val_data=bundle.val if evaluate else None,
+            test_data=bundle.test if evaluate else None,
+            config=cfg,
+            run_dir=run_dir,
+            spec=bundle.spec,
+            names=(cfg.model.name, cfg.data.name),
+        )
 
     def profile(self, top: int = 10) -> ProfileReport:
         """`fit` under torch.profiler: a trace, the top ops, and the advisor's findings (observe/profiler.py).
         Build the trainer with `log.breakdown_every=1` for every step's time split."""
         loader = self.feed.loader
-        return profile_run(ProfileTarget(
-            fit=lambda on_step: self.fit(on_step), total_steps=self.total_steps, run_dir=self.run_dir,
-            rank=self.dist.rank if self.dist.enabled else None, device=self.device, precision=self.place.precision,
-            model=self.model, batch_size=self.global_batch, grad_accum=self.place.grad_accum,
-            strategy=self.place.choice.strategy, compiled=self.config.train.compile,
-            loader_workers=loader.num_workers if loader is not None else 0,
-            pin_memory=bool(loader.pin_memory) if loader is not None else False,
-            loader_applies=self.feed.tensors is None), top)
+        return profile_run(
+            ProfileTarget(
+                fit=lambda on_step: self.fit(on_step),
+                total_steps=self.total_steps,
+                run_dir=self.run_dir,
+                rank=self.dist.rank if self.dist.enabled else None,
+                device=self.device,
+                precision=self.place.precision,
+                model=self.model,
+                batch_size=self.global_batch,
+                grad_accum=self.place.grad_accum,
+                strategy=self.place.choice.strategy,
+                compiled=self.config.train.compile,
+                loader_workers=loader.num_workers if loader is not None else 0,
+                pin_memory=bool(loader.pin_memory) if loader is not None else False,
+                loader_applies=self.feed.tensors is None,
+            ),
+            top,
+        )
 
     # ----------------------------------------------------------------- the loop
     def fit(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -169,8 +211,9 @@ class Trainer:
         path, verified = self.checkpointer.resume_point()
         if path is not None:
             saved = self.checkpointer.load(path, verified)
-            self.state = restore_training_state(path, saved, self.scheduler, self.precision, self.dist.rank,
-                                                self.device)
+            self.state = restore_training_state(
+                path, saved, self.scheduler, self.precision, self.dist.rank, self.device
+            )
             self.console.info(f"resumed from {path} (step {self.state.global_step})")
         ending.started = True
         if self.dist.is_main:
@@ -186,11 +229,16 @@ class Trainer:
         state = self.state
         if result.verdict.kind == "nonfinite":
             if self.config.train.on_nonfinite == "stop":
-                raise NonFiniteStep.at(state.global_step + 1, self.dist.rank if self.dist.enabled else None,
-                                       result.verdict)
+                raise NonFiniteStep.at(
+                    state.global_step + 1, self.dist.rank if self.dist.enabled else None, result.verdict
+                )
             state.nonfinite_steps += 1
-            log.warning("step %d: %s; step skipped (%d so far)", state.global_step + 1, result.verdict.reason,
-                        state.nonfinite_steps)
+            log.warning(
+                "step %d: %s; step skipped (%d so far)",
+                state.global_step + 1,
+                result.verdict.reason,
+                state.nonfinite_steps,
+            )
         state.global_step += 1
         state.step_in_epoch += 1
         state.samples_seen += self.global_batch
@@ -217,8 +265,9 @@ class Trainer:
         if (every_epoch_ckpt and state.epoch % every_epoch_ckpt == 0) or ends or stop_early:
             self._save()
         if stop_early:
-            self.console.info(f"early stop: {cfg.eval.early_stop_metric} has not improved for "
-                              f"{cfg.eval.patience} evaluations")
+            self.console.info(
+                f"early stop: {cfg.eval.early_stop_metric} has not improved for {cfg.eval.patience} evaluations"
+            )
             return "stopped_early"
         if self.stop.agreed(self.dist, self.device, True):
             self._interrupted()
@@ -226,8 +275,9 @@ class Trainer:
 
     # ----------------------------------------------------------------- checkpoints
     def _save(self) -> Path | None:
-        state = training_state(self.scheduler, self.precision, self.state, self.device, self.task.kind,
-                               self.task.num_classes)
+        state = training_state(
+            self.scheduler, self.precision, self.state, self.device, self.task.kind, self.task.num_classes
+        )
         return self.checkpointer.save(self.state.global_step, state, keep_step=self.state.best_step)
 
     def _save_outside(self, clock: float) -> float:
@@ -240,8 +290,10 @@ class Trainer:
         path = self._save()
         self.checkpointer.wait()
         where = f"checkpoint saved at {path}; " if path else ""
-        raise Interrupted(f"stopped by {self.stop.requested} at step {self.state.global_step}; {where}"
-                          f"run again with --run-dir {self.run_dir} to resume")
+        raise Interrupted(
+            f"stopped by {self.stop.requested} at step {self.state.global_step}; {where}"
+            f"run again with --run-dir {self.run_dir} to resume"
+        )
 
     # ----------------------------------------------------------------- every ending leaves a record
     @contextlib.contextmanager
@@ -280,13 +332,25 @@ class Trainer:
         self.stop.uninstall()
         self.metrics.close()
         state, metrics = self.state, self.metrics
-        loss = metrics.last_loss if metrics.last_logged_step == state.global_step or ending.last is None \
+        loss = (
+            metrics.last_loss
+            if metrics.last_logged_step == state.global_step or ending.last is None
             else float(ending.last.loss)
-        ending.summary = build_summary(ending.status or "failed", wall_s, device=self.device,
-                                       precision=self.place.precision, world_size=self.dist.world_size,
-                                       state=state, speed=self.speed, train_loss=loss,
-                                       tokens_per_sample=self.task.tokens_per_sample, val=ending.val,
-                                       test=ending.test, error=ending.error)
+        )
+        ending.summary = build_summary(
+            ending.status or "failed",
+            wall_s,
+            device=self.device,
+            precision=self.place.precision,
+            world_size=self.dist.world_size,
+            state=state,
+            speed=self.speed,
+            train_loss=loss,
+            tokens_per_sample=self.task.tokens_per_sample,
+            val=ending.val,
+            test=ending.test,
+            error=ending.error,
+        )
         if self.dist.is_main and self._may_write(ending):
             with contextlib.suppress(OSError):
                 self.run_dir.mkdir(parents=True, exist_ok=True)
