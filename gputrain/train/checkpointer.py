@@ -65,6 +65,10 @@ class Checkpointer:
         self._sharded = ShardedSaver(dist, config.async_save) if dist.enabled else None
         self._background = AsyncSaver() if not dist.enabled and config.async_save else None
 
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
+
     def resume_point(self) -> tuple[Path | None, bool]:
         """(checkpoint to resume from or None, whether its bytes have been verified already)."""
         resume = self.config.resume

@@ -275,6 +275,8 @@ class Trainer:
 
     # ----------------------------------------------------------------- checkpoints
     def _save(self) -> Path | None:
+        if not self.checkpointer.enabled:
+            return None  # not even the state: capturing every RNG costs more than a small model's step
         state = training_state(
             self.scheduler, self.precision, self.state, self.device, self.task.kind, self.task.num_classes
         )
