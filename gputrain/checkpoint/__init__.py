@@ -1,5 +1,6 @@
-"""Atomic, checksummed checkpoints and their discovery for resume."""
+"""Atomic, checksummed checkpoints, their discovery for resume, and the check that one is this run's."""
 
+from gputrain.checkpoint.fit import CheckpointMismatch
 from gputrain.checkpoint.io import (
     CorruptCheckpoint,
     find_resumable,
@@ -12,6 +13,7 @@ from gputrain.checkpoint.io import (
 )
 
 __all__ = [
+    "CheckpointMismatch",
     "CorruptCheckpoint",
     "find_resumable",
     "list_checkpoints",

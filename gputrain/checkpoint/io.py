@@ -14,15 +14,27 @@ import os
 import pickle  # only for its exception type: nothing here unpickles
 import shutil
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_model, save_file, save_model
+from safetensors.torch import load_file, save_file, save_model
 from torch import nn
 
+from gputrain.checkpoint.fit import (
+    CheckpointMismatch,
+    Spec,
+    canonical_name,
+    check_optimizer,
+    check_weights,
+    kind_of_value,
+    live_params,
+    names_by_tensor,
+    positional_optimizer,
+    tied_groups,
+)
 from gputrain.errors import RunError
 
 log = logging.getLogger("gputrain")
@@ -31,6 +43,7 @@ MARKER = "COMMITTED"
 MANIFEST = "manifest.json"
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.pt"
+DCP_METADATA = ".metadata"
 
 
 class CorruptCheckpoint(Exception):
@@ -130,9 +143,14 @@ def save_weights(model: nn.Module | dict[str, torch.Tensor], path: Path) -> None
 
 
 def verify_checkpoint(path: Path) -> None:
-    """Raise CorruptCheckpoint unless every byte checks out: the marker names this step and the
-    manifest's checksum, and the manifest lists each file's size and SHA-256. Nothing is unpickled."""
-    if not (path / MARKER).is_file():
+    """Raise CorruptCheckpoint unless every file the loader will read checks out: the marker names this
+    step and the manifest's checksum, and the manifest lists each of those files with its size and
+    SHA-256 (model.safetensors and state.pt; for a sharded checkpoint state.pt, .metadata, every shard
+    file present and every file .metadata refers to). A manifest naming a path outside the checkpoint,
+    a file that is a link leading out of it, and a checkpoint directory that is a link leading out of
+    its run directory are refused. Nothing is unpickled (.metadata only through DCP's allow-list)."""
+    _check_location(path)
+    if not _inside(path / MARKER, path) or not (path / MARKER).is_file():
         raise CorruptCheckpoint(f"{path}: incomplete (no {MARKER} marker)")
     marker = (path / MARKER).read_bytes().split()
     step = _step_of(path)  # None for a checkpoint copied under another name: trust the marker's step then
@@ -144,7 +162,7 @@ def verify_checkpoint(path: Path) -> None:
     ):
         raise CorruptCheckpoint(f"{path}: the {MARKER} marker is damaged")
     step = int(marker[0])
-    if not (path / MANIFEST).is_file():
+    if not _inside(path / MANIFEST, path) or not (path / MANIFEST).is_file():
         raise CorruptCheckpoint(f"{path}: {MANIFEST} is missing")
     if _sha256(path / MANIFEST).encode() != marker[1]:
         raise CorruptCheckpoint(f"{path}: {MANIFEST} does not match its checksum")
@@ -155,30 +173,108 @@ def verify_checkpoint(path: Path) -> None:
         raise CorruptCheckpoint(f"{path}: {MANIFEST} is unreadable") from None
     if not isinstance(files, dict) or manifest.get("step") != step:
         raise CorruptCheckpoint(f"{path}: {MANIFEST} does not describe this checkpoint")
-    # a sharded (DCP) checkpoint lists its own shard files; a one-process one has exactly these two
-    for name in files if manifest.get("format") == "dcp" else (MODEL_FILE, STATE_FILE):
-        file = path / name
-        if name not in files or not file.is_file():
-            raise CorruptCheckpoint(f"{path}: {name} is missing")
-        expected = files[name] if isinstance(files[name], dict) else {}
-        if file.stat().st_size != expected.get("bytes") or _sha256(file) != expected.get("sha256"):
-            raise CorruptCheckpoint(f"{path}: {name} does not match its checksum")
+    for name in files:
+        if not _plain_name(name):
+            raise CorruptCheckpoint(f"{path}: {MANIFEST} lists {name!r}, a path outside the checkpoint")
+    # the loader goes by what the directory holds (.metadata: sharded), so verification does too
+    sharded = os.path.lexists(path / DCP_METADATA)
+    if not sharded and manifest.get("format") == "dcp" and DCP_METADATA in files:
+        raise CorruptCheckpoint(f"{path}: {DCP_METADATA} is missing")
+    if sharded != (manifest.get("format") == "dcp"):
+        said = f"format {manifest.get('format')!r}" if "format" in manifest else "no format (one-process)"
+        held = "a sharded (DCP) checkpoint" if sharded else "a one-process checkpoint"
+        raise CorruptCheckpoint(f"{path}: {MANIFEST} says {said} but the directory holds {held}")
+    needed = [DCP_METADATA, STATE_FILE, *_shard_files(path)] if sharded else [MODEL_FILE, STATE_FILE]
+    for name in dict.fromkeys([*needed, *files]):
+        if name not in files:
+            raise CorruptCheckpoint(f"{path}: {MANIFEST} does not list {name}, which the loader reads")
+        _verify_file(path, name, files[name])
+    if sharded:  # only now, with its bytes verified, is .metadata read (DCP's classes only)
+        for name in dcp_referenced_files(path):
+            if not _plain_name(name):
+                raise CorruptCheckpoint(f"{path}: {DCP_METADATA} refers to {name!r}, a path outside the checkpoint")
+            if name not in files:
+                raise CorruptCheckpoint(f"{path}: {DCP_METADATA} refers to {name}, which {MANIFEST} does not list")
 
 
-def load_checkpoint(path: Path, model: nn.Module, *, verified: bool = False) -> dict[str, Any]:
-    """Verify, then read the training state and load the weights into `model`.
+def _plain_name(name: object) -> bool:
+    """A file name directly inside the checkpoint directory: no separator, not `.`/`..`, not absolute."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+        and not os.path.isabs(name)
+    )
 
-    Nothing in a checkpoint can run code: weights are safetensors (raw tensors and a JSON header)
-    and the state is read with `weights_only=True`, which refuses any pickled object other than
-    tensors and plain containers. The state is read before the weights so a refused file leaves
-    the model untouched.
+
+def _inside(file: Path, root: Path) -> bool:
+    """Whether `file`, links followed, lies in `root` (links followed)."""
+    try:
+        return file.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):  # a link loop
+        return False
+
+
+def _check_location(path: Path) -> None:
+    """A checkpoint directory that is a symbolic link must stay inside its run directory (the parent of
+    `checkpoints/`): one leading elsewhere would resume another run's, or anyone's, files."""
+    if path.is_symlink() and not _inside(path, path.absolute().parent.parent):
+        raise CorruptCheckpoint(f"{path}: a symbolic link leading out of the run directory (to {path.resolve()})")
+
+
+def _shard_files(path: Path) -> list[str]:
+    """The files of a sharded checkpoint that DCP may read: shards and (per-rank) metadata."""
+    return sorted(
+        p.name
+        for p in path.iterdir()
+        if p.name != DCP_METADATA and (p.name.endswith(".distcp") or p.name.endswith(DCP_METADATA))
+    )
+
+
+def _verify_file(path: Path, name: str, expected: Any) -> None:
+    file = path / name
+    if not _inside(file, path):
+        raise CorruptCheckpoint(f"{path}: {name} is a symbolic link leading out of the checkpoint")
+    if not file.is_file():
+        raise CorruptCheckpoint(f"{path}: {name} is missing")
+    expected = expected if isinstance(expected, dict) else {}
+    if file.stat().st_size != expected.get("bytes") or _sha256(file) != expected.get("sha256"):
+        raise CorruptCheckpoint(f"{path}: {name} does not match its checksum")
+
+
+def dcp_referenced_files(path: Path) -> list[str]:
+    """The files a sharded checkpoint's .metadata says hold its items (read through DCP's allow-list)."""
+    from gputrain.checkpoint.safe_dcp import UnreadableMetadata, UnsafeCheckpointContent, read_metadata
+
+    try:
+        metadata = read_metadata(path / DCP_METADATA)
+    except UnreadableMetadata as err:
+        raise CorruptCheckpoint(f"{path}: {err}") from None
+    except UnsafeCheckpointContent as err:
+        raise CorruptCheckpoint(f"{path}: {err}; refused to load it (it could run code)") from None
+    storage = metadata.storage_data if isinstance(metadata.storage_data, dict) else {}
+    names = {getattr(info, "relative_path", None) for info in storage.values()}
+    return sorted(str(name) for name in names)
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step the checkpoint's marker names (None where it cannot be read)."""
+    try:
+        first = (path / MARKER).read_bytes().split()[0]
+    except (OSError, IndexError):
+        return None
+    return int(first) if first.isdigit() else None
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """state.pt, read with weights_only=True (tensors and plain values only).
 
     Raises:
-        CorruptCheckpoint: a damaged or hostile file, naming it.
-        RunError: the weights do not fit this model.
+        CorruptCheckpoint: the file is not a torch file, or holds other objects (it could run code).
+        CheckpointMismatch: it holds something other than a training state.
     """
-    if not verified:  # find_resumable has already checked every byte; hashing twice doubles resume I/O
-        verify_checkpoint(path)
     try:
         state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
@@ -188,18 +284,84 @@ def load_checkpoint(path: Path, model: nn.Module, *, verified: bool = False) -> 
         ) from None
     except (RuntimeError, OSError, EOFError, ValueError) as err:
         raise CorruptCheckpoint(f"{path}: {STATE_FILE} is not a readable torch file ({_first_line(err)})") from None
-    if not isinstance(state, dict):
-        raise CorruptCheckpoint(f"{path}: {STATE_FILE} does not hold a training state")
-    try:
-        missing, unexpected = load_model(model, str(path / MODEL_FILE), strict=False)
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CorruptCheckpoint(f"{path}: {MODEL_FILE} is not a valid safetensors file ({_first_line(err)})") from None
-    if missing or unexpected:
-        raise RunError(
-            f"checkpoint {path} does not fit this model: missing {sorted(missing)[:3]}, "
-            f"unexpected {sorted(unexpected)[:3]}"
-        )
+    if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+        raise CheckpointMismatch(path, f"{STATE_FILE} holds {kind_of_value(state)}, not a training state")
     return state
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors, every tensor in host memory."""
+    try:
+        return load_file(str(path / MODEL_FILE))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise CorruptCheckpoint(f"{path}: {MODEL_FILE} is not a valid safetensors file ({_first_line(err)})") from None
+
+
+def model_weights(path: Path, weights: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """`weights` keyed as `model.state_dict()` is, once checked to be that state dict's names, shapes and
+    dtypes (names compared without wrapper segments such as torch.compile's `_orig_mod.`).
+
+    Raises:
+        CheckpointMismatch: they are not.
+    """
+    own = {canonical_name(name): name for name in model.state_dict(keep_vars=True)}
+    expected = {canonical_name(name): Spec.of(t) for name, t in model.state_dict(keep_vars=True).items()}
+    saved = {canonical_name(name): t for name, t in weights.items()}
+    check_weights(path, MODEL_FILE, {n: Spec.of(t) for n, t in saved.items()}, expected, tied_groups(model, True))
+    return {own[name]: t for name, t in saved.items()}
+
+
+def load_checkpoint(path: Path, model: nn.Module, *, verified: bool = False) -> dict[str, Any]:
+    """Verify, then read the training state and load the weights into `model`.
+
+    Nothing in a checkpoint can run code: weights are safetensors (raw tensors and a JSON header)
+    and the state is read with `weights_only=True`, which refuses any pickled object other than
+    tensors and plain containers. Both are read and the weights checked against the model before
+    any of them is applied, so a refused file leaves the model untouched.
+
+    Raises:
+        CorruptCheckpoint: a damaged or hostile file, naming it.
+        CheckpointMismatch: an intact checkpoint whose weights are not this model's (exit code 2).
+    """
+    if not verified:  # find_resumable has already checked every byte; hashing twice doubles resume I/O
+        verify_checkpoint(path)
+    state = read_state(path)
+    weights = model_weights(path, read_weights(path), model)
+    model.load_state_dict(weights, strict=False)  # tied names absent from the file share the loaded tensor
+    return state
+
+
+def prepare_checkpoint_load(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, verified: bool = False
+) -> tuple[dict[str, Any], Callable[[], None]]:
+    """A one-process checkpoint onto a one-process job: verify, read everything, check the weights and
+    the optimizer state against `model` and `optimizer`; return the training state and the function
+    that applies the weights and optimizer state (nothing is applied before it is called).
+
+    Raises:
+        CorruptCheckpoint: a damaged or hostile file.
+        CheckpointMismatch: the checkpoint is not this run's.
+    """
+    if not verified:
+        verify_checkpoint(path)
+    state = read_state(path)
+    weights = model_weights(path, read_weights(path), model)
+    if "optimizer" not in state:
+        raise CheckpointMismatch(path, f"{STATE_FILE} holds no optimizer state")
+    saved = positional_optimizer(path, state["optimizer"], state.get("optimizer_kind"))
+
+    def key_of(group: int, index: int, _name: str) -> Any:
+        ids = saved.params[group] if group < len(saved.params) else []
+        return ids[index] if index < len(ids) else None
+
+    live = live_params(optimizer, names_by_tensor(model), key_of)
+    check_optimizer(path, optimizer, saved, live, positional=True)
+
+    def apply() -> None:
+        model.load_state_dict(weights, strict=False)
+        optimizer.load_state_dict(state["optimizer"])
+
+    return state, apply
 
 
 def _first_line(err: BaseException) -> str:

@@ -49,6 +49,10 @@ class UnsafeCheckpointContent(Exception):
     """A checkpoint file asks to build something other than checkpoint data."""
 
 
+class UnreadableMetadata(UnsafeCheckpointContent):
+    """A .metadata file that is not a pickle of DCP metadata at all (truncated, overwritten)."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
@@ -77,19 +81,37 @@ class SafeFileSystemReader(FileSystemReader):
     def _read_metadata(self, rank: int | None) -> Metadata:
         get_path = getattr(self, "_get_metadata_path", None)
         path = get_path(rank) if get_path is not None else Path(self.path) / ".metadata"
-        with open(path, "rb") as f:
-            try:
-                metadata = _MetadataUnpickler(f).load()
-            except UnsafeCheckpointContent:
-                raise
-            except Exception as err:  # noqa: BLE001 - truncated, or not a pickle at all
-                raise UnsafeCheckpointContent(f"DCP metadata is unreadable ({type(err).__name__})") from None
-        if not isinstance(metadata, Metadata):
-            raise UnsafeCheckpointContent(f"DCP metadata holds a {type(metadata).__name__}, not Metadata")
+        metadata = read_metadata(Path(path))
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Every file the metadata names must be a plain name inside the checkpoint directory."""
+        for info in (metadata.storage_data or {}).values():
+            name = getattr(info, "relative_path", None)
+            if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
+                raise UnsafeCheckpointContent(f"DCP metadata refers to {name!r}, a path outside the checkpoint")
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+
+
+def read_metadata(path: Path) -> Metadata:
+    """A DCP .metadata file, unpickled with only DCP's metadata classes allowed.
+
+    Raises:
+        UnsafeCheckpointContent: it asks for anything else (UnreadableMetadata: it is no such pickle).
+    """
+    with open(path, "rb") as f:
+        try:
+            metadata = _MetadataUnpickler(f).load()
+        except UnsafeCheckpointContent:
+            raise
+        except Exception as err:  # noqa: BLE001 - truncated, or not a pickle at all
+            raise UnreadableMetadata(f"DCP metadata is unreadable ({type(err).__name__})") from None
+    if not isinstance(metadata, Metadata):
+        raise UnreadableMetadata(f"DCP metadata holds a {type(metadata).__name__}, not Metadata")
+    return metadata
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

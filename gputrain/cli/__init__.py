@@ -2,6 +2,10 @@
 
 Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int`. Errors derived
 from `GputrainError` are printed as one short message with their exit code, never a traceback.
+A subcommand that takes a config (`--config` and overrides) has it checked here before its module
+runs, so a bad value answers in a fraction of a second, before torch is imported or ranks start.
+Under torchrun (or srun) every rank checks the same command line: a usage error is printed by rank
+0 only, and every rank exits 2.
 """
 
 from __future__ import annotations
@@ -9,16 +13,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import time
 from collections.abc import Sequence
 from typing import NoReturn
 
-from gputrain.errors import GputrainError, Interrupted
+from gputrain import __version__
+from gputrain.errors import GputrainError, Interrupted, UsageError
 
 # name -> (module, one-line help). Modules are imported lazily so `gputrain doctor` does not pay
 # for the training stack, and a broken optional piece cannot break the other subcommands.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "doctor": ("gputrain.cli.doctor", "can this machine train on its GPUs? if not, why and how to fix it"),
+    "doctor": ("gputrain.cli.doctor", "what can this machine train on? its GPUs, or why not and the fix"),
     "bench": ("gputrain.cli.bench", "microbenchmarks: matmul FLOP/s per dtype, memory, transfers, all-reduce"),
     "train": ("gputrain.cli.train", "train a model (one device, or torchrun for many)"),
     "profile": ("gputrain.cli.profile", "profile a short training: top ops, trace, and what to change"),
@@ -26,11 +33,56 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+QUIET_RANK_WAIT_S = 3.0
+"""How long a rank other than 0 keeps a usage error to itself (see `_wait_for_rank_0`)."""
+
+
+def _rank() -> int:
+    """This process's rank in a job of several processes started by torchrun (RANK, WORLD_SIZE)
+    or srun (SLURM_PROCID, SLURM_NTASKS), else 0."""
+    try:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return int(os.environ.get("RANK", "0"))
+        if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+            return int(os.environ.get("SLURM_PROCID", "0"))
+    except ValueError:
+        pass
+    return 0
+
+
+def _wait_for_rank_0(exit_code: int) -> None:
+    """On a rank other than 0 that met a usage error: give rank 0 the time to report it.
+
+    Every rank reads the same command line and config, so rank 0 meets the same error, prints it
+    and exits; torchrun then stops the other ranks with SIGTERM, on which this rank exits with
+    the same code, silently. Waiting also keeps this rank from exiting first, which would make
+    torchrun stop rank 0 before it printed. Returns only when nothing stopped this rank within
+    QUIET_RANK_WAIT_S: then the error is its own (a file only its node lacks), and it says so.
+    """
+    previous = signal.signal(signal.SIGTERM, lambda *_: os._exit(exit_code))
+    try:
+        time.sleep(QUIET_RANK_WAIT_S)
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank: rank 0 speaks for them
+        os._exit(exit_code)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _say(text: str, exit_code: int = 2) -> None:
+    """Print a usage error once per job: on rank 0, or on a rank whose error is its own."""
+    rank = _rank()
+    if rank != 0:
+        _wait_for_rank_0(exit_code)
+        text = f"[rank {rank}] {text}"
+    print(text, file=sys.stderr)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (the usage block can run to many lines; --help has it)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        _say(f"{self.prog}: error: {message} (see {self.prog} --help)")
+        self.exit(2)
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -38,6 +90,7 @@ def _top_parser() -> argparse.ArgumentParser:
         prog="gputrain",
         description="Train neural networks fast on GPUs: doctor → bench → train → profile → report.",
     )
+    parser.add_argument("-V", "--version", action="version", version=f"gputrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for cmd, (_, help_text) in SUBCOMMANDS.items():
         sub.add_parser(cmd, help=help_text)
@@ -53,12 +106,27 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _check_config(args: argparse.Namespace) -> None:
+    """Load (and so validate) the config of a subcommand that takes one, before the subcommand runs.
+
+    Raises:
+        UsageError: the config file or an override is bad (ConfigError names the field).
+    """
+    if hasattr(args, "config") and hasattr(args, "overrides"):
+        from gputrain.config import load_config
+
+        load_config(args.config, args.overrides)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if not args_list or args_list[0] not in SUBCOMMANDS:
         parser = _top_parser()
         if args_list and args_list[0] in ("-h", "--help"):
             parser.print_help()
+            return 0
+        if args_list and args_list[0] in ("-V", "--version"):
+            print(f"gputrain {__version__}")
             return 0
         if args_list:
             parser.error(f"unknown command {args_list[0]!r}; choose from {', '.join(SUBCOMMANDS)}")
@@ -67,12 +135,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = args_list[0]
     # intermixed: options may come before, between or after the section.key=value overrides
     args = _command_parser(name).parse_intermixed_args(args_list[1:])
-    module = importlib.import_module(SUBCOMMANDS[name][0])
     try:
+        _check_config(args)
+        module = importlib.import_module(SUBCOMMANDS[name][0])
         return int(module.run(args) or 0)
     except GputrainError as err:
-        # an interrupted multi-rank job: rank 0 (and the launcher) say so once, not every rank
-        if not (isinstance(err, Interrupted) and os.environ.get("RANK", "0") != "0"):
+        # Rank 0 (and the launcher) speak for a multi-rank job when every rank meets the same
+        # error: bad usage (each rank read the same command line) or an interrupt.
+        if isinstance(err, UsageError):  # one line: a hint on its own line joins the message
+            _say(f"gputrain {name}: " + "; ".join(filter(None, map(str.strip, str(err).splitlines()))), err.exit_code)
+        elif _rank() == 0 or not isinstance(err, Interrupted):
             print(f"gputrain {name}: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:

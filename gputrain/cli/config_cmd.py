@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from gputrain.errors import UsageError
+
+USAGE = "gputrain config show [--config FILE.toml] [--toml] [section.key=value ...]"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["show"], help="show: print the fields")
+    parser.add_argument("action", nargs="?", choices=["show"], help="show: print the fields")
     parser.add_argument("--config", metavar="FILE.toml", help="TOML config file to resolve")
     parser.add_argument("--toml", action="store_true", help="print the resolved config as TOML only")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
@@ -17,6 +21,8 @@ def _show(value: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action is None:
+        raise UsageError(f"which action? usage: {USAGE}")
     from gputrain.config import config_to_dict, config_to_toml, load_config
     from gputrain.config.docs import describe_fields
 
@@ -40,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         changed = "" if value == row["default"] else f"   (default {_show(row['default'])})"
         lines.append(f"  {row['key']} = {_show(value)}{changed}")
         lines.append(f"      {row['doc']}")
+        if row["range"]:
+            lines.append(f"      range: {row['range']}")
         if row["key"] in choices:
             lines.append(f"      choices: {', '.join(choices[row['key']])}")
     print("\n".join(lines).lstrip("\n"))

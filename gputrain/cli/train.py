@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks
@@ -44,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace, config: Config) -> int:
     """Start the ranks under torchrun with the same command minus the launch options (no recursion)."""
-    from gputrain.train.run_files import default_run_dir
+    from gputrain.train.run_files import check_run_dir, default_run_dir
 
     # one run directory for every rank and every restart, so resume=auto finds the checkpoints
     run_dir = args.run_dir or str(default_run_dir(config.model.name, config.data.name))
+    check_run_dir(Path(run_dir))  # before any rank starts
     return launch_ranks(args, "train", run_dir)

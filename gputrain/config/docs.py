@@ -11,7 +11,7 @@ from typing import Any
 
 from gputrain.config import schema
 from gputrain.config.load import _type_name
-from gputrain.config.schema import SECTIONS
+from gputrain.config.schema import LIMITS, SECTIONS
 
 
 @functools.cache
@@ -37,7 +37,7 @@ def field_docs() -> dict[str, str]:
 
 
 def describe_fields() -> list[dict[str, Any]]:
-    """One row per field: key, type, default and meaning (for `config show` and `train --help`)."""
+    """One row per field: key, type, default, range and meaning (for `config show` and `train --help`)."""
     import typing
 
     docs = field_docs()
@@ -47,7 +47,17 @@ def describe_fields() -> list[dict[str, Any]]:
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             key = f"{section}.{f.name}"
-            rows.append({"key": key, "type": _type_name(hints[f.name]), "default": default, "doc": docs.get(key, "")})
+            type_name = _type_name(hints[f.name])
+            limit = LIMITS.get(key)
+            rows.append(
+                {
+                    "key": key,
+                    "type": type_name,
+                    "default": default,
+                    "range": limit.describe("integer" in type_name) if limit else None,
+                    "doc": docs.get(key, ""),
+                }
+            )
     return rows
 
 
@@ -61,7 +71,8 @@ def fields_help_text() -> str:
             lines.append(f"\n  [{section}]")
             current = section
         default = "unset" if row["default"] is None else repr(row["default"])
-        lines.append(f"    {row['key']:<34} default {default}")
+        in_range = f", range {row['range']}" if row["range"] else ""
+        lines.append(f"    {row['key']:<34} default {default}{in_range}")
         lines.append(f"        {row['doc']}")
     return "\n".join(lines)
 

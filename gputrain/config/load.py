@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import sys
 import types
 import typing
@@ -87,7 +88,10 @@ def _coerce(value: Any, annotation: Any) -> Any:
         raise _Mismatch
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an integer beyond float's range: as large as inf, refused as such
+                return math.inf if value > 0 else -math.inf
         raise _Mismatch
     if annotation is str:
         if isinstance(value, str):
@@ -128,10 +132,16 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or "." not in key or not key.replace(".", "").replace("_", "").isalnum():
         raise UsageError(f"override {text!r} is not of the form section.key=value (e.g. train.epochs=5)")
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
+        document = tomllib.loads(f"v = {raw}")
     except tomllib.TOMLDecodeError:
-        value = raw
-    return key, value
+        return key, raw
+    except RecursionError:
+        raise ConfigError(key, "cannot be read: lists nested too deeply") from None
+    except ValueError:  # valid TOML that Python cannot hold: an integer of more than 4300 digits
+        raise ConfigError(key, "cannot be read: a number too long to be a config value") from None
+    if len(document) != 1:  # a line break let more TOML in: `train.epochs=3\n[optim]\nlr = 5`
+        raise ConfigError(key, "is more than one value: an override is one line", raw[:80] + "…" * (len(raw) > 80))
+    return key, document["v"]
 
 
 def _nest(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -153,11 +163,18 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UsageError(f"config file not found: {path}")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8").removeprefix("\ufeff")  # a byte-order mark is no TOML
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise UsageError(f"config file {path} is not valid TOML: {err}") from None
     except UnicodeDecodeError:
         raise UsageError(f"config file {path} is not UTF-8 text") from None
+    except OSError as err:
+        raise UsageError(f"config file {path} cannot be read: {err.strerror or err}") from None
+    except RecursionError:
+        raise UsageError(f"config file {path} cannot be read: lists nested too deeply") from None
+    except ValueError:  # valid TOML that Python cannot hold: an integer of more than 4300 digits
+        raise UsageError(f"config file {path} cannot be read: a number too long to be a config value") from None
 
 
 def build_config(base: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
@@ -196,13 +213,29 @@ def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:
     return {name: dataclasses.asdict(getattr(config, name)) for name in SECTIONS}
 
 
+# TOML basic strings: a quote and a backslash are escaped, and so is every control character
+# but tab (U+0000-U+001F, U+007F); C1 controls (U+0080-U+009F) are escaped too, to keep the file
+# printable. Everything else is written as itself, in UTF-8.
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_char(ch: str) -> str:
+    if ch in _TOML_ESCAPES:
+        return _TOML_ESCAPES[ch]
+    code = ord(ch)
+    return f"\\u{code:04X}" if code < 0x20 or 0x7F <= code <= 0x9F else ch
+
+
 def _toml_value(value: Any) -> str:
+    """`value` as a TOML literal that `tomllib` reads back equal (floats included, via repr)."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)  # shortest round-trip form; inf and nan are TOML too: inf, -inf, nan
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return '"' + "".join(map(_toml_char, value)) + '"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(value)

@@ -1,13 +1,20 @@
 """The config: one dataclass per section, a docstring under every field.
 
-Types are checked when a config is loaded (see `load.py`); ranges and choices that the type
-cannot express are checked in each section's `__post_init__`, naming the field.
+Types are checked when a config is loaded (see `load.py`). Values are checked by one mechanism,
+`check_values`, which every section's `__post_init__` runs first: every number is finite and inside
+the `Range` that `LIMITS` declares for its field (a number field without one is a programming
+error), and every string is printable UTF-8 text of bounded length, so nothing that torch, numpy or
+the TOML file of the run directory cannot take gets past the config. Rules that involve more than
+one value follow in each `__post_init__`, and across sections in `validate.py`. All name the field.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from gputrain.config.presets import GPTPreset, gpt_size
 from gputrain.errors import ConfigError
@@ -30,16 +37,204 @@ ScheduleName = Literal["constant", "step", "multistep", "exponential", "cosine",
 Task = Literal["auto", "classification", "regression", "lm"]
 
 
-def _positive(section: str, name: str, value: float | None, *, allow_zero: bool = False) -> None:
-    if value is None:
-        return
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{section}.{name}", "must be >= 0" if allow_zero else "must be > 0", value)
+@dataclass(frozen=True, slots=True)
+class Range:
+    """The numbers a field (or each item of a list field) accepts: low..high, either end open."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""
+    """What sets `high` (said when a value exceeds it)."""
+    text: str = ""
+    """The accepted range in words, said instead of the end that was crossed."""
+
+    def problem(self, value: float) -> str | None:
+        """None when `value` is inside, else what is wrong (for a ConfigError)."""
+        below = value < self.low or (self.low_open and value == self.low)
+        above = value > self.high or (self.high_open and value == self.high)
+        if not (below or above):
+            return None
+        if self.text:
+            return f"must be {self.text}"
+        if below:
+            return f"must be {'>' if self.low_open else '>='} {_number(self.low)}"
+        bound = f"must be < {_number(self.high)}" if self.high_open else f"must be at most {_number(self.high)}"
+        return f"{bound} ({self.why})" if self.why else bound
+
+    def describe(self, integer: bool) -> str:
+        """The range as `config show` prints it: 1..64, [0, 1000], (0, 1)."""
+        if self.text:
+            return self.text.removeprefix("in ")
+        if integer:
+            return f"{int(self.low) + self.low_open}..{int(self.high) - self.high_open}"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"{left}{_number(self.low)}, {_number(self.high)}{right}"
 
 
-def _fraction(section: str, name: str, value: float) -> None:
-    if not 0.0 <= value < 1.0:
-        raise ConfigError(f"{section}.{name}", "must be a fraction in [0, 1)", value)
+def _number(x: float) -> str:
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e16:
+        return str(int(x))
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _positive(high: float, why: str = "") -> Range:
+    return Range(0, high, low_open=True, why=why)
+
+
+def _non_negative(high: float, why: str = "") -> Range:
+    return Range(0, high, why=why)
+
+
+COUNT_MAX = 2**31 - 1
+"""Counts (epochs, steps, samples): int32's range, so a product of two (steps × batch) fits int64."""
+BATCH_MAX = 1 << 24
+"""Samples in one step: 16.7M, far beyond any batch that fits a device."""
+WIDTH_MAX = 1 << 16
+"""Channels or features of one layer (65536)."""
+DEPTH_MAX = 1024
+"""Transformer blocks or attention heads."""
+CONTEXT_MAX = 1 << 20
+"""Tokens per sequence (1M)."""
+VOCAB_MAX = 1 << 22
+"""Token ids or classes (4M): rows of an embedding or a classifier head."""
+SEED_MAX = 2**32 - 1
+"""numpy's seeding takes 0..2**32-1 (torch.manual_seed takes more, and derives per-epoch seeds from it)."""
+RANKS_MAX = 1 << 20
+LR_MAX = 1e3
+CLIP_MAX = 1e6
+TIMEOUT_MAX_S = 7 * 24 * 3600.0
+TEXT_MAX = 4096
+"""Characters of one string value (PATH_MAX on Linux)."""
+LIST_MAX = 1024
+"""Items of one list value."""
+
+_WIDTH = _positive(WIDTH_MAX, "widths beyond this cannot be allocated")
+_FRACTION = Range(0, 1, high_open=True, text="a fraction in [0, 1)")
+_RANK_DEGREE = Range(-1, RANKS_MAX, text=f"1..{RANKS_MAX}, or -1 for the remaining ranks")
+
+LIMITS: dict[str, Range] = {
+    # model
+    "model.dropout": Range(0, 1, high_open=True, text="in [0, 1)"),
+    "model.hidden_sizes": _WIDTH,
+    "model.channels": _WIDTH,
+    "model.hidden": _WIDTH,
+    "model.base_width": _WIDTH,
+    "model.n_layer": _positive(DEPTH_MAX),
+    "model.n_head": _positive(DEPTH_MAX),
+    "model.d_model": _WIDTH,
+    "model.seq_len": _positive(CONTEXT_MAX),
+    "model.vocab_size": _positive(VOCAB_MAX),
+    # data
+    "data.val_fraction": _FRACTION,
+    "data.test_fraction": _FRACTION,
+    "data.num_workers": _non_negative(1024),
+    "data.seq_len": _positive(CONTEXT_MAX),
+    "data.image_size": _positive(1 << 14, "pixels per side"),
+    "data.max_eval_samples": _positive(COUNT_MAX),
+    "data.shape": _positive(1 << 24),
+    "data.num_samples": _positive(COUNT_MAX),
+    "data.num_classes": _positive(VOCAB_MAX),
+    "data.vocab_size": _positive(VOCAB_MAX),
+    # train
+    "train.epochs": _positive(COUNT_MAX),
+    "train.max_steps": _positive(COUNT_MAX),
+    "train.batch_size": _positive(BATCH_MAX),
+    "train.grad_accum": _positive(BATCH_MAX),
+    "train.micro_batch_size": _positive(BATCH_MAX),
+    "train.clip_grad_norm": _positive(CLIP_MAX),
+    "train.clip_grad_value": _positive(CLIP_MAX),
+    "train.seed": _non_negative(SEED_MAX, "numpy seeds are 32-bit"),
+    # optim
+    "optim.lr": _positive(LR_MAX),
+    "optim.weight_decay": _non_negative(LR_MAX),
+    "optim.momentum": Range(0, 1, high_open=True, text="in [0, 1)"),
+    "optim.betas": Range(0, 1, high_open=True, text="two numbers in [0, 1), e.g. [0.9, 0.999]"),
+    "optim.eps": _positive(1.0),
+    "optim.warmup_steps": _non_negative(COUNT_MAX),
+    "optim.step_size": _positive(COUNT_MAX),
+    "optim.gamma": _positive(1.0, "a decay factor"),
+    "optim.milestones": Range(0, COUNT_MAX, low_open=True, text="increasing positive step numbers"),
+    "optim.min_lr": _non_negative(LR_MAX),
+    "optim.base_batch_size": _positive(BATCH_MAX),
+    # eval, checkpoint, log
+    "eval.every_epochs": _non_negative(COUNT_MAX),
+    "eval.patience": _positive(COUNT_MAX),
+    "checkpoint.every_steps": _non_negative(COUNT_MAX),
+    "checkpoint.every_epochs": _non_negative(COUNT_MAX),
+    "checkpoint.keep_last": _positive(COUNT_MAX),
+    "log.every_steps": _positive(COUNT_MAX),
+    "log.breakdown_every": _non_negative(COUNT_MAX),
+    # parallel
+    "parallel.dp_replicate": _RANK_DEGREE,
+    "parallel.dp_shard": _RANK_DEGREE,
+    "parallel.tp": _RANK_DEGREE,
+    "parallel.pp": _RANK_DEGREE,
+    "parallel.timeout_s": _positive(TIMEOUT_MAX_S, "a week"),
+}
+"""The Range of every number field, `section.key` -> Range (for a list field: of each item)."""
+
+# C0 and C1 control characters (Unicode category Cc) and lone surrogates: the first break the
+# one-line messages and the run directory's config.toml, the second are bytes that were not UTF-8
+# (Python's surrogateescape) and cannot be written to any UTF-8 file.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _text_problem(text: str) -> str | None:
+    if len(text) > TEXT_MAX:
+        return f"is {len(text)} characters long; at most {TEXT_MAX}"
+    bad = _CONTROL.search(text)
+    if bad:
+        return f"contains the control character U+{ord(bad.group()):04X}; config strings must be printable text"
+    bad = _SURROGATE.search(text)
+    if bad:
+        return "contains bytes that are not UTF-8; config strings must be UTF-8 text"
+    return None
+
+
+def _item_problem(key: str, item: Any) -> str | None:
+    if item is None or isinstance(item, bool):
+        return None
+    if isinstance(item, str):
+        return _text_problem(item)
+    if isinstance(item, float) and not math.isfinite(item):
+        return "must be a finite number"
+    if isinstance(item, (int, float)):
+        if key not in LIMITS:
+            raise TypeError(f"{key} is a number field without a Range in gputrain.config.schema.LIMITS")
+        return LIMITS[key].problem(item)
+    return None
+
+
+def _shown(value: Any) -> Any:
+    """The value as the error message shows it: long text cut, huge numbers and lists left out."""
+    if isinstance(value, str) and len(value) > 80:
+        return value[:80] + "…"
+    if isinstance(value, int) and value.bit_length() > 64:
+        return None
+    if isinstance(value, list) and (len(value) > 16 or any(_shown(v) is not v for v in value)):
+        return None
+    return value
+
+
+def check_values(section: str, values: Any) -> None:
+    """Check every field of one section's dataclass by its value's kind (see the module docstring).
+
+    Raises:
+        ConfigError: naming `section.field` and what is wrong.
+    """
+    for f in dataclasses.fields(values):
+        key = f"{section}.{f.name}"
+        value = getattr(values, f.name)
+        items = value if isinstance(value, list) else [value]
+        if len(items) > LIST_MAX:
+            raise ConfigError(key, f"has {len(items)} items; at most {LIST_MAX}")
+        for item in items:
+            problem = _item_problem(key, item)
+            if problem:
+                raise ConfigError(key, problem, _shown(value))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -76,17 +271,9 @@ class ModelConfig:
     """gpt: biases in the linear layers and layer norms (GPT-2 has them)."""
 
     def __post_init__(self) -> None:
-        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
-            raise ConfigError("model.dropout", "must be in [0, 1)", self.dropout)
-        for name in ("hidden_sizes", "channels"):
-            if any(v <= 0 for v in getattr(self, name)):
-                raise ConfigError(f"model.{name}", "every size must be > 0", getattr(self, name))
+        check_values("model", self)
         if not self.channels:
             raise ConfigError("model.channels", "needs at least one convolution", self.channels)
-        _positive("model", "hidden", self.hidden)
-        _positive("model", "base_width", self.base_width)
-        for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size"):
-            _positive("model", name, getattr(self, name))
         d_model, n_head = gpt_size(self, "d_model"), gpt_size(self, "n_head")
         if d_model is not None and n_head is not None and d_model % n_head:
             raise ConfigError(
@@ -136,27 +323,22 @@ class DataConfig:
     """A training sample that cannot be read mid-run (corrupt image, bad row): fail naming it, or skip it (counted in summary.json data.skipped_samples)."""
 
     def __post_init__(self) -> None:
+        check_values("data", self)
         bad = [a for a in self.augment if a not in ("crop", "flip")]
         if bad:
             raise ConfigError("data.augment", f"unknown augmentation {bad[0]!r}; choose from crop, flip", self.augment)
-        _fraction("data", "val_fraction", self.val_fraction)
-        _fraction("data", "test_fraction", self.test_fraction)
         if self.val_fraction + self.test_fraction >= 0.9:
             raise ConfigError(
                 "data.val_fraction",
                 "val_fraction + test_fraction must leave at least 10% for training",
                 self.val_fraction + self.test_fraction,
             )
-        if self.num_workers != "auto":
-            _positive("data", "num_workers", self.num_workers, allow_zero=True)
-        for name in ("seq_len", "num_samples", "num_classes", "vocab_size", "max_eval_samples"):
-            _positive("data", name, getattr(self, name))
         size = [self.image_size] if isinstance(self.image_size, int) else self.image_size
-        if len(size) not in (1, 2) or any(v <= 0 for v in size):
+        if len(size) not in (1, 2):
             raise ConfigError("data.image_size", "must be a size > 0 or [height, width]", self.image_size)
         if self.vocab_size is not None and self.vocab_size > 65536 and self.name == "tokens":
             raise ConfigError("data.vocab_size", "token files hold uint16 ids, so at most 65536", self.vocab_size)
-        if not self.shape or any(v <= 0 for v in self.shape):
+        if not self.shape:
             raise ConfigError("data.shape", "needs one or more sizes, each > 0", self.shape)
 
 
@@ -192,15 +374,7 @@ class TrainConfig:
     """A NaN/Inf loss or gradient: stop (naming the step; the step is not applied) or skip the step and count it (the LR schedule does not advance); off: no check and no per-step sync, as in a hand-written loop (a NaN step is applied and shows up only in the logged loss)."""
 
     def __post_init__(self) -> None:
-        _positive("train", "epochs", self.epochs)
-        _positive("train", "max_steps", self.max_steps)
-        _positive("train", "batch_size", self.batch_size)
-        _positive("train", "micro_batch_size", self.micro_batch_size)
-        if self.grad_accum != "auto":
-            _positive("train", "grad_accum", self.grad_accum)
-        _positive("train", "clip_grad_norm", self.clip_grad_norm)
-        _positive("train", "clip_grad_value", self.clip_grad_value)
-        _positive("train", "seed", self.seed, allow_zero=True)
+        check_values("train", self)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -237,20 +411,12 @@ class OptimConfig:
     """Reference batch size for scale_lr=linear."""
 
     def __post_init__(self) -> None:
-        _positive("optim", "lr", self.lr)
-        _positive("optim", "weight_decay", self.weight_decay, allow_zero=True)
-        _positive("optim", "momentum", self.momentum, allow_zero=True)
-        _positive("optim", "eps", self.eps)
-        _positive("optim", "warmup_steps", self.warmup_steps, allow_zero=True)
-        _positive("optim", "step_size", self.step_size)
-        _positive("optim", "gamma", self.gamma)
-        _positive("optim", "min_lr", self.min_lr, allow_zero=True)
-        _positive("optim", "base_batch_size", self.base_batch_size)
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+        check_values("optim", self)
+        if len(self.betas) != 2:
             raise ConfigError("optim.betas", "must be two numbers in [0, 1), e.g. [0.9, 0.999]", self.betas)
         if self.nesterov and self.name == "sgd" and self.momentum == 0:
             raise ConfigError("optim.nesterov", "Nesterov needs optim.momentum > 0", self.nesterov)
-        if sorted(self.milestones) != self.milestones or any(m <= 0 for m in self.milestones):
+        if sorted(self.milestones) != self.milestones:
             raise ConfigError("optim.milestones", "must be increasing positive step numbers", self.milestones)
 
 
@@ -268,8 +434,7 @@ class EvalConfig:
     """Whether the monitored metric should fall or rise; auto: min for loss/mse/mae/perplexity, else max."""
 
     def __post_init__(self) -> None:
-        _positive("eval", "every_epochs", self.every_epochs, allow_zero=True)
-        _positive("eval", "patience", self.patience)
+        check_values("eval", self)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -290,9 +455,7 @@ class CheckpointConfig:
     """auto: continue from the run directory's latest complete checkpoint; never; or a checkpoint PATH."""
 
     def __post_init__(self) -> None:
-        _positive("checkpoint", "every_steps", self.every_steps, allow_zero=True)
-        _positive("checkpoint", "every_epochs", self.every_epochs, allow_zero=True)
-        _positive("checkpoint", "keep_last", self.keep_last)
+        check_values("checkpoint", self)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -307,8 +470,7 @@ class LogConfig:
     """Time every N-th step's parts (data, copy, forward+backward, optimizer, comm) with device events; 0: off."""
 
     def __post_init__(self) -> None:
-        _positive("log", "every_steps", self.every_steps)
-        _positive("log", "breakdown_every", self.breakdown_every, allow_zero=True)
+        check_values("log", self)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -333,11 +495,10 @@ class ParallelConfig:
     """Seconds any collective may wait for its peers before the job fails (a dead rank never hangs the others)."""
 
     def __post_init__(self) -> None:
-        _positive("parallel", "timeout_s", self.timeout_s)
+        check_values("parallel", self)
         for name in ("dp_replicate", "dp_shard", "tp", "pp"):
-            value = getattr(self, name)
-            if value == 0 or value < -1:
-                raise ConfigError(f"parallel.{name}", "must be >= 1, or -1 for the remaining ranks", value)
+            if getattr(self, name) == 0:
+                raise ConfigError(f"parallel.{name}", f"must be {_RANK_DEGREE.text}", 0)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import re
 
 from gputrain.config.names import choices
 from gputrain.config.schema import Config
+from gputrain.config.sizes import check_fits_in_memory
 from gputrain.errors import ConfigError
 
 
@@ -101,10 +103,25 @@ def check_pipeline_precision(precision: str, pipelined: bool) -> None:
         )
 
 
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]{1,4})?")
+
+
+def check_device_name(device: str) -> None:
+    """`train.device` is spelled as one of the devices gputrain knows; whether this machine has it
+    is decided when the run starts (`gputrain.env.device.resolve_device`, which needs torch)."""
+    if not _DEVICE.fullmatch(device):
+        raise ConfigError("train.device", "unknown device", device, hint="choose from auto, cpu, cuda, cuda:N, mps")
+
+
 def validate_config(config: Config) -> None:
-    """Registry choices and cross-field rules. Raises ConfigError naming the field."""
+    """Registry choices, cross-field rules, and sizes against this machine's memory.
+
+    Raises:
+        ConfigError: naming the field.
+    """
     _check_choice("model.name", config.model.name, choices("model.name"))
     _check_choice("data.name", config.data.name, choices("data.name"))
+    check_device_name(config.train.device)
     resolve_grad_accum(config)
     if config.model.name == "gpt":
         from gputrain.config.presets import check_gpt_context
@@ -127,3 +144,4 @@ def validate_config(config: Config) -> None:
             "needs validation during training: set eval.every_epochs >= 1",
             config.eval.early_stop_metric,
         )
+    check_fits_in_memory(config)

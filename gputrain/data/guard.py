@@ -1,10 +1,12 @@
 """A sample that cannot be read mid-run (a corrupt image, a bad row): name it, then fail or skip.
 
-`GuardedDataset` wraps any map-style Dataset read through a DataLoader. A failing `__getitem__`
+`GuardedDataset` wraps any map-style Dataset read through a DataLoader: the training feed's and,
+for the validation and test splits, the evaluation's (train/feed.py). A failing `__getitem__`
 returns a marker instead of raising, because an exception raised in a DataLoader worker reaches the
 main process with the worker's whole traceback pasted into its message; `guarded_collate` drops
-the markers and reports them with the batch, and the feed then fails naming the sample
-(`data.on_error=fail`) or counts it (`skip`, `data.skipped_samples` in summary.json).
+the markers and reports them with the batch, and the reader then fails naming the split and the
+sample (`data.on_error=fail`) or counts it (`skip`: `data.skipped_samples` in summary.json for
+training, the evaluator's per-split count for val and test).
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 from torch.utils.data._utils.collate import default_collate
 from torch.utils.data._utils.pin_memory import pin_memory
 
 
 class BadSample(Exception):
-    """A training sample could not be read. Raised mid-run; the trainer reports it with the step."""
+    """A sample could not be read. Raised mid-run; the message names the split and the sample
+    (and its file when known); the trainer reports it with the step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +44,11 @@ class GuardedBatch:
 
 
 def describe_sample(dataset: Any, index: int, err: BaseException | None = None) -> str:
-    """'sample 17 (file a/b.png)': the index, plus the file when the error or the dataset knows it."""
+    """'sample 17 (file a/b.png)': the index, plus the file when the error or the dataset knows it.
+    A `Subset` (an evaluation rank's share) is looked through: the index and the file are those of
+    the split it was cut from."""
+    while isinstance(dataset, Subset) and 0 <= index < len(dataset.indices):
+        dataset, index = dataset.dataset, int(dataset.indices[index])
     path = getattr(err, "filename", None)
     if path is None:
         for attr in ("samples", "imgs", "files", "paths"):  # ImageFolder-style lists of (path, label) or paths
@@ -51,6 +58,13 @@ def describe_sample(dataset: Any, index: int, err: BaseException | None = None) 
                 path = item[0] if isinstance(item, (list, tuple)) else item
                 break
     return f"sample {index}" + (f" (file {path})" if path is not None else "")
+
+
+def problem_of(err: BaseException) -> str:
+    """'ExceptionType: first line of its message' (at most 200 characters of it)."""
+    text = str(err).strip()
+    message = text.splitlines()[0][:200] if text else ""
+    return f"{type(err).__name__}: {message}".rstrip(": ")
 
 
 class GuardedDataset(Dataset):
@@ -64,8 +78,7 @@ class GuardedDataset(Dataset):
         try:
             return self.dataset[index]
         except Exception as err:  # noqa: BLE001 - any failure of user/reader code is reported, not raised here
-            message = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-            return _Failed(describe_sample(self.dataset, index, err), f"{type(err).__name__}: {message}".rstrip(": "))
+            return _Failed(describe_sample(self.dataset, index, err), problem_of(err))
 
 
 def guarded_collate(samples: list[Any]) -> GuardedBatch:
@@ -74,16 +87,22 @@ def guarded_collate(samples: list[Any]) -> GuardedBatch:
     return GuardedBatch(default_collate(good) if good else None, failed)
 
 
-def unwrap(item: GuardedBatch, on_error: str) -> tuple[Any, int]:
-    """(the batch, samples skipped). Raises BadSample naming the first bad sample in fail mode, or
-    when a whole micro-batch was unreadable."""
-    if item.failed and (on_error == "fail" or item.batch is None):
+def bad_sample(split: str | None, where: str, problem: str, more: int = 0, hint: str = "") -> BadSample:
+    """The error naming one unreadable sample: '<split> split: sample 3 (file …): OSError: …'."""
+    prefix = f"{split} split: " if split else ""
+    also = f" (and {more} more in this batch)" if more else ""
+    return BadSample(f"{prefix}{where}: {problem}{also}{hint}")
+
+
+SKIP_HINT = "; set data.on_error=skip to skip unreadable samples"
+
+
+def unwrap(item: GuardedBatch, on_error: str, split: str | None = None, allow_empty: bool = False) -> tuple[Any, int]:
+    """(the batch, samples skipped). Raises BadSample naming the split and the first bad sample in
+    fail mode, or when a whole micro-batch was unreadable (a training step cannot be made of
+    nothing; `allow_empty`: an evaluation can, the batch is then None)."""
+    if item.failed and (on_error == "fail" or (item.batch is None and not allow_empty)):
         first = item.failed[0]
-        more = f" (and {len(item.failed) - 1} more in this batch)" if len(item.failed) > 1 else ""
-        hint = (
-            "; set data.on_error=skip to skip unreadable samples"
-            if on_error == "fail"
-            else "; every sample of the micro-batch was unreadable"
-        )
-        raise BadSample(f"{first.where}: {first.problem}{more}{hint}")
+        hint = SKIP_HINT if on_error == "fail" else "; every sample of the micro-batch was unreadable"
+        raise bad_sample(split, first.where, first.problem, len(item.failed) - 1, hint)
     return item.batch, len(item.failed)

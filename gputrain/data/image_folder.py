@@ -2,19 +2,30 @@
 
 Layouts: `path/<class>/*.png` (split into train/val/test by the seeded fractions), or
 `path/train/<class>/...` with optional `path/val/` (or `valid/`, `validation/`) and `path/test/`
-(the ImageNet layout; those folders are the splits). Every image is converted to RGB, resized so
-its shorter side fits `data.image_size`, and centre-cropped to it. Decoding happens in
-`__getitem__`, so DataLoader workers run it in parallel and the files are never all in memory.
+(the ImageNet layout; those folders are the splits). A class folder's images may sit in
+sub-folders of it (as torchvision's ImageFolder reads them). Every image is converted to RGB
+(16-bit and floating-point greyscale scaled to 8 bits, not clipped), resized so its shorter side
+fits `data.image_size`, and centre-cropped to it. Decoding happens in `__getitem__`, so
+DataLoader workers run it in parallel and the files are never all in memory.
 
 Samples are uint8 [3, H, W]: the trainer scales them to [0, 1] floats on the device
 (data/pixels.py, driven by the spec's `uint8_pixels`), and with `data.normalize` standardises
 the channels with the mean/std of up to 256 training images (seeded sample, train split only).
+
+What is checked before training: every class folder holds at least one image Pillow can open (a
+class with none would be a class the model can never see), val/test classes are training classes,
+and the statistics sample decodes. An image that cannot be decoded is the guard's business
+(data/guard.py) wherever it is read: in the statistics pass here (`data.on_error=fail`: a
+DataError naming the file and the split; `skip`: left out of the statistics), and mid-run in
+training and evaluation.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,13 +37,34 @@ from gputrain.data.spec import DataSpec
 from gputrain.data.tensors import split_indices
 from gputrain.errors import ConfigError, DataError
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+log = logging.getLogger("gputrain")
+
+IMAGE_SUFFIXES = {
+    ".png",
+    ".jpg",
+    ".jpeg",
+    ".jpe",
+    ".jfif",
+    ".bmp",
+    ".gif",
+    ".webp",
+    ".tif",
+    ".tiff",
+    ".ppm",
+    ".pgm",
+    ".pbm",
+    ".pnm",
+}
 _VAL_NAMES = ("val", "valid", "validation")
+_SPLIT_NAMES = ("train", *_VAL_NAMES, "test")
 _STATS_SAMPLES = 256
+_SKIP_HINT = "set data.on_error=skip to skip unreadable images"
 
 
-class ImageDecodeError(DataError):
-    """An image file Pillow cannot decode. Stays one short line when a DataLoader worker raised it."""
+class ImageDecodeError(OSError):
+    """An image file Pillow cannot decode, met while reading a sample (mid-run: the guard names
+    it with its split, or the trainer with its step). Stays one short line when a DataLoader
+    worker raised it."""
 
     def __init__(self, text: str) -> None:
         if text.startswith(f"Caught {type(self).__name__}"):
@@ -42,11 +74,32 @@ class ImageDecodeError(DataError):
         super().__init__(text)
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
+
+
+def _to_8bit(img: Any) -> Any:
+    """A 16-bit ('I;16…'), 32-bit integer ('I') or floating-point ('F') greyscale image as 8-bit 'L'.
+
+    Pillow's own conversion clips these at 255, which turns a 16-bit image almost white. 16-bit
+    values are scaled by 255/65535; 'I' images by the same when they exceed 255; 'F' images holding
+    values in [0, 1] by 255 (others are clipped to [0, 255])."""
+    from PIL import Image
+
+    array = np.asarray(img, dtype=np.float64)
+    if img.mode.startswith("I;16") or (img.mode == "I" and array.size and array.max() > 255):
+        array = array * (255.0 / 65535.0)
+    elif img.mode == "F" and array.size and array.min() >= 0.0 and array.max() <= 1.0:
+        array = array * 255.0
+    return Image.fromarray(np.clip(np.rint(array), 0, 255).astype(np.uint8), "L")
+
+
 def decode_image(path: str, size: tuple[int, int]) -> torch.Tensor:
     """One image file -> uint8 [3, H, W]: shorter side resized to fit, centre crop.
 
     Raises:
-        DataError: naming the file when Pillow cannot decode it.
+        ImageDecodeError: naming the file, whatever went wrong inside Pillow.
     """
     from PIL import Image
 
@@ -55,14 +108,16 @@ def decode_image(path: str, size: tuple[int, int]) -> torch.Tensor:
         with Image.open(path) as img:
             # JPEG: let the decoder downscale by a power of two first (much faster for large photos)
             img.draft("RGB", (width, height))
+            if img.mode.startswith("I") or img.mode == "F":
+                img = _to_8bit(img)
             img = img.convert("RGB")
             scale = max(width / img.width, height / img.height)
             resized = (max(width, round(img.width * scale)), max(height, round(img.height * scale)))
             img = img.resize(resized, Image.Resampling.BILINEAR)
             left, top = (resized[0] - width) // 2, (resized[1] - height) // 2
             array = np.asarray(img.crop((left, top, left + width, top + height)), dtype=np.uint8)
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-        raise ImageDecodeError(f"{path}: cannot decode image: {err}") from None
+    except Exception as err:  # noqa: BLE001 - malformed files make Pillow raise all sorts (struct.error, ...)
+        raise ImageDecodeError(f"{path}: cannot decode image: {_first_line(err)}") from None
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
 
 
@@ -83,47 +138,143 @@ class ImageFolderData(Dataset):
         return ImageFolderData([self.files[i] for i in indices], [self.labels[i] for i in indices], self.size)
 
 
+def _visible(name: str) -> bool:
+    return not name.startswith(".") and name not in ("Thumbs.db", "desktop.ini", "__MACOSX")
+
+
 def _subfolders(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(p for p in folder.iterdir() if p.is_dir() and _visible(p.name))
 
 
-def _images_in(folder: Path) -> list[str]:
-    return sorted(
-        e.path
-        for e in os.scandir(folder)
-        if e.is_file() and Path(e.name).suffix.lower() in IMAGE_SUFFIXES and not e.name.startswith(".")
-    )
+def _is_image_name(name: str) -> bool:
+    return Path(name).suffix.lower() in IMAGE_SUFFIXES
 
 
-def scan_classes(folder: Path, classes: list[str] | None = None) -> tuple[list[str], list[str], list[int]]:
+class _Scan:
+    """Files met while scanning that are not used, reported once as one warning."""
+
+    def __init__(self) -> None:
+        self.ignored: list[str] = []
+
+    def warn(self) -> None:
+        if self.ignored:
+            log.warning(
+                "image_folder: %d files not used (not images by their suffix, or outside any class folder), e.g. %s",
+                len(self.ignored),
+                self.ignored[0],
+            )
+
+
+def _images_in(folder: Path, scan: _Scan) -> list[str]:
+    """The image files in a class folder and its sub-folders (hidden ones left out), sorted. One
+    scandir per folder: a file's type comes with its directory entry, not from a stat of its own."""
+    images: list[str] = []
+    seen = {os.path.realpath(folder)}
+    pending = [str(folder)]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if not _visible(entry.name):
+                    continue
+                if entry.is_dir():
+                    real = os.path.realpath(entry.path)
+                    if real not in seen:  # a symlink back up the tree: not read again
+                        seen.add(real)
+                        pending.append(entry.path)
+                elif entry.is_file() and _is_image_name(entry.name):
+                    images.append(entry.path)
+                else:
+                    scan.ignored.append(entry.path)
+    return sorted(images)
+
+
+def _first_readable(files: list[str]) -> tuple[str | None, str]:
+    """(the first file Pillow can open, else None; the problem with the first that could not be)."""
+    from PIL import Image
+
+    problem = ""
+    for path in files:
+        try:
+            with Image.open(path):
+                return path, problem
+        except Exception as err:  # noqa: BLE001 - any failure to identify the file
+            problem = problem or f"{path}: {_first_line(err)}"
+    return None, problem
+
+
+def scan_classes(
+    folder: Path, classes: list[str] | None = None, scan: _Scan | None = None
+) -> tuple[list[str], list[str], list[int]]:
     """(class names, files, labels) of one split folder; `classes` fixes the names (from train).
 
     Raises:
-        DataError: no class folders, an empty class folder, or a class the training split lacks.
+        DataError: no class folders, a class folder without an image Pillow can open, or a class
+            the training split lacks.
     """
+    scan = scan if scan is not None else _Scan()
     folders = _subfolders(folder)
     if not folders:
         raise DataError(f"{folder}: no class folders; image_folder expects one sub-folder of images per class")
+    scan.ignored += sorted(
+        str(p) for p in folder.iterdir() if p.is_file() and _visible(p.name) and _is_image_name(p.name)
+    )
     names = [p.name for p in folders] if classes is None else classes
     files: list[str] = []
     labels: list[int] = []
     for class_folder in folders:
         if class_folder.name not in names:
-            raise DataError(f"{class_folder}: class {class_folder.name!r} is not among the training classes")
-        images = _images_in(class_folder)
+            raise DataError(
+                f"{class_folder}: class {class_folder.name!r} is not among the training classes ({', '.join(names)})"
+            )
+        images = _images_in(class_folder, scan)
         if not images:
             raise DataError(f"{class_folder}: class folder holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        readable, problem = _first_readable(images)
+        if readable is None:
+            raise DataError(
+                f"{class_folder}: none of its {len(images)} images can be read (e.g. {problem}); "
+                "a class without a readable image cannot be learned"
+            )
         files += images
         labels += [names.index(class_folder.name)] * len(images)
     return names, files, labels
 
 
-def _channel_stats(data: ImageFolderData, seed: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean/std of the [0, 1]-scaled pixels of a seeded sample of training images."""
+def _channel_stats(data: ImageFolderData, seed: int, on_error: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean/std of the [0, 1]-scaled pixels of a seeded sample of training images.
+
+    Raises:
+        DataError: an image of the sample cannot be decoded (data.on_error=fail: naming the file and
+            the split), or none can (skip).
+    """
     generator = torch.Generator().manual_seed(seed)
     picks = torch.randperm(len(data), generator=generator)[:_STATS_SAMPLES].tolist()
-    pixels = torch.stack([decode_image(data.files[i], data.size) for i in picks]).transpose(0, 1).flatten(1)
-    pixels = pixels.double() / 255.0
+    images: list[torch.Tensor] = []
+    unreadable: list[ImageDecodeError] = []
+    for i in picks:
+        try:
+            images.append(decode_image(data.files[i], data.size))
+        except ImageDecodeError as err:
+            if on_error == "fail":
+                raise DataError(
+                    f"{err} (train split, sample {i}, read for data.normalize's statistics before training; "
+                    f"{_SKIP_HINT})"
+                ) from None
+            unreadable.append(err)
+    if not images:
+        raise DataError(
+            f"train split: none of the {len(picks)} images read for data.normalize's statistics can be decoded, "
+            f"e.g. {unreadable[0]}"
+        )
+    if unreadable:
+        log.warning(
+            "train split: %d of the %d images read for the normalisation statistics are unreadable and left out "
+            "(data.on_error=skip; training skips and counts them when it meets them), e.g. %s",
+            len(unreadable),
+            len(picks),
+            unreadable[0],
+        )
+    pixels = torch.stack(images).transpose(0, 1).flatten(1).double() / 255.0
     mean, std = pixels.mean(dim=1), pixels.std(dim=1).clamp_min(1e-3)
     return tuple(mean.tolist()), tuple(std.tolist())
 
@@ -135,6 +286,16 @@ def _cap(data: ImageFolderData | None, limit: int | None) -> ImageFolderData | N
     return data.subset(np.linspace(0, len(data) - 1, limit).round().astype(int))
 
 
+def _val_folder(root: Path) -> Path | None:
+    found = [root / n for n in _VAL_NAMES if (root / n).is_dir()]
+    if len(found) > 1:
+        raise DataError(
+            f"{root}: both {found[0].name}/ and {found[1].name}/ exist; keep one validation folder "
+            "(otherwise one of them would be silently ignored)"
+        )
+    return found[0] if found else None
+
+
 @register_data("image_folder")
 def build_image_folder(config: DataConfig, seed: int) -> DataBundle:
     if config.path is None:
@@ -143,20 +304,29 @@ def build_image_folder(config: DataConfig, seed: int) -> DataBundle:
     if not root.is_dir():
         raise DataError(f"data.path: no such folder: {root}")
     size = (config.image_size, config.image_size) if isinstance(config.image_size, int) else tuple(config.image_size)
+    scan = _Scan()
     val: ImageFolderData | None
     test: ImageFolderData | None
     if (root / "train").is_dir() and _subfolders(root / "train"):
-        classes, files, labels = scan_classes(root / "train")
+        classes, files, labels = scan_classes(root / "train", scan=scan)
         train = ImageFolderData(files, labels, size)  # type: ignore[arg-type]
-        val_dir = next((root / n for n in _VAL_NAMES if (root / n).is_dir()), None)
-        val = ImageFolderData(*scan_classes(val_dir, classes)[1:], size) if val_dir else None  # type: ignore[arg-type]
+        val_dir = _val_folder(root)
+        val = ImageFolderData(*scan_classes(val_dir, classes, scan)[1:], size) if val_dir else None  # type: ignore[arg-type]
         test = (
-            ImageFolderData(*scan_classes(root / "test", classes)[1:], size)  # type: ignore[arg-type]
+            ImageFolderData(*scan_classes(root / "test", classes, scan)[1:], size)  # type: ignore[arg-type]
             if (root / "test").is_dir()
             else None
         )
     else:
-        classes, files, labels = scan_classes(root)
+        splits = [p.name for p in _subfolders(root) if p.name in _SPLIT_NAMES]
+        if "train" in splits and len(splits) > 1:
+            # train/ with images straight in it, beside val/ or test/: read as classes, these would
+            # be classes named after the splits
+            raise DataError(
+                f"{root / 'train'}: no class folders; with {', '.join(s + '/' for s in splits)} as splits, "
+                "each needs one sub-folder of images per class (train/<class>/...)"
+            )
+        classes, files, labels = scan_classes(root, scan=scan)
         everything = ImageFolderData(files, labels, size)  # type: ignore[arg-type]
         train_idx, val_idx, test_idx = split_indices(len(files), config.val_fraction, config.test_fraction, seed)
         if len(train_idx) == 0:
@@ -166,7 +336,10 @@ def build_image_folder(config: DataConfig, seed: int) -> DataBundle:
         train = everything.subset(train_idx.tolist())
         val = everything.subset(val_idx.tolist()) if len(val_idx) else None
         test = everything.subset(test_idx.tolist()) if len(test_idx) else None
-    mean, std = _channel_stats(train, seed) if config.normalize else (None, None)
+    if len(classes) < 2:
+        raise DataError(f"{root}: one class folder ({classes[0]!r}); classification needs at least two classes")
+    scan.warn()
+    mean, std = _channel_stats(train, seed, config.on_error) if config.normalize else (None, None)
     spec = DataSpec(
         task="classification",
         input_shape=(3, *size),

@@ -9,6 +9,8 @@ t10k files are the test split. Pixels are standardised with the training split's
 from __future__ import annotations
 
 import gzip
+import math
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +54,7 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
     try:
         with opener(path, "rb") as f:
             raw = f.read()
-    except (OSError, EOFError) as err:
+    except (OSError, EOFError, zlib.error) as err:
         raise DataError(f"{path}: cannot read: {err}") from None
     expected_magic = (_IDX_UBYTE << 8) | ndim
     magic = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else None
@@ -65,10 +67,45 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
     if len(raw) < header:
         raise DataError(f"{path}: truncated IDX header ({len(raw)} bytes)")
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    expected = header + int(np.prod(dims))
+    expected = header + math.prod(dims)  # Python ints: a forged header cannot overflow into a match
     if len(raw) != expected:
         raise DataError(f"{path}: {len(raw)} bytes, but its header ({' x '.join(map(str, dims))}) needs {expected}")
+    if not dims[0]:
+        raise DataError(f"{path}: holds no items (its header says 0)")
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def check_labels(train_path: Path, train: np.ndarray, test_path: Path, test: np.ndarray) -> int:
+    """The number of classes, max label + 1, after checking the labels form a class set.
+
+    A label beyond the rest (255 in a file of digits, a flipped bit) would otherwise silently add
+    that many classes; a test label the training labels lack is a class the model never saw. Class
+    0 may be absent (EMNIST letters count from 1).
+
+    Raises:
+        DataError: naming the file, the item and the label.
+    """
+    present = np.zeros(256, dtype=bool)
+    present[np.unique(train)] = True
+    top = int(train.max())
+    if present.sum() < 2:
+        raise DataError(f"{train_path}: every label is {top}; classification needs at least two classes")
+    absent = [c for c in range(1, top) if not present[c]]
+    if absent:
+        item = int(np.flatnonzero(train == top)[0])
+        shown = ", ".join(map(str, absent[:5])) + (" ..." if len(absent) > 5 else "")
+        raise DataError(
+            f"{train_path}: label {top} at item {item}, but labels {shown} never occur: not the labels of "
+            f"{top + 1} classes (a damaged file?)"
+        )
+    unseen = ~present[test]
+    if unseen.any():
+        item = int(np.flatnonzero(unseen)[0])
+        raise DataError(
+            f"{test_path}: label {int(test[item])} at item {item} never occurs in the training labels "
+            f"({train_path.name}: {', '.join(str(c) for c in np.flatnonzero(present))})"
+        )
+    return top + 1
 
 
 def load_split(folder: Path, images_key: str, labels_key: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,7 +127,13 @@ def build_mnist(config: DataConfig, seed: int) -> DataBundle:
         raise DataError(f"data.path: no such folder: {folder}")
     inputs, targets = load_split(folder, "train_images", "train_labels")
     test_inputs, test_targets = load_split(folder, "test_images", "test_labels")
-    num_classes = int(max(targets.max(), test_targets.max())) + 1
+    if test_inputs.shape[1:] != inputs.shape[1:]:
+        raise DataError(
+            f"{find_file(folder, FILES['test_images'])}: images are {' x '.join(map(str, test_inputs.shape[2:]))}, "
+            f"but the training images ({FILES['train_images']}) are {' x '.join(map(str, inputs.shape[2:]))}"
+        )
+    train_labels, test_labels = find_file(folder, FILES["train_labels"]), find_file(folder, FILES["test_labels"])
+    num_classes = check_labels(train_labels, targets.numpy(), test_labels, test_targets.numpy())
     train_idx, val_idx, _ = split_indices(len(inputs), config.val_fraction, 0.0, seed)
     train_x, val_x = inputs[train_idx], inputs[val_idx]
     if config.normalize:

@@ -8,6 +8,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
+    FSDPModule,
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
@@ -41,3 +42,12 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32", cpu_
         fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=i < len(blocks) - 1)
     fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
     return model
+
+
+def reshard(model: nn.Module) -> None:
+    """Put every FSDP module back to its shards. A forward pass with no backward (evaluation) leaves
+    the root module's parameters gathered (FSDP2 does not reshard the root after forward): a state
+    dict taken then would hold freed gathered storage instead of the shards."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,11 +76,40 @@ def first_failed_rank(run_dir: Path | None, since: float) -> int | None:
     return min(found)[1] if found else None
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def culprit(failures: Mapping[int, tuple[int, float]], logged: int | None) -> int:
+    """The rank that failed first, from torchrun's failures (rank -> (exit code, when seen)) and the
+    rank whose error log appeared first (`first_failed_rank`).
+
+    A rank killed by a signal (SIGKILL from the OOM killer or a user, SIGSEGV, ...) writes no error
+    log, while its peers, whose collectives it breaks, do: so such a rank, seen in the first round
+    of failures, is the one that failed first, whatever the logs say. SIGTERM is what torchrun itself
+    sends the survivors, so it points at no one while another reason exists; nor do ranks seen later,
+    once torchrun had started stopping the rest."""
+    first_seen = min(when for _, when in failures.values())
+    early = {rank: code for rank, (code, when) in failures.items() if when <= first_seen + 1}
+    killed = sorted(rank for rank, code in early.items() if code < 0 and -code != signal.SIGTERM)
+    if killed:
+        return killed[0]
+    if logged is not None and logged in failures:
+        return logged
+    exited = sorted(rank for rank, code in early.items() if code > 0 and code != 130)
+    return exited[0] if exited else min(early)
+
+
 def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = None) -> int:
     """Run torchrun's agent in this process; return 0, or raise RunError naming the failed rank(s)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
+
+    from gputrain.train.signals import leave_130_on_further_signals
 
     opts.check()
     # CPU threads per rank: share the cores (torchrun would set 1 and print a warning banner)
@@ -92,19 +122,23 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
         run(args)
     except SignalException as err:  # the agent passed the signal on to the ranks, which checkpointed
         name = signal.Signals(err.sigval).name
+        leave_130_on_further_signals()  # not torchrun's handlers, nor the defaults (143) while this exits
         raise Interrupted(f"stopped by {name}: the ranks saved a checkpoint; {resume_hint}") from None
     except ChildFailedError as err:
         if all(failure.exitcode == 130 for failure in err.failures.values()):
+            leave_130_on_further_signals()
             raise Interrupted(f"stopped by a signal: the ranks saved a checkpoint; {resume_hint}") from None
-        rank, failure = err.get_first_failure()
-        logged = first_failed_rank(run_dir, started)
-        if logged is not None and logged in err.failures:
-            rank, failure = logged, err.failures[logged]
+        seen = {rank: (failure.exitcode, float(failure.timestamp)) for rank, failure in err.failures.items()}
+        rank = culprit(seen, first_failed_rank(run_dir, started))
+        code = err.failures[rank].exitcode
         others = sorted(r for r in err.failures if r != rank)
-        code = failure.exitcode
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
         tail = f"; ranks {others} stopped too" if others else ""
         retries = f" after {opts.max_restarts} restart(s)" if opts.max_restarts else ""
-        raise RunError(f"rank {rank} failed first: it {how}{retries}{tail} (its message is above)") from None
+        said = "(no message: a signal ends a process at once)" if code < 0 else "(its message is above)"
+        message = f"rank {rank} failed first: it {how}{retries}{tail} {said}"
+        if code == UsageError.exit_code and all(f.exitcode == code for f in err.failures.values()):
+            raise UsageError(message) from None  # every rank refused the input (a checkpoint not this run's)
+        raise RunError(message) from None
     sys.stdout.flush()
     return 0

@@ -3,7 +3,7 @@ each pp rank holds its stage(s), and a schedule (gpipe, 1f1b, interleaved_1f1b) 
 micro-batches of one optimizer step through them. The micro-batches are the accumulation:
 `train.grad_accum` of them per step, so the optimisation is the same as without pipelining.
 
-Models: an nn.Sequential (mlp, cnn), cut between its parameter-holding layers. Each rank keeps a
+Models: an nn.Sequential (the mlp, or a user's), cut between its parameter-holding layers. Each rank keeps a
 copy of the model in which the layers it does not own are replaced by nn.Identity: parameter
 names stay those of the whole model, so checkpoints move between pipelined and other layouts.
 """
@@ -178,7 +178,7 @@ def apply_pp(
     if not isinstance(model, nn.Sequential):
         raise ConfigError(
             "parallel.pp",
-            f"pipeline parallelism cuts nn.Sequential models (mlp, cnn) between "
+            f"pipeline parallelism cuts nn.Sequential models (the mlp, or a Sequential of your own) between "
             f"layers; {type(model).__name__} is not one",
             pp,
             hint="use parallel.strategy=fsdp or tp for this model",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gputrain.env.checks import Check, gpu_training_possible, run_checks
+from gputrain.env.checks import Check, gpu_present, passed, run_checks
 from gputrain.env.device import explain_cuda_unavailable, resolve_device
 from gputrain.env.facts import EnvReport, collect_env
 
@@ -17,7 +17,8 @@ __all__ = [
     "EnvReport",
     "collect_env",
     "explain_cuda_unavailable",
-    "gpu_training_possible",
+    "gpu_present",
+    "passed",
     "resolve_device",
     "run_checks",
     "write_env_json",

@@ -1,11 +1,15 @@
 """Judge the facts: each `check_*` reads an `EnvReport` only and says ok, warn or fail.
 
-A `fail` means training on a GPU is not possible until it is fixed; `warn` means it works but
-slower or less reliably than it should. Every non-ok result carries the fix.
+A `fail` means something this machine has cannot be used until it is fixed (a GPU that torch
+cannot reach, a broken all-reduce), or, with `require_gpu`, that there is no GPU to train on;
+`warn` means it works but slower or less reliably than it should. Every non-ok result carries
+the fix. A machine without any GPU is healthy: training runs on the CPU, and nothing there asks
+for a CUDA build or a driver.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -29,7 +33,8 @@ __all__ = [
     "check_torch_build",
     "check_torch_installs",
     "check_torch_version",
-    "gpu_training_possible",
+    "gpu_present",
+    "passed",
     "run_checks",
     "why_cuda_unavailable",
 ]
@@ -75,6 +80,29 @@ def _gpus_exist(f: EnvReport) -> bool:
     return bool(f.driver.nvml_gpu_count) or bool(f.gpus)
 
 
+def gpu_present(f: EnvReport) -> bool:
+    """Any sign of a GPU on this machine, usable by torch or not: one torch sees, NVML's or the PCI
+    bus's NVIDIA GPUs, a loaded NVIDIA kernel module (/proc/driver/nvidia) or a driver that answers,
+    Apple's MPS, or a ROCm build (installed for an AMD GPU). A CUDA library or nvidia-smi alone is
+    no sign: CUDA container images carry them on machines without a GPU."""
+    d = f.driver
+    return bool(
+        f.cuda_available
+        or f.mps_available
+        or f.torch_build == "rocm"
+        or f.gpus
+        or d.nvml_gpu_count
+        or d.pci_gpus
+        or d.proc_driver
+        or d.driver_version
+    )
+
+
+def _no_gpu_detail(f: EnvReport) -> str:
+    where = "on the PCI bus, " if f.driver.pci_gpus is not None else ""
+    return f"no GPU on this machine (no NVIDIA GPU {where}no NVIDIA driver, no Apple MPS)"
+
+
 def check_python(f: EnvReport) -> Check:
     got = _version_tuple(f.python)
     if got is not None and got < MIN_PYTHON:
@@ -113,7 +141,9 @@ def install_cuda_build(driver_cuda: str | None) -> str:
 
 
 def check_torch_build(f: EnvReport) -> Check:
-    """A `+cpu` wheel is the most common reason for "no CUDA device"."""
+    """A `+cpu` wheel is the most common reason for "no CUDA device" on a machine with a GPU."""
+    if f.torch_build == "cpu" and not gpu_present(f):
+        return Check("torch build", "ok", f"torch {f.torch}: CPU-only build, and this machine has no GPU")
     if f.torch_build == "cpu" and f.mps_available:
         return Check("torch build", "ok", f"torch {f.torch}: macOS build, Apple GPU through MPS")
     if f.torch_build == "cpu":
@@ -129,8 +159,8 @@ def check_torch_build(f: EnvReport) -> Check:
 
 
 def check_driver(f: EnvReport) -> Check | None:
-    if f.torch_build == "rocm" or f.mps_available:
-        return None  # AMD and Apple GPUs: the NVIDIA driver is irrelevant
+    if f.torch_build == "rocm" or f.mps_available or not gpu_present(f):
+        return None  # AMD and Apple GPUs, or none: the NVIDIA driver is irrelevant
     d = f.driver
     if not d.present:
         return Check(
@@ -189,8 +219,8 @@ def _hides_every_gpu(visible: str, gpu_count: int | None) -> bool:
 
 def check_cuda_visible_devices(f: EnvReport) -> Check | None:
     visible = f.cuda_visible_devices
-    if visible is None:
-        return None
+    if visible is None or not gpu_present(f):
+        return None  # nothing to hide on a machine without a GPU (CUDA_VISIBLE_DEVICES="" is how CI says "CPU")
     if _hides_every_gpu(visible, f.driver.nvml_gpu_count):
         return Check(
             "CUDA_VISIBLE_DEVICES",
@@ -202,7 +232,10 @@ def check_cuda_visible_devices(f: EnvReport) -> Check | None:
 
 
 def why_cuda_unavailable(f: EnvReport) -> tuple[str, str]:
-    """The most likely cause of `torch.cuda.is_available()` being False, and its fix."""
+    """The most likely cause of `torch.cuda.is_available()` being False, and its fix (no fix when
+    the machine has no GPU: then the CPU is the right device, not a problem)."""
+    if not gpu_present(f):
+        return _no_gpu_detail(f), ""
     for check in (check_torch_build, check_cuda_visible_devices, check_driver, check_driver_cuda_version):
         result = check(f)
         if result is not None and result.status == "fail":
@@ -215,12 +248,22 @@ def why_cuda_unavailable(f: EnvReport) -> tuple[str, str]:
     )
 
 
-def check_cuda_available(f: EnvReport) -> Check:
-    """The verdict the exit code follows: can torch train on a GPU here?"""
+def check_cuda_available(f: EnvReport, require_gpu: bool = False) -> Check:
+    """The verdict: what will training run on here? A GPU that exists but cannot be used fails; a
+    machine without a GPU trains on the CPU (ok), unless `require_gpu` (`doctor --require-gpu`)."""
     if f.cuda_available and f.device_count > 0:
         return Check("gpu training", "ok", f"{f.device_count} GPU(s) visible to torch")
     if f.mps_available:
         return Check("gpu training", "ok", "Apple GPU through MPS (train.device=mps)")
+    if not gpu_present(f):
+        if require_gpu:
+            return Check(
+                "gpu training",
+                "fail",
+                _no_gpu_detail(f),
+                "run on a machine with a GPU (without --require-gpu, training on the CPU passes)",
+            )
+        return Check("cpu training", "ok", f"{_no_gpu_detail(f)}: gputrain trains on the CPU ({f.cpu_count} cores)")
     cause, fix = why_cuda_unavailable(f)
     return Check("gpu training", "fail", f"torch.cuda.is_available() is False: {cause}", fix)
 
@@ -361,11 +404,12 @@ CHECKS: tuple[CheckFn, ...] = (
 )
 
 
-def run_checks(facts: EnvReport | Mapping[str, Any]) -> list[Check]:
-    """Every check that applies to these facts, in a fixed order."""
+def run_checks(facts: EnvReport | Mapping[str, Any], require_gpu: bool = False) -> list[Check]:
+    """Every check that applies to these facts, in a fixed order; `require_gpu`: no GPU is a failure."""
     report = facts if isinstance(facts, EnvReport) else EnvReport.from_dict(dict(facts))
     results: list[Check] = []
-    for check in CHECKS:
+    verdict = functools.partial(check_cuda_available, require_gpu=require_gpu)
+    for check in (verdict if c is check_cuda_available else c for c in CHECKS):
         out = check(report)
         if out is None:
             continue
@@ -373,6 +417,6 @@ def run_checks(facts: EnvReport | Mapping[str, Any]) -> list[Check]:
     return results
 
 
-def gpu_training_possible(checks: Iterable[Check]) -> bool:
+def passed(checks: Iterable[Check]) -> bool:
     """True when no check failed: the doctor's exit code is 0 exactly then."""
     return all(c.status != "fail" for c in checks)

@@ -7,14 +7,21 @@ import torch
 from gputrain.errors import ConfigError
 
 
-def explain_cuda_unavailable() -> str:
-    """One line on why `torch.cuda.is_available()` is False, with the fix."""
+def _cuda_unavailable() -> tuple[bool, str]:
+    """(whether this machine has a GPU at all, why torch cannot use CUDA here and the fix)."""
     # Imported here: the doctor's modules import this one's package.
-    from gputrain.env.checks import why_cuda_unavailable
+    from gputrain.env.checks import gpu_present, why_cuda_unavailable
     from gputrain.env.facts import collect_env
 
-    cause, fix = why_cuda_unavailable(collect_env())
-    return f"{cause}; {fix}" if fix else cause
+    facts = collect_env()
+    cause, fix = why_cuda_unavailable(facts)
+    return gpu_present(facts), f"{cause}; {fix}" if fix else cause
+
+
+def explain_cuda_unavailable() -> str:
+    """One line on why `torch.cuda.is_available()` is False: "no GPU on this machine (...)", or,
+    where a GPU exists but torch cannot use it, the cause and the fix (a CUDA build, the driver...)."""
+    return _cuda_unavailable()[1]
 
 
 def _mps_available() -> bool:
@@ -34,7 +41,10 @@ def resolve_device(requested: str) -> tuple[torch.device, str]:
             return torch.device("cuda", 0), f"auto: CUDA GPU found ({name})"
         if _mps_available():
             return torch.device("mps"), "auto: Apple MPS found"
-        return torch.device("cpu"), f"auto: no GPU — {explain_cuda_unavailable()}"
+        has_gpu, why = _cuda_unavailable()
+        if not has_gpu:
+            return torch.device("cpu"), "auto: no GPU on this machine; training on the CPU"
+        return torch.device("cpu"), f"auto: this machine has a GPU but torch cannot use it — {why}"
     if requested == "cpu":
         return torch.device("cpu"), "requested"
     if requested == "mps":
@@ -53,7 +63,9 @@ def resolve_device(requested: str) -> tuple[torch.device, str]:
                 "train.device", "the CUDA index must be a number", requested, hint="e.g. cuda, cuda:0, cuda:1"
             )
         if not torch.cuda.is_available():
-            raise ConfigError("train.device", f"CUDA is not available: {explain_cuda_unavailable()}", requested)
+            has_gpu, why = _cuda_unavailable()
+            hint = None if has_gpu else "use train.device=auto or cpu"
+            raise ConfigError("train.device", f"CUDA is not available: {why}", requested, hint=hint)
         index, count = int(index_text), torch.cuda.device_count()
         if index >= count:
             raise ConfigError(

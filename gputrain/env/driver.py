@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DriverFacts", "GpuFacts", "collect_driver", "find_libcuda"]
+__all__ = ["DriverFacts", "GpuFacts", "collect_driver", "count_pci_gpus", "find_libcuda"]
 
 # Where distributions and the CUDA images put the driver's user-space library. Scanning files is
 # cheaper than ctypes.util.find_library, which shells out to ldconfig (and gcc) on Linux.
@@ -65,6 +65,9 @@ class DriverFacts:
     nvml_gpu_count: int | None
     """Physical GPUs NVML counts (None when NVML could not be loaded)."""
     nvml_error: str | None
+    pci_gpus: int | None = None
+    """NVIDIA display and 3D controllers on the PCI bus (sysfs): GPUs whether or not a driver is
+    installed. None where sysfs cannot be read (macOS, Windows, some sandboxes) or in old env.json."""
 
     @property
     def present(self) -> bool:
@@ -91,6 +94,29 @@ def find_libcuda(extra_dirs: list[str] | None = None) -> str | None:
             if os.path.exists(path):
                 return path
     return None
+
+
+# PCI vendor id of NVIDIA, and the base class of display controllers (0x0300 VGA, 0x0302 3D:
+# every NVIDIA GPU; NVSwitches and audio functions are other classes).
+_NVIDIA_VENDOR = "0x10de"
+_DISPLAY_CLASS = "0x03"
+
+
+def count_pci_gpus(root: str = "/sys/bus/pci/devices") -> int | None:
+    """NVIDIA GPUs on the PCI bus as Linux lists them, or None where the bus cannot be read."""
+    try:
+        devices = os.listdir(root)
+    except OSError:
+        return None
+    count = 0
+    for device in devices:
+        try:
+            with open(os.path.join(root, device, "vendor")) as vendor, open(os.path.join(root, device, "class")) as cls:
+                if vendor.read().strip().lower() == _NVIDIA_VENDOR and cls.read().strip().startswith(_DISPLAY_CLASS):
+                    count += 1
+        except OSError:
+            continue
+    return count
 
 
 def _text(value: Any) -> str:
@@ -179,5 +205,6 @@ def collect_driver() -> tuple[DriverFacts, list[GpuFacts]]:
         driver_cuda_version=nvml.get("driver_cuda_version"),
         nvml_gpu_count=nvml.get("nvml_gpu_count"),
         nvml_error=nvml.get("nvml_error"),
+        pci_gpus=count_pci_gpus(),
     )
     return facts, gpus

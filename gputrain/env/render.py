@@ -38,7 +38,12 @@ def render_table(checks: Sequence[Check], *, width: int = 100) -> str:
             )
     fails = sum(c.status == "fail" for c in checks)
     warns = sum(c.status == "warn" for c in checks)
-    verdict = "GPU training is possible" if fails == 0 else "GPU training is NOT possible until the FAIL rows are fixed"
+    if any(c.name == "cpu training" for c in checks):
+        verdict = "CPU training works; this machine has no GPU" if fails == 0 else "NOT ready: fix the FAIL rows"
+    else:
+        verdict = (
+            "GPU training is possible" if fails == 0 else "GPU training is NOT possible until the FAIL rows are fixed"
+        )
     lines.append("")
     lines.append(f"{verdict} ({fails} fail, {warns} warn, {len(checks) - fails - warns} ok)")
     return "\n".join(lines)

@@ -97,7 +97,7 @@ class RunConsole:
             self._progress.update(self._task, completed=step)
 
     def logged(self, record: dict[str, Any], total_steps: int) -> None:
-        status = f"epoch {record['epoch'] + 1} loss {_fmt(record['loss'])}"
+        status = f"epoch {record['epoch']} loss {_fmt(record['loss'])}"
         if self._progress is not None:
             self._progress.update(self._task, status=status)
         elif self.mode == "plain":
@@ -108,8 +108,14 @@ class RunConsole:
                 + (f" {speed:,.0f} samples/s" if speed else "")
             )
 
-    def evaluated(self, split: str, epoch: int | None, metrics: dict[str, float]) -> None:
-        where = f"{split} epoch {epoch + 1}" if epoch is not None else split
+    def evaluated(
+        self, split: str, epoch: int | None, metrics: dict[str, float], partial_at: int | None = None
+    ) -> None:
+        """One line of an evaluation's metrics; `epoch` counts from 1, `partial_at`: the step a
+        partial epoch stopped at (the run ended mid-epoch)."""
+        where = f"{split} epoch {epoch}" if epoch is not None else split
+        if epoch is not None and partial_at is not None:
+            where += f" (partial, at step {partial_at})"
         text = f"{where}: " + "  ".join(f"{k} {_fmt(v)}" for k, v in metrics.items())
         if self._progress is not None:
             self._progress.console.print(text)

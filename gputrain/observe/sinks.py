@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("gputrain")
 
 
 def _clean(value: Any) -> Any:
@@ -15,26 +19,60 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def _step_of(line: str) -> float:
-    """The step of a logged line; a torn line (the process was killed mid-write) sorts last, so it is dropped."""
+def _record_step(raw: bytes) -> int | float | None:
+    """The step of one line of metrics.jsonl, or None for a damaged line: not UTF-8, not JSON, not a
+    JSON object, or without a numeric `step` (a line torn by a kill is one of these)."""
     try:
-        return json.loads(line).get("step", 0)
-    except ValueError:
-        return math.inf
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    step = record.get("step")
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
+        return None
+    return step
+
+
+def cut_back(path: Path, resume_step: int) -> None:
+    """Keep the lines of `path` up to `resume_step`, as they were, and drop the rest: lines after it
+    (the resumed run writes them again) and damaged ones, with one warning for those. The file is
+    replaced atomically, so a kill while cutting loses nothing."""
+    kept: list[bytes] = []
+    damaged: list[int] = []
+    for number, raw in enumerate(path.read_bytes().removeprefix(b"\xef\xbb\xbf").split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        step = _record_step(raw)
+        if step is None:
+            damaged.append(number)
+        elif step <= resume_step:
+            kept.append(raw.rstrip(b"\r") + b"\n")
+    if damaged:
+        lines = ", ".join(map(str, damaged[:5])) + (f" (+{len(damaged) - 5} more)" if len(damaged) > 5 else "")
+        log.warning(
+            "%s: dropped %d damaged line%s (line %s: not a JSON object with a step); the rest is kept",
+            path,
+            len(damaged),
+            "" if len(damaged) == 1 else "s",
+            lines,
+        )
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(b"".join(kept))
+    tmp.replace(path)
 
 
 class JsonlSink:
     """One JSON object per line. On resume, lines after the resumed step are dropped first, so the
-    file reads exactly as if the run had never stopped."""
+    file reads exactly as if the run had never stopped; damaged lines are dropped too (one warning)."""
 
     def __init__(self, path: Path, resume_step: int | None = None) -> None:
         self.path = path
-        if resume_step is not None and path.exists():
-            kept = [line for line in path.read_text().splitlines() if _step_of(line) <= resume_step]
-            path.write_text("".join(line + "\n" for line in kept))
+        if resume_step is not None and path.is_file():
+            cut_back(path, resume_step)
         elif resume_step is None and path.exists():
             path.unlink()
-        self._file = path.open("a", buffering=1)
+        self._file = path.open("a", buffering=1, encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")

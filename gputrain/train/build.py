@@ -10,7 +10,7 @@ Trainer's loop and any other loop (evaluation, the LR finder, RL) build from the
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from gputrain.errors import ConfigError
 from gputrain.models.plans import tp_plan_for
 from gputrain.observe.console import RunConsole
 from gputrain.observe.logger import setup_logging
+from gputrain.observe.profiler import ProfileTarget
 from gputrain.observe.speed import SpeedMeter
 from gputrain.optim import build_optimizer, build_schedule
 from gputrain.precision import Precision, resolve_precision
@@ -45,7 +46,7 @@ from gputrain.train.evaluate import EarlyStopping, Evaluator, resolve_metrics
 from gputrain.train.feed import BatchFeed
 from gputrain.train.metrics import MetricsLogger
 from gputrain.train.nonfinite import NonFiniteGuard
-from gputrain.train.run_files import default_run_dir
+from gputrain.train.run_files import check_run_dir, default_run_dir
 from gputrain.train.step import StepParts
 from gputrain.train.tasks import ComputeLoss, LossFn, Task, loss_of_batch, resolve_task
 
@@ -159,6 +160,7 @@ def build_training(
     install_test_fault(model, dist.rank)  # no-op unless GPUTRAIN_TEST_FAULT is set (tests only)
 
     plan, global_batch = _batch_plan(cfg, train_data, place)
+    check_run_dir(run_path, keep=True)  # the last check before anything heavy
     model = model.to(device)
     channels_last = apply_channels_last(model, device, sharded=dims.fsdp_enabled, pipelined=dims.pp_enabled)
     # data-parallel gradient traffic is timed apart from backward; a pipeline runs its own backward
@@ -250,6 +252,7 @@ def build_training(
         precision.autocast,
         step_fn=step_fn,
         batch_transform=pixels,
+        on_error=cfg.data.on_error,
     )
     checkpointer = Checkpointer(cfg.checkpoint, run_path, dist, par.model, optimizer, pipelined=dims.pp_enabled)
     metrics = MetricsLogger(
@@ -314,3 +317,26 @@ def _tp_plan(given: UserTPPlan | None, model: nn.Module, dims: ParallelDims) -> 
         )
     plan = dict(given)
     return lambda module, degree: plan
+
+
+def profile_target(
+    parts: TrainingParts, config: Config, fit: Callable[[Callable[[], None]], dict[str, Any]]
+) -> ProfileTarget:
+    """What the profiler needs to know of a run built from `parts`, and `fit`, which runs it."""
+    loader, place = parts.feed.loader, parts.place
+    return ProfileTarget(
+        fit=fit,
+        total_steps=parts.total_steps,
+        run_dir=parts.run_dir,
+        rank=place.dist.rank if place.dist.enabled else None,
+        device=place.device,
+        precision=place.precision,
+        model=parts.model,
+        batch_size=parts.global_batch,
+        grad_accum=place.grad_accum,
+        strategy=place.choice.strategy,
+        compiled=config.train.compile,
+        loader_workers=loader.num_workers if loader is not None else 0,
+        pin_memory=bool(loader.pin_memory) if loader is not None else False,
+        loader_applies=parts.feed.tensors is None,
+    )

@@ -13,17 +13,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from gputrain.checkpoint import CorruptCheckpoint, find_resumable, load_checkpoint, rotate_checkpoints, save_checkpoint
+from gputrain.checkpoint import CorruptCheckpoint, find_resumable, rotate_checkpoints, save_checkpoint
 from gputrain.checkpoint.async_save import AsyncSaver
+from gputrain.checkpoint.io import checkpoint_step, prepare_checkpoint_load
 from gputrain.checkpoint.sharded import (
     ShardedSaver,
     is_sharded_checkpoint,
-    load_portable_checkpoint,
+    prepare_portable_load,
     save_final_weights,
 )
 from gputrain.config.schema import CheckpointConfig
 from gputrain.distributed.context import DistContext
 from gputrain.errors import ConfigError, RunError
+from gputrain.train.state import CheckedCheckpoint
 
 
 def check_resume_setting(config: CheckpointConfig) -> None:
@@ -78,23 +80,38 @@ class Checkpointer:
             return find_resumable(self.root), True
         return Path(resume), False
 
-    def load(self, path: Path, verified: bool = False) -> dict[str, Any]:
-        """Load the weights and optimizer state from `path` onto this job's layout; return the rest
-        of the training state as saved (`training_state` in state.py)."""
+    def load(self, path: Path, verified: bool = False) -> CheckedCheckpoint:
+        """Check the checkpoint at `path` against this job's model and optimizer and read its training
+        state; return it with the loading of the weights and optimizer state pending: nothing is
+        changed here. `restore_training_state` (state.py) checks the rest of the state against the
+        scheduler, precision and RNGs, then applies it all, so a checkpoint that is not this run's
+        leaves everything as it was. Collective when several ranks run.
+
+        Raises:
+            CheckpointMismatch: the checkpoint is not this run's (a UsageError: exit code 2).
+            RunError: a damaged or hostile checkpoint.
+        """
         portable = self.dist.enabled or is_sharded_checkpoint(path)  # any format onto any layout, by name
         try:
             if portable:
-                return load_portable_checkpoint(path, self.model, self.optimizer, verified=verified)
-            saved = load_checkpoint(path, self.model, verified=verified)
-            self.optimizer.load_state_dict(saved["optimizer"])
-            return saved
+                saved, apply = prepare_portable_load(path, self.model, self.optimizer, verified=verified)
+            else:
+                saved, apply = prepare_checkpoint_load(path, self.model, self.optimizer, verified=verified)
         except CorruptCheckpoint as err:
             raise RunError(f"cannot resume: {err}") from None
-        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:  # verified bytes, not our state
-            raise RunError(
-                f"cannot resume: {path}: state.pt does not hold this run's training state "
-                f"({type(err).__name__}: {str(err)[:120]})"
-            ) from None
+
+        def apply_weights() -> None:
+            try:
+                apply()
+            except CorruptCheckpoint as err:
+                raise RunError(f"cannot resume: {err}") from None
+            except (KeyError, TypeError, ValueError, IndexError, RuntimeError, OSError) as err:
+                raise RunError(
+                    f"cannot resume: {path}: loading the weights failed after they were checked "
+                    f"({type(err).__name__}: {str(err)[:160]})"
+                ) from None
+
+        return CheckedCheckpoint(saved, apply_weights=apply_weights, step=checkpoint_step(path))
 
     def save(self, step: int, state: dict[str, Any], keep_step: int | None = None) -> Path | None:
         """Save step `step` with `state` (the loop's training state), then drop all but the last
@@ -107,6 +124,7 @@ class Checkpointer:
         def rotate(*_: Any) -> None:
             rotate_checkpoints(self.root, self.config.keep_last, keep)
 
+        state = {**state, "optimizer_kind": type(self.optimizer).__name__}  # named in a mismatch on resume
         if self._sharded is not None:  # every rank writes its shards; rank 0 commits and rotates
             return self._sharded.save(self.root, step, self.model, self.optimizer, state, on_commit=rotate)
         state = {

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -13,12 +14,15 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from gputrain.config.schema import EvalConfig
+from gputrain.data.guard import BadSample
 from gputrain.data.tensors import TensorData
 from gputrain.distributed.context import DistContext
 from gputrain.errors import ConfigError
-from gputrain.train.feed import eval_batches
+from gputrain.train.feed import EvalBatches
 from gputrain.train.state import LoopState
 from gputrain.train.tasks import DEFAULT_METRICS, LossFn, Task, metric_mode
+
+log = logging.getLogger("gputrain")
 
 _KNOWN = {
     "classification": {"accuracy", "precision", "recall", "f1", "auroc", "loss"},
@@ -98,44 +102,100 @@ def evaluate(
     across_ranks: each rank passed its own share of the split (`shard_for_eval`); the loss sums,
     sample counts and metric states of all ranks are combined, so every rank returns the
     figures of the whole split."""
+    return evaluate_split(
+        model,
+        batches,
+        task=task,
+        metric_names=metric_names,
+        loss_fn=loss_fn,
+        num_classes=num_classes,
+        device=device,
+        autocast=autocast,
+        step_fn=step_fn,
+        across_ranks=across_ranks,
+    )[0]
+
+
+@torch.no_grad()
+def evaluate_split(
+    model: nn.Module,
+    batches: Iterable[Any],
+    *,
+    task: str,
+    metric_names: list[str],
+    loss_fn: LossFn | None,
+    num_classes: int | None,
+    device: torch.device,
+    autocast: Callable[[], Any],
+    step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    across_ranks: bool = False,
+    split: str | None = None,
+    count_skipped: Callable[[], int] | None = None,
+) -> tuple[dict[str, float], int]:
+    """`evaluate`, plus the samples the reader left out as unreadable (`count_skipped`, asked once
+    the batches are read: an `EvalBatches`'s count in data.on_error=skip mode), summed over the
+    ranks when they shared the split.
+
+    Raises:
+        BadSample: a sample could not be read (fail mode), or none could (skip mode). When the
+            ranks share the split, a rank that meets one stops reading and tells the others in the
+            one gathering of the figures, so every rank raises and none waits for the others.
+    """
     was_training = model.training
     model.eval()
     metrics = _build_metrics(metric_names, task, num_classes, device, across_ranks)
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     count = 0
-    for batch in batches:
-        with autocast():
-            outputs: torch.Tensor | None
-            loss: torch.Tensor | None
-            if step_fn is not None:
-                loss = step_fn(model, batch)
-                outputs = targets = None
-            else:
-                inputs, targets = batch[0], batch[1]
-                outputs = model(inputs)
-                loss = loss_fn(outputs, targets) if loss_fn is not None else None
-        size = len(batch[0]) if isinstance(batch, (list, tuple)) else 1
-        if loss is not None:
-            loss_sum += loss.detach().double() * size
-        count += size
-        if outputs is None or targets is None:
-            continue
-        outputs = outputs.float()
-        for name, metric in metrics.items():
-            if name == "auroc":
-                metric.update(outputs.softmax(dim=-1), targets)
-            elif task == "regression":
-                metric.update(outputs.view_as(targets) if outputs.numel() == targets.numel() else outputs, targets)
-            else:
-                metric.update(outputs, targets)
-    model.train(was_training)
+    unreadable: BadSample | None = None
+    try:
+        for batch in batches:
+            with autocast():
+                outputs: torch.Tensor | None
+                loss: torch.Tensor | None
+                if step_fn is not None:
+                    loss = step_fn(model, batch)
+                    outputs = targets = None
+                else:
+                    inputs, targets = batch[0], batch[1]
+                    outputs = model(inputs)
+                    loss = loss_fn(outputs, targets) if loss_fn is not None else None
+            size = len(batch[0]) if isinstance(batch, (list, tuple)) else 1
+            if loss is not None:
+                loss_sum += loss.detach().double() * size
+            count += size
+            if outputs is None or targets is None:
+                continue
+            outputs = outputs.float()
+            for name, metric in metrics.items():
+                if name == "auroc":
+                    metric.update(outputs.softmax(dim=-1), targets)
+                elif task == "regression":
+                    metric.update(outputs.view_as(targets) if outputs.numel() == targets.numel() else outputs, targets)
+                else:
+                    metric.update(outputs, targets)
+    except BadSample as err:
+        if not across_ranks:
+            raise
+        unreadable = err  # raised after the gathering below, which the other ranks are waiting in
+    finally:
+        model.train(was_training)
+    skipped = count_skipped() if count_skipped is not None else 0
     if across_ranks:
-        totals = torch.stack([loss_sum, torch.tensor(float(count), device=device, dtype=torch.float64)])
+        local = [float(count), float(skipped), float(unreadable is not None)]
+        totals = torch.cat([loss_sum.view(1), torch.tensor(local, device=device, dtype=torch.float64)])
         dist.all_reduce(totals)
-        loss_total, count_total = totals.tolist()  # the one host sync
-        count = int(count_total)
+        loss_total, count_total, skipped_total, failed_ranks = totals.tolist()  # the one host sync
+        count, skipped = int(count_total), int(skipped_total)
+        if unreadable is not None:
+            raise unreadable
+        if failed_ranks:
+            where = f"{split} split: " if split else ""
+            raise BadSample(f"{where}another rank could not read a sample of its share (its error log names it)")
     else:
         loss_total = float(loss_sum)  # the one host sync
+    if count == 0 and skipped:
+        where = f"{split} split: " if split else ""
+        raise BadSample(f"{where}all {skipped} samples are unreadable (data.on_error=skip): nothing to evaluate")
     results: dict[str, float] = {name: float(metric.compute()) for name, metric in metrics.items()}
     if count and ("loss" in metric_names or "perplexity" in metric_names):
         mean_loss = loss_total / count
@@ -143,7 +203,7 @@ def evaluate(
             results["loss"] = mean_loss
         if "perplexity" in metric_names:
             results["perplexity"] = math.exp(min(mean_loss, 700.0))
-    return {name: results[name] for name in metric_names if name in results}
+    return {name: results[name] for name in metric_names if name in results}, skipped
 
 
 class Evaluator:
@@ -162,6 +222,8 @@ class Evaluator:
         device, autocast: where and in what precision.
         step_fn: the user's step_fn, whose loss is then the one evaluated.
         batch_transform: applied to each batch on the device first (uint8 images to floats).
+        on_error: data.on_error for samples that cannot be read: fail (a `BadSample` naming the
+            split and the sample) or skip (left out of the figures and counted in `skipped`).
     """
 
     def __init__(
@@ -177,6 +239,7 @@ class Evaluator:
         autocast: Callable[[], Any],
         step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
         batch_transform: Callable[[Any], Any] | None = None,
+        on_error: str = "fail",
     ) -> None:
         self.step_model = step_model
         self.model = model
@@ -189,9 +252,18 @@ class Evaluator:
         self.autocast = autocast
         self.step_fn = step_fn
         self.batch_transform = batch_transform
+        self.on_error = on_error
+        self.skipped: dict[str, int] = {}
+        """Per split: the unreadable samples left out of its latest evaluation (data.on_error=skip),
+        over all ranks; every split evaluated so far has an entry (0 when none was skipped)."""
 
     def evaluate(self, data: Dataset | DataLoader, split: str) -> dict[str, float]:
-        """The split's metrics (the same figures on every rank)."""
+        """The split's metrics (the same figures on every rank).
+
+        Raises:
+            BadSample: naming the split and the sample that could not be read (data.on_error=fail),
+                or when no sample of the split could be read (skip).
+        """
         if self.task.kind is None:
             return {}
         model, batch, shared = self.step_model, self.batch_size, False
@@ -201,10 +273,9 @@ class Evaluator:
             # the sums are combined; a rank with no sample would skip the gathering its peers wait in
             data, model, shared = shard_for_eval(data, self.dist.rank, world), self.model, True
             batch = max(1, batch // world)
-        batches: Iterable[Any] = eval_batches(data, batch, self.device)
-        if self.batch_transform is not None:
-            batches = map(self.batch_transform, batches)
-        return evaluate(
+        reader = EvalBatches(data, batch, self.device, self.on_error, split)
+        batches: Iterable[Any] = reader if self.batch_transform is None else map(self.batch_transform, reader)
+        metrics, skipped = evaluate_split(
             model,
             batches,
             task=self.task.kind,
@@ -215,7 +286,14 @@ class Evaluator:
             autocast=self.autocast,
             step_fn=self.step_fn,
             across_ranks=shared,
+            split=split,
+            count_skipped=lambda: reader.skipped,
         )
+        if skipped and not self.skipped.get(split):
+            example = f", e.g. {reader.example}" if reader.example else ""
+            log.warning("%s split: left out %d unreadable samples (data.on_error=skip)%s", split, skipped, example)
+        self.skipped[split] = skipped
+        return metrics
 
 
 class EarlyStopping:

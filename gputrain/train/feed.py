@@ -209,11 +209,11 @@ class BatchFeed:
     def _unwrap(self, item: Any) -> Any:
         if not isinstance(item, GuardedBatch):
             return item
-        batch, skipped = unwrap(item, self.on_error)
+        batch, skipped = unwrap(item, self.on_error, "train")
         if skipped and not self._warned_skip:
             self._warned_skip = True
             log.warning(
-                "skipping unreadable samples (data.on_error=skip), e.g. %s: %s",
+                "skipping unreadable samples (data.on_error=skip), e.g. train split: %s: %s",
                 item.failed[0].where,
                 item.failed[0].problem,
             )
@@ -221,15 +221,59 @@ class BatchFeed:
         return batch
 
 
-def eval_batches(data: Dataset | DataLoader, batch_size: int, device: torch.device) -> Iterator[Any]:
-    """Every sample once, in order."""
-    if isinstance(data, DataLoader):
-        for batch in data:
-            yield to_device(batch, device)
-        return
-    if isinstance(data, TensorData):
-        for start in range(0, len(data), batch_size):
-            yield to_device((data.inputs[start : start + batch_size], data.targets[start : start + batch_size]), device)
-        return
-    for batch in DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=0):
-        yield to_device(batch, device)
+class EvalBatches:
+    """Every sample of an evaluation split once, in order, on the device.
+
+    A Dataset read sample by sample goes through the same guard as training (data/guard.py): an
+    unreadable sample fails naming the split and the sample (`on_error="fail"`), or is left out and
+    counted in `skipped` (`"skip"`), with the first one kept in `example`. In-memory tensors cannot
+    fail to read; a user's DataLoader is used as given.
+    """
+
+    def __init__(
+        self,
+        data: Dataset | DataLoader,
+        batch_size: int,
+        device: torch.device,
+        on_error: str = "fail",
+        split: str | None = None,
+    ) -> None:
+        self.data, self.batch_size, self.device = data, batch_size, device
+        self.on_error, self.split = on_error, split
+        self.skipped = 0
+        self.example: str | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        data, device = self.data, self.device
+        self.skipped, self.example = 0, None  # counts of this pass
+        if isinstance(data, DataLoader):
+            for batch in data:
+                yield to_device(batch, device)
+            return
+        if isinstance(data, TensorData):
+            size = self.batch_size
+            for start in range(0, len(data), size):
+                yield to_device((data.inputs[start : start + size], data.targets[start : start + size]), device)
+            return
+        loader = DataLoader(
+            GuardedDataset(data), batch_size=self.batch_size, shuffle=False, num_workers=0, collate_fn=guarded_collate
+        )
+        for item in loader:
+            batch, skipped = unwrap(item, self.on_error, self.split, allow_empty=True)
+            if skipped:
+                self.skipped += skipped
+                if self.example is None:
+                    self.example = f"{item.failed[0].where}: {item.failed[0].problem}"
+            if batch is not None:
+                yield to_device(batch, device)
+
+
+def eval_batches(
+    data: Dataset | DataLoader,
+    batch_size: int,
+    device: torch.device,
+    on_error: str = "fail",
+    split: str | None = None,
+) -> Iterator[Any]:
+    """Every sample once, in order (see `EvalBatches`, which also counts the samples skipped)."""
+    yield from EvalBatches(data, batch_size, device, on_error, split)

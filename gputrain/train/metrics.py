@@ -27,6 +27,13 @@ from gputrain.train.step import StepResult
 log = logging.getLogger("gputrain")
 
 
+def epoch_number(state: LoopState) -> int:
+    """The epoch the last step belongs to, counting from 1: every row (steps, evaluations) and the
+    console number epochs this one way. After an epoch's last step and before the next one starts
+    that is the finished epoch; a run that stops mid-epoch evaluates that partial epoch."""
+    return state.epoch + (1 if state.step_in_epoch else 0)
+
+
 class MetricsLogger:
     """Args:
     config: the `log` section.
@@ -93,7 +100,7 @@ class MetricsLogger:
             samples_per_s = (state.samples_seen - since_samples) / seconds
             record: dict[str, Any] = {
                 "step": state.global_step,
-                "epoch": state.epoch,
+                "epoch": epoch_number(state),
                 "loss": loss,
                 "lr": self.optimizer.param_groups[0]["lr"],
                 "grad_norm": None if result.grad_norm is None else float(result.grad_norm),
@@ -112,8 +119,14 @@ class MetricsLogger:
     def log_eval(self, split: str, state: LoopState, metrics: dict[str, float]) -> None:
         """A row for an evaluation of `split` ("val" after each epoch, "test" at the end)."""
         if metrics:
-            self._sinks.write({"step": state.global_step, "epoch": state.epoch, "split": split, **metrics})
-            self.console.evaluated(split, max(0, state.epoch - 1) if split == "val" else None, metrics)
+            epoch = epoch_number(state)
+            self._sinks.write({"step": state.global_step, "epoch": epoch, "split": split, **metrics})
+            self.console.evaluated(
+                split,
+                epoch if split == "val" else None,
+                metrics,
+                partial_at=state.global_step if state.step_in_epoch else None,
+            )
 
     def close(self) -> None:
         self._sinks.close()

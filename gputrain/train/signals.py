@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import signal
+import sys
 import threading
 from types import FrameType
 
@@ -12,11 +16,57 @@ import torch.distributed as dist
 from gputrain.distributed.context import DistContext
 from gputrain.observe.own_sync import own_sync
 
+INTERRUPTED_EXIT = 130
 _HANDLED = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
 
 
+def _leave_now(signum: int, frame: FrameType | None) -> None:
+    """A further signal once a run has stopped for one: exit 130 ("interrupted") at once, as the
+    second signal does, instead of the default action's 128+N (143 for SIGTERM)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(INTERRUPTED_EXIT)
+
+
+def _ignore_during_exit() -> None:
+    """At interpreter exit, after a run stopped for a signal. Python resets its handlers to the
+    defaults while it tears down (a second or more), so a further signal there would end the process
+    with 128+N; the exit status (130) is decided by then, so such signals are ignored instead. A
+    handler of the user's own is left alone."""
+    for sig in _HANDLED:
+        if signal.getsignal(sig) in (_leave_now, signal.default_int_handler):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+_exit_hook: list[bool] = []
+
+
+def _arm_exit_hook() -> None:
+    if not _exit_hook:
+        _exit_hook.append(True)
+        atexit.register(_ignore_during_exit)
+
+
+def leave_130_on_further_signals() -> None:
+    """For a process that is ending because of a signal and has no run of its own to finish (the
+    launcher, once its ranks have stopped and checkpointed): a further SIGINT, SIGTERM or SIGUSR1
+    exits 130 at once, and is ignored while the interpreter tears down."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _HANDLED:
+        signal.signal(sig, _leave_now)
+    _arm_exit_hook()
+
+
 class StopRequest:
-    """Set by a signal; the loop polls `requested` between steps (a plain bool: no cost)."""
+    """Set by a signal; the loop polls `requested` between steps (a plain bool: no cost).
+
+    The first signal asks the loop to checkpoint and stop (exit 130); a second one stops at once
+    (KeyboardInterrupt, exit 130). Once a signal has come, the handlers are not given back to the
+    defaults that would end the process with 128+N: a SIGTERM or SIGUSR1 that arrives while the
+    stopped run finishes (summary, interpreter shutdown) exits 130 at once too. SIGINT gets its
+    previous handler back (Python's KeyboardInterrupt, exit 130 as well)."""
 
     def __init__(self) -> None:
         self.requested: str | None = None
@@ -36,7 +86,11 @@ class StopRequest:
 
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():
+            if self.requested is not None and handler is signal.SIG_DFL:
+                handler = _leave_now  # the default would end the process with 128+N, not 130
             signal.signal(sig, handler)  # type: ignore[arg-type]
+        if self.requested is not None and self._previous:
+            _arm_exit_hook()
         self._previous.clear()
 
     def agreed(self, job: DistContext, device: torch.device, sync_point: bool) -> bool:

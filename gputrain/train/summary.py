@@ -24,6 +24,7 @@ def build_summary(
     val: dict[str, float],
     test: dict[str, float],
     error: str | None = None,
+    eval_skipped: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The run's summary. `status`: completed, stopped_early, interrupted or failed (then `error`
     says at which step and why)."""
@@ -47,7 +48,8 @@ def build_summary(
             **speed.summary_fields(state.global_step, train_time),
             "nonfinite_steps": state.nonfinite_steps,
         },
-        "data": {"skipped_samples": state.skipped_samples},
+        # unreadable samples dropped (data.on_error=skip): in training, and per split in the last evaluation
+        "data": {"skipped_samples": state.skipped_samples, "eval_skipped_samples": dict(eval_skipped or {})},
         "val": val,
         "test": test,
         "best": {"metric": state.best_metric, "step": state.best_step},

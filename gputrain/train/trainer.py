@@ -6,12 +6,9 @@ steps, checkpoints and evaluations; every way a run can end leaves summary.json 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-import traceback
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,37 +18,21 @@ from torch.utils.data import DataLoader, Dataset
 
 from gputrain.config import Config, load_config
 from gputrain.data.spec import DataSpec
-from gputrain.errors import GputrainError, Interrupted, RunError
+from gputrain.distributed.fsdp import reshard
+from gputrain.errors import Interrupted
 from gputrain.observe.own_sync import own_sync
-from gputrain.observe.profiler import ProfileReport, ProfileTarget, profile_run
-from gputrain.train.build import UserTPPlan, build_training
+from gputrain.observe.profiler import ProfileReport, profile_run
+from gputrain.train.build import UserTPPlan, build_training, profile_target
 from gputrain.train.nonfinite import NonFiniteStep
-from gputrain.train.run_files import write_json, write_run_files, write_text
+from gputrain.train.run_files import check_run_dir, continue_run, prior_run, write_run_files
+from gputrain.train.run_record import RunEnding, RunRecorder
 from gputrain.train.signals import StopRequest
 from gputrain.train.state import LoopState, restore_training_state, seed_everything, training_state
 from gputrain.train.step import StepResult, train_step
-from gputrain.train.summary import build_summary
 from gputrain.train.tasks import ComputeLoss, LossFn
 
 log = logging.getLogger("gputrain")
 ConfigLike = Config | Mapping[str, Any] | str | Path | None
-
-
-@dataclass(slots=True)
-class RunEnding:
-    """How the run is ending, filled in as it goes; summary.json is written from it."""
-
-    status: str | None = None
-    """completed, stopped_early, interrupted or failed; None while training goes on."""
-    error: str | None = None
-    val: dict[str, float] = field(default_factory=dict)
-    test: dict[str, float] = field(default_factory=dict)
-    last: StepResult | None = None
-    """The last step's result (its loss, where no logging step came after it)."""
-    started: bool = False
-    """The run has resumed (or begun) and writes into its directory. A run that fails before, in
-    its resume, leaves a directory that holds another run's summary as it was."""
-    summary: dict[str, Any] = field(default_factory=dict)
 
 
 class Trainer:
@@ -110,6 +91,8 @@ class Trainer:
         self.val_data, self.test_data = val_data, test_data
         self.state = LoopState()
         self.stop = StopRequest()
+        self.parts = parts
+        self.recorder = RunRecorder(parts, self.stop, lambda: self.state)
 
     @classmethod
     def from_config(
@@ -126,7 +109,9 @@ class Trainer:
         from gputrain.models import build_model
 
         cfg = config if isinstance(config, Config) and not overrides else load_config(config, overrides or ())
-        resolve_device(cfg.train.device)  # fail on a missing device before loading anything
+        resolve_device(cfg.train.device)  # fail on a missing device or run directory before loading anything
+        if run_dir is not None:
+            check_run_dir(Path(run_dir))
         seed_everything(cfg.train.seed)
         bundle = build_data(cfg.data, cfg.train.seed)
         model = build_model(cfg.model, bundle.spec)
@@ -144,26 +129,7 @@ class Trainer:
     def profile(self, top: int = 10) -> ProfileReport:
         """`fit` under torch.profiler: a trace, the top ops, and the advisor's findings (observe/profiler.py).
         Build the trainer with `log.breakdown_every=1` for every step's time split."""
-        loader = self.feed.loader
-        return profile_run(
-            ProfileTarget(
-                fit=lambda on_step: self.fit(on_step),
-                total_steps=self.total_steps,
-                run_dir=self.run_dir,
-                rank=self.dist.rank if self.dist.enabled else None,
-                device=self.device,
-                precision=self.place.precision,
-                model=self.model,
-                batch_size=self.global_batch,
-                grad_accum=self.place.grad_accum,
-                strategy=self.place.choice.strategy,
-                compiled=self.config.train.compile,
-                loader_workers=loader.num_workers if loader is not None else 0,
-                pin_memory=bool(loader.pin_memory) if loader is not None else False,
-                loader_applies=self.feed.tensors is None,
-            ),
-            top,
-        )
+        return profile_run(profile_target(self.parts, self.config, self.fit), top)
 
     # ----------------------------------------------------------------- the loop
     def fit(self, on_step: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -173,8 +139,9 @@ class Trainer:
             on_step: called after each optimizer step (a profiler's step clock).
         """
         timer, every_ckpt = self.speed.timer, self.config.checkpoint.every_steps
-        with self._run_ending() as ending:
-            self._start(ending)
+        with self.recorder.recording() as ending:
+            if not self._start(ending):
+                return ending.summary  # the directory holds a complete run: it stays as it is
             state = self.state  # the resumed one, if a checkpoint was found
             while ending.status is None:
                 clock = time.perf_counter()
@@ -201,14 +168,24 @@ class Trainer:
                 state.train_time_s += time.perf_counter() - clock
                 ending.status = self._end_epoch(ending)
             if self.test_data is not None:
-                ending.test = self.evaluator.evaluate(self.test_data, "test")
-                self.metrics.log_eval("test", state, ending.test)
+                ending.test = self._evaluate(self.test_data, "test", ending)
             self.checkpointer.save_final_weights(self.run_dir / "model.safetensors")
         return ending.summary
 
-    def _start(self, ending: RunEnding) -> None:
-        """Resume where a checkpoint says, open the run directory's files, and arm the signals."""
+    def _start(self, ending: RunEnding) -> bool:
+        """Resume where a checkpoint says, open the run directory's files, and arm the signals.
+        False when the directory holds a complete run with nothing left to train."""
         path, verified = self.checkpointer.resume_point()
+        prior = prior_run(self.run_dir)
+        if not continue_run(self.run_dir, prior, self.config.checkpoint.resume, path, self.total_steps):
+            assert prior is not None and prior.summary is not None
+            ending.kept = ending.summary = prior.summary
+            self.console.info(
+                f"{self.run_dir} holds {prior.describe()}, complete: nothing to train (its summary: "
+                f"{self.run_dir / 'summary.json'}). Raise train.epochs or train.max_steps to train it longer, "
+                "or choose another --run-dir for a new run"
+            )
+            return False
         if path is not None:
             saved = self.checkpointer.load(path, verified)
             self.state = restore_training_state(
@@ -223,6 +200,7 @@ class Trainer:
         self.console.start(self.total_steps, self.state.global_step)
         self.model.train()
         self.step_parts.model.train()
+        return True
 
     def _account(self, result: StepResult, log_now: bool) -> None:
         """Count a finished step, stop or skip on a non-finite one, and log it when it is due."""
@@ -258,8 +236,7 @@ class Trainer:
         stop_early = False
         every_eval = cfg.eval.every_epochs
         if self.val_data is not None and ((every_eval and state.epoch % every_eval == 0) or ends):
-            ending.val = self.evaluator.evaluate(self.val_data, "val")
-            self.metrics.log_eval("val", state, ending.val)
+            ending.val = self._evaluate(self.val_data, "val", ending)
             stop_early = self.early_stopping.update(state, ending.val)
         every_epoch_ckpt = cfg.checkpoint.every_epochs
         if (every_epoch_ckpt and state.epoch % every_epoch_ckpt == 0) or ends or stop_early:
@@ -272,6 +249,14 @@ class Trainer:
         if self.stop.agreed(self.dist, self.device, True):
             self._interrupted()
         return "completed" if ends else None
+
+    def _evaluate(self, data: Dataset | DataLoader, split: str, ending: RunEnding) -> dict[str, float]:
+        ending.doing = f"the {split} evaluation after step {self.state.global_step}"
+        metrics = self.evaluator.evaluate(data, split)
+        ending.doing = None
+        reshard(self.model)  # its forward passes leave FSDP's root module gathered
+        self.metrics.log_eval(split, self.state, metrics)
+        return metrics
 
     # ----------------------------------------------------------------- checkpoints
     def _save(self) -> Path | None:
@@ -296,69 +281,3 @@ class Trainer:
             f"stopped by {self.stop.requested} at step {self.state.global_step}; {where}"
             f"run again with --run-dir {self.run_dir} to resume"
         )
-
-    # ----------------------------------------------------------------- every ending leaves a record
-    @contextlib.contextmanager
-    def _run_ending(self) -> Iterator[RunEnding]:
-        """Whatever ends the run (its end, early stop, a signal, NaN, a crash in the user's code, in
-        a resume or in the final save): summary.json on rank 0 and, for failures, error.log."""
-        started = time.perf_counter()
-        ending = RunEnding()
-        failure: RunError | None = None
-        try:
-            yield ending
-        except (Interrupted, KeyboardInterrupt):
-            ending.status = "interrupted"  # a second signal leaves at once: no wait for a background save
-            raise
-        except BaseException as exc:
-            ending.status = "failed"
-            where = f"step {self.state.global_step + 1}" + (f" (rank {self.dist.rank})" if self.dist.enabled else "")
-            ending.error = str(exc) if isinstance(exc, GputrainError) else f"{where}: {type(exc).__name__}: {exc}"
-            log_file = self.run_dir / ("error.log" if self.dist.is_main else f"error-rank{self.dist.rank}.log")
-            if self._may_write(ending):
-                with contextlib.suppress(OSError):
-                    self.run_dir.mkdir(parents=True, exist_ok=True)
-                    write_text(log_file, traceback.format_exc())
-            with contextlib.suppress(Exception):
-                self.checkpointer.wait()  # keep the last good checkpoint the failed run was writing
-            if isinstance(exc, GputrainError) or not isinstance(exc, Exception):
-                raise
-            failure = RunError(f"training failed at {ending.error} (traceback in {log_file})")
-        finally:
-            self._record(ending, time.perf_counter() - started)
-        if failure is not None:
-            raise failure
-
-    def _record(self, ending: RunEnding, wall_s: float) -> None:
-        self.console.stop()
-        self.stop.uninstall()
-        self.metrics.close()
-        state, metrics = self.state, self.metrics
-        loss = (
-            metrics.last_loss
-            if metrics.last_logged_step == state.global_step or ending.last is None
-            else float(ending.last.loss)
-        )
-        ending.summary = build_summary(
-            ending.status or "failed",
-            wall_s,
-            device=self.device,
-            precision=self.place.precision,
-            world_size=self.dist.world_size,
-            state=state,
-            speed=self.speed,
-            train_loss=loss,
-            tokens_per_sample=self.task.tokens_per_sample,
-            val=ending.val,
-            test=ending.test,
-            error=ending.error,
-        )
-        if self.dist.is_main and self._may_write(ending):
-            with contextlib.suppress(OSError):
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                write_json(self.run_dir / "summary.json", ending.summary)
-        if self.dist.is_main:
-            self.console.final_table(ending.summary, str(self.run_dir))
-
-    def _may_write(self, ending: RunEnding) -> bool:
-        return ending.started or not (self.run_dir / "summary.json").exists()

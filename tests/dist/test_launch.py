@@ -77,3 +77,24 @@ def test_profile_of_a_ddp_job_reports_the_communication_share(tmp_path: Path) ->
         facts = json.loads((run_dir / f"profile-rank{rank}.json").read_text())["facts"]
         assert facts["strategy"] == "ddp" and 0 < facts["comm_fraction"] < 1
     assert not (run_dir / "trace.json").exists()
+
+
+def test_a_checkpoint_of_another_model_stops_every_rank_with_exit_2(tmp_path: Path) -> None:
+    """Resuming a 2-rank job's sharded checkpoint with another model: every rank refuses it before
+    loading anything, rank 0 says what differs in one line, and the launcher exits 2 (bad input)."""
+    run_dir = tmp_path / "run"
+    first = gputrain(["--nproc-per-node", "2", "--run-dir", str(run_dir), *ARGS, "checkpoint.every_steps=2",
+                      "train.max_steps=2"])
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    again = gputrain(["--nproc-per-node", "2", "--run-dir", str(run_dir), *ARGS, "checkpoint.every_steps=2",
+                      "train.max_steps=4", "model.hidden_sizes=[32,16]"])
+    assert again.returncode == 2, again.stderr[-2000:]
+    said = [line for line in again.stderr.splitlines() if line.startswith("gputrain train:")]
+    assert said == [
+        f"gputrain train: cannot resume: {run_dir / 'checkpoints' / 'step-2'}: .metadata: 3.weight has shape "
+        "[32, 32] in the checkpoint, [16, 32] in this run's model (2 more differ: 3.bias, 5.weight)",
+        "gputrain train: rank 0 failed first: it exited with code 2; ranks [1] stopped too (its message is above)",
+    ], again.stderr[-2000:]
+    assert "Traceback" not in again.stderr
+    assert (run_dir / "metrics.jsonl").read_bytes() == before  # nothing of the run was touched

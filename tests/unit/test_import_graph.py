@@ -56,6 +56,7 @@ LAYER_RULES: list[tuple[str, str, str]] = [
     ("gputrain.config", "gputrain.data", "anywhere"),
     ("gputrain.config", "gputrain.models", "anywhere"),
     ("gputrain.config", "torch", "on import"),
+    ("gputrain.cli", "torch", "on import"),  # a usage error answers before torch loads
     ("gputrain.observe", "gputrain.train", "anywhere"),
 ]
 

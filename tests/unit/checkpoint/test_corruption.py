@@ -109,6 +109,7 @@ def _cli(run_dir: Path) -> subprocess.CompletedProcess:
 def test_cli_resume_skips_a_damaged_latest_checkpoint(reference_run: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
+    _as_if_killed(run_dir)  # a complete run is never trained again: this one was stopped before its end
     latest = sorted((run_dir / "checkpoints").iterdir(), key=lambda p: int(p.name[5:]))[-1]
     data = bytearray((latest / "model.safetensors").read_bytes())
     data[len(data) // 2] ^= 0x10
@@ -121,6 +122,7 @@ def test_cli_resume_skips_a_damaged_latest_checkpoint(reference_run: Path, tmp_p
     assert "resumed from" in done.stdout + done.stderr
     assert compare_runs(reference_run, run_dir) == []  # redoing the lost steps gives the same run
 
+    _as_if_killed(run_dir)
     for path in (run_dir / "checkpoints").iterdir():
         (path / "state.pt").write_bytes(b"\0" * 16)
     log_before = (run_dir / "metrics.jsonl").read_bytes()
@@ -128,4 +130,12 @@ def test_cli_resume_skips_a_damaged_latest_checkpoint(reference_run: Path, tmp_p
     assert failed.returncode == 1
     assert "no valid checkpoint to resume from" in failed.stderr and "Traceback" not in failed.stderr
     assert (run_dir / "metrics.jsonl").read_bytes() == log_before  # nothing restarted
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    assert not (run_dir / "model.safetensors").exists()
+    summary = run_dir / "summary.json"
+    assert not summary.exists() or json.loads(summary.read_text())["status"] == "failed"
+
+
+def _as_if_killed(run_dir: Path) -> None:
+    """What a run killed before its end leaves: no summary, no final weights."""
+    (run_dir / "summary.json").unlink()
+    (run_dir / "model.safetensors").unlink()

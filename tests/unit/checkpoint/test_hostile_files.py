@@ -168,5 +168,6 @@ def test_a_foreign_but_harmless_state_is_a_short_error(trained_run: Path, tmp_pa
     torch.save({"optimizer": {"state": 3}}, ckpt / "state.pt")
     reseal(ckpt)
     code, err = _resume(run_dir, capsys)
-    assert code == 1 and len(err.strip().splitlines()) == 1
-    assert err.startswith(f"gputrain train: cannot resume: {ckpt}: state.pt does not hold this run's training state")
+    assert code == 2 and len(err.strip().splitlines()) == 1  # not this run's checkpoint: bad input
+    assert err.strip() == (f"gputrain train: cannot resume: {ckpt}: state.pt: the optimizer's state entry is "
+                           "an int, not a dict")

@@ -22,7 +22,8 @@ def _assert_short_error(result, *words):
     (["data.name=csv", "data.path=nope.csv"], ["nope.csv", "no such file"]),
     (["train.batch_size=64", "train.grad_accum=5"], ["train.batch_size", "train.grad_accum"]),
     (["train.device=tpu"], ["train.device", "cpu, cuda, cuda:N, mps"]),
-    (["train.device=cuda"], ["train.device", "CUDA is not available", "CPU-only build"]),
+    (["train.device=cuda"], ["train.device", "CUDA is not available", "no GPU on this machine",
+                             "use train.device=auto or cpu"]),
 ])
 def test_bad_input_exits_2_with_one_short_message(cli, tmp_path, args, words):
     result = cli("train", "--run-dir", str(tmp_path / "run"), *args, cwd=tmp_path)

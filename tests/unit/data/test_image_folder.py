@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from gputrain.config import load_config
 from gputrain.data import build_data
-from gputrain.data.image_folder import ImageFolderData
+from gputrain.data.image_folder import ImageDecodeError, ImageFolderData
 from gputrain.data.pixels import pixel_scaler
 from gputrain.errors import DataError
 from tests.unit.data.files import write_image_folder
@@ -96,10 +96,12 @@ def test_corrupt_image_names_its_file(tmp_path: Path) -> None:
     broken.write_bytes(b"\x89PNG\r\n\x1a\n but not really")
     bundle = _build(tmp_path, image_size=8, normalize=False, val_fraction=0.0, test_fraction=0.0)
     index = bundle.train.files.index(str(broken))
-    with pytest.raises(DataError, match=rf"^{broken}: cannot decode image: "):
+    # a mid-run failure (exit 1 with the step), not bad input found before training (DataError, exit 2)
+    with pytest.raises(ImageDecodeError, match=rf"^{broken}: cannot decode image: ") as raised:
         bundle.train[index]
+    assert not isinstance(raised.value, DataError)  # unguarded, the trainer names the step and exits 1
     # decoded in a DataLoader worker, the error still reaches the user as one line naming the file
-    with pytest.raises(DataError) as err:
+    with pytest.raises(ImageDecodeError) as err:
         list(DataLoader(bundle.train, batch_size=2, num_workers=1))
     assert re.fullmatch(rf"{broken}: cannot decode image: [^\n]+ \(in DataLoader worker process 0\)", str(err.value))
 

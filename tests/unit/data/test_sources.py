@@ -71,10 +71,10 @@ def test_csv_fractional_labels_make_a_regression(tmp_path):
 def test_csv_errors_name_file_line_and_column(tmp_path):
     path = tmp_path / "bad.csv"
     path.write_text("a,b,label\n1,2,x\n3,4,y\n5,,z\n")
-    with pytest.raises(DataError, match=r"bad.csv: line 4, column 'b': '' is not a number"):
+    with pytest.raises(DataError, match=r"bad.csv: line 4, column 'b': empty \(a missing value\); feature cells"):
         _data(name="csv", path=str(path))
     path.write_text("a,b,label\n1,2\n")
-    with pytest.raises(DataError, match="line 2 has 2 columns, expected 3"):
+    with pytest.raises(DataError, match=r"line 2 has 2 columns, expected 3 as the header \(line 1\)$"):
         _data(name="csv", path=str(path))
     with pytest.raises(ConfigError, match="data.label_column"):
         _data(name="csv", path=str(tmp_path / "bad.csv"), label_column="nope")

@@ -41,7 +41,7 @@ def test_text_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"short.txt: too short for data.seq_len=32"):
         _build("text", tmp_path / "short.txt", seq_len=32)
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
-    with pytest.raises(DataError, match=r"latin1.txt: not UTF-8 text \(byte 3\)"):
+    with pytest.raises(DataError, match=r"latin1.txt: not UTF-8 text \(byte 3, line 1\)"):
         _build("text", tmp_path / "latin1.txt")
     with pytest.raises(DataError, match=r"data.path: no such file: .*missing.txt"):
         _build("text", tmp_path / "missing.txt")

@@ -1,6 +1,7 @@
 """Recorded facts for the checks.
 
-`recorded/cpu_only_no_driver.json` was captured by `collect_env()` on the 2-core CPU test machine.
+`recorded/cpu_only_no_driver.json` was captured by `collect_env()` on the 2-core CPU test machine
+(`driver.pci_gpus`, added later, as `collect_env()` reports it there: 0).
 `recorded/h100_healthy.json` is hand-written in the shape NVML and torch report for one H100 SXM
 (no GPU was available to record one); the test scenarios are edits of it, named after what
 they change.

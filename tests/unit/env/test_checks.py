@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gputrain.env.checks import (check_cuda_available, check_cuda_visible_devices, check_cudnn,
                                   check_dist, check_driver, check_driver_cuda_version, check_gpus,
                                   check_nccl, check_shm, check_torch_build, check_torch_installs,
-                                  gpu_training_possible, run_checks)
+                                  gpu_present, passed, run_checks)
 from gputrain.env.render import render_json, render_table
 from tests.unit.env.recorded_facts import load_recorded
 
@@ -25,7 +27,7 @@ def by_name(checks, name):
 def test_healthy_h100_passes_every_check(facts):
     checks = run_checks(facts("h100_healthy"))
     assert [c for c in checks if c.status != "ok"] == []
-    assert gpu_training_possible(checks)
+    assert passed(checks)
     gpu = by_name(checks, "gpu 0")
     for words in ("NVIDIA H100 80GB HBM3", "cc 9.0", "bf16 yes", "tf32 yes", "MIG off", "0.5/79.6 GiB"):
         assert words in gpu.detail
@@ -34,15 +36,71 @@ def test_healthy_h100_passes_every_check(facts):
     assert check_torch_build(facts("h100_healthy")).detail == "CUDA build (CUDA runtime 12.8)"
 
 
-def test_cpu_only_build_recorded_on_this_machine(facts):
-    checks = run_checks(facts("cpu_only_no_driver"))
+def test_machine_without_a_gpu_recorded_here_is_healthy_and_trains_on_the_cpu(facts):
+    f = facts("cpu_only_no_driver")
+    assert not gpu_present(f)
+    checks = run_checks(f)
+    assert [c for c in checks if c.status != "ok"] == []  # nothing to fix: no CUDA build, no driver asked for
+    assert passed(checks)
     build = by_name(checks, "torch build")
-    assert build.status == "fail"
-    assert "CPU-only build" in build.detail
+    assert build.detail == "torch 2.13.0+cpu: CPU-only build, and this machine has no GPU" and build.fix is None
+    verdict = by_name(checks, "cpu training")
+    assert verdict.detail.startswith("no GPU on this machine (no NVIDIA GPU on the PCI bus, no NVIDIA driver")
+    assert verdict.detail.endswith("gputrain trains on the CPU (2 cores)")
+    assert not any(c.name in ("nvidia driver", "gpu training", "CUDA_VISIBLE_DEVICES") for c in checks)
+    assert all("CUDA build" not in (c.fix or "") + c.detail and not c.fix for c in checks)
+    table = " ".join(render_table(checks).split())
+    assert table.endswith("CPU training works; this machine has no GPU (0 fail, 0 warn, 6 ok)")
+
+
+def test_require_gpu_fails_without_a_gpu_and_passes_with_one(facts):
+    checks = run_checks(facts("cpu_only_no_driver"), require_gpu=True)
+    verdict = by_name(checks, "gpu training")
+    assert verdict.status == "fail" and verdict.detail.startswith("no GPU on this machine")
+    assert verdict.fix.startswith("run on a machine with a GPU")
+    assert not passed(checks) and [c.name for c in checks if c.status == "fail"] == ["gpu training"]
+    assert "GPU training is NOT possible" in render_table(checks)
+    assert passed(run_checks(facts("h100_healthy"), require_gpu=True))
+    mac = facts("cpu_only_no_driver", mps_available=True, platform="macOS-15.1-arm64-arm-64bit", shm=None)
+    assert passed(run_checks(mac, require_gpu=True))
+
+
+# What tells a machine without a GPU from one whose GPU torch cannot use: each sign alone is enough.
+GPU_SIGNS = {"pci bus": {"driver.pci_gpus": 2}, "kernel module": {"driver.proc_driver": True},
+             "nvml": {"driver.nvml_gpu_count": 1}, "driver answers": {"driver.driver_version": "570.133.20"}}
+
+
+@pytest.mark.parametrize("sign", sorted(GPU_SIGNS))
+def test_gpu_present_but_torch_cpu_only_gets_the_cuda_build_advice(facts, sign):
+    f = facts("cpu_only_no_driver", **GPU_SIGNS[sign])
+    assert gpu_present(f)
+    checks = run_checks(f)
+    build = by_name(checks, "torch build")
+    assert build.status == "fail" and "CPU-only build: it cannot use any GPU" in build.detail
     assert build.fix.startswith("install a CUDA build: pip install torch --index-url")
     verdict = by_name(checks, "gpu training")
-    assert verdict.status == "fail" and "CPU-only build" in verdict.detail
-    assert not gpu_training_possible(checks)
+    assert verdict.status == "fail" and "CPU-only build" in verdict.detail and verdict.fix == build.fix
+    assert not passed(checks)
+    assert "GPU training is NOT possible" in render_table(checks)
+
+
+def test_cuda_libraries_without_a_gpu_are_no_gpu(facts):
+    # a CUDA container image on a CPU host: libcuda and nvidia-smi are files, not a GPU
+    f = facts("cpu_only_no_driver", torch="2.13.0+cu128", torch_build="cuda", torch_cuda="12.8",
+              cuda_visible_devices="", **{"driver.libcuda_path": "/usr/local/cuda/compat/libcuda.so.1",
+                                          "driver.nvidia_smi_path": "/usr/bin/nvidia-smi"})
+    assert not gpu_present(f)
+    checks = run_checks(f)
+    assert passed(checks) and by_name(checks, "cpu training").status == "ok"
+    assert check_cuda_visible_devices(f) is None and check_driver(f) is None
+
+
+def test_gpu_on_the_bus_without_a_driver_asks_for_the_driver(facts):
+    f = facts("cpu_only_no_driver", torch_build="cuda", torch_cuda="12.8", **{"driver.pci_gpus": 1})
+    checks = run_checks(f)
+    driver = by_name(checks, "nvidia driver")
+    assert driver.status == "fail" and "install the NVIDIA driver" in driver.fix
+    assert "no NVIDIA driver" in by_name(checks, "gpu training").detail
 
 
 def test_cpu_only_wheel_on_a_gpu_machine_blames_the_wheel_not_the_driver(facts):
@@ -157,11 +215,12 @@ def test_dist_smoke_result_names_the_failing_rank(facts):
     assert result.status == "fail"
     assert result.detail.startswith("rank 5 of 8 failed: NCCL error")
     assert "NCCL_DEBUG=INFO" in result.fix
-    assert not gpu_training_possible(run_checks(f))
+    assert not passed(run_checks(f))
 
 
 def test_run_checks_accepts_the_json_dict_and_rendering_shows_fixes(facts):
     data = load_recorded("cpu_only_no_driver")
+    data["driver"]["proc_driver"] = True  # a GPU whose kernel module is loaded, and a CPU-only torch
     checks = run_checks(data)
     assert all(c.status in ("ok", "warn", "fail") for c in checks)
     assert all(c.fix for c in checks if c.status != "ok")
@@ -177,10 +236,11 @@ def test_macos_build_with_mps_can_train_on_the_apple_gpu(facts):
     f = facts("cpu_only_no_driver", mps_available=True, platform="macOS-15.1-arm64-arm-64bit", shm=None)
     checks = run_checks(f)
     assert "MPS" in check_torch_build(f).detail and check_driver(f) is None
-    assert gpu_training_possible(checks)
+    assert passed(checks)
 
 
 def test_unknown_keys_from_a_newer_env_json_are_ignored(facts):
     data = load_recorded("h100_healthy") | {"added_in_a_later_version": 1}
     del data["mps_available"]  # and ones an older version did not write get their default
-    assert gpu_training_possible(run_checks(data))
+    del data["driver"]["pci_gpus"]
+    assert passed(run_checks(data))

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import torch
 
-from gputrain.env import collect_env, explain_cuda_unavailable, write_env_json
-from gputrain.env.driver import GpuFacts, find_libcuda
+from gputrain.env import collect_env, explain_cuda_unavailable, gpu_present, resolve_device, write_env_json
+from gputrain.env.driver import GpuFacts, count_pci_gpus, find_libcuda
+from gputrain.errors import ConfigError
 from gputrain.env.facts import EnvReport, collect_shm, collect_torch_installs
 
 
@@ -65,6 +67,48 @@ def test_write_env_json(tmp_path):
 
 
 def test_explain_cuda_unavailable_on_this_machine():
-    if torch.version.cuda is None and not torch.version.hip:
-        assert "CPU-only build" in explain_cuda_unavailable()
-        assert "install a CUDA build" in explain_cuda_unavailable()
+    if not gpu_present(collect_env()):  # this CPU machine: no advice, the CPU is the right device
+        assert explain_cuda_unavailable().startswith("no GPU on this machine (no NVIDIA GPU")
+        assert "install" not in explain_cuda_unavailable()
+        assert resolve_device("auto")[1] == "auto: no GPU on this machine; training on the CPU"
+    elif not torch.cuda.is_available():
+        assert "; " in explain_cuda_unavailable()  # a GPU torch cannot use: the cause and the fix
+
+
+def test_resolve_device_on_a_gpu_torch_cannot_use_gives_the_fix(monkeypatch, facts):
+    # a machine we don't have: an H100 under a CPU-only torch (recorded facts, edited)
+    unusable = facts("h100_healthy", torch="2.13.0+cpu", torch_build="cpu", torch_cuda=None,
+                     cuda_available=False, device_count=0, cudnn_version=None, nccl_version=None)
+    monkeypatch.setattr("gputrain.env.facts.collect_env", lambda: unusable)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    device, why = resolve_device("auto")
+    assert device.type == "cpu"
+    assert why.startswith("auto: this machine has a GPU but torch cannot use it — torch 2.13.0+cpu is a CPU-only")
+    assert why.endswith("install a CUDA build: pip install torch --index-url https://download.pytorch.org/whl/cu128")
+    with pytest.raises(ConfigError) as info:
+        resolve_device("cuda")
+    assert "CPU-only build" in str(info.value) and "install a CUDA build" in str(info.value)
+    no_gpu = facts("cpu_only_no_driver")
+    monkeypatch.setattr("gputrain.env.facts.collect_env", lambda: no_gpu)
+    assert resolve_device("auto")[1] == "auto: no GPU on this machine; training on the CPU"
+    with pytest.raises(ConfigError) as info:
+        resolve_device("cuda")
+    assert str(info.value).endswith("CUDA is not available: no GPU on this machine (no NVIDIA GPU on the PCI bus, "
+                                    "no NVIDIA driver, no Apple MPS)\n  use train.device=auto or cpu")
+
+
+def test_pci_gpus_counts_nvidia_display_controllers_only(tmp_path):
+    devices = {"0000:00:00.0": ("0x8086", "0x060000"),   # host bridge
+               "0000:01:00.0": ("0x10de", "0x030200"),   # an H100 (3D controller)
+               "0000:02:00.0": ("0x10de", "0x030000"),   # a GeForce (VGA)
+               "0000:02:00.1": ("0x10de", "0x040300"),   # its audio function
+               "0000:03:00.0": ("0x10de", "0x068000"),   # an NVSwitch (bridge)
+               "0000:04:00.0": ("0x1002", "0x030000")}   # an AMD GPU
+    for name, (vendor, cls) in devices.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "vendor").write_text(vendor + "\n")
+        (tmp_path / name / "class").write_text(cls + "\n")
+    (tmp_path / "0000:05:00.0").mkdir()  # unreadable entries are skipped
+    assert count_pci_gpus(str(tmp_path)) == 2
+    assert count_pci_gpus(str(tmp_path / "missing")) is None
+    assert count_pci_gpus() == collect_env().driver.pci_gpus

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import subprocess
 import sys
 import tomllib
@@ -55,6 +56,20 @@ OUT_OF_RANGE: dict[str, st.SearchStrategy[Any]] = {
 # Free-text fields whose valid values are a fixed set (checked against registries or the machine).
 CHOICE_TEXT = ["model.name", "data.name", "train.device"]
 
+
+def _leaves(annotation: Any) -> set[Any]:
+    if get_origin(annotation) is Literal:
+        return {("literal", type(a)) for a in get_args(annotation)}
+    return set().union(*map(_leaves, get_args(annotation))) if get_args(annotation) else {annotation}
+
+
+# Issue 13: values that would reach torch, numpy or config.toml unchecked. Every float field takes
+# NaN and ±Inf; every int field an integer above 2**32 (past every field's consumer: numpy seeds,
+# int32 counts, sizes); every free-text field a control character.
+FLOATS = sorted(k for k, a in FIELDS.items() if float in _leaves(a))
+INTS = sorted(k for k, a in FIELDS.items() if int in _leaves(a))
+TEXTS = sorted(k for k, a in FIELDS.items() if str in _leaves(a))
+
 _names = st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True)
 _toml_values: st.SearchStrategy[Any] = st.recursive(
     st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
@@ -86,7 +101,19 @@ def _accepts(annotation: Any, value: Any) -> bool:
 def malformed(draw: st.DrawFn) -> tuple[str, Any, str]:
     """(kind, payload, what the error must name). Payload: (dotted key, value) or raw text."""
     kind = draw(st.sampled_from(["unknown_key", "unknown_section", "wrong_type", "out_of_range", "bad_choice",
-                                 "broken_toml", "bad_override", "cross_field"]))
+                                 "broken_toml", "bad_override", "cross_field", "non_finite", "huge_int",
+                                 "control_char"]))
+    if kind in ("non_finite", "huge_int", "control_char"):
+        section, key = draw(st.sampled_from({"non_finite": FLOATS, "huge_int": INTS, "control_char": TEXTS}[kind]))
+        if kind == "non_finite":
+            value: Any = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
+        elif kind == "huge_int":
+            value = draw(st.integers(min_value=2**32, max_value=2**80))
+        else:
+            value = draw(st.text(max_size=4)) + draw(st.sampled_from(["\n", "\x00", "\x1b", "\x7f", "\x85"]))
+        if "list[" in str(FIELDS[section, key]):
+            value = [value]
+        return "out_of_range", (f"{section}.{key}", value), f"{section}.{key}"
     if kind == "unknown_key":
         section = draw(st.sampled_from(sorted(SECTIONS)))
         key = draw(_names)
@@ -146,7 +173,12 @@ def malformed(draw: st.DrawFn) -> tuple[str, Any, str]:
 
 
 def _literal(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)  # JSON scalars and arrays are TOML literals too
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # nan, inf, -inf: TOML's spelling (JSON has none)
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_literal, value)) + "]"
+    # JSON scalars and arrays are TOML literals too, once DEL is escaped (JSON leaves it raw, TOML does not)
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _run(args: list[str]) -> tuple[int, str]:

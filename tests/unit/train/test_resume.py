@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from gputrain.errors import Interrupted, RunError
+from gputrain.errors import Interrupted, RunError, UsageError
 from tests.unit.train.helpers import losses, make_trainer, step_rows
 
 JOB = {"train.epochs": 3, "train.batch_size": 64, "train.deterministic": True}
@@ -64,9 +64,13 @@ def test_crash_then_resume_from_periodic_checkpoint_is_bit_exact(tmp_path):
     _assert_same_run(_unbroken(tmp_path), run_dir)
 
 
-def test_resume_never_starts_over(tmp_path):
+def test_resume_never_starts_over_but_never_over_another_run(tmp_path):
     run_dir = tmp_path / "r"
     make_trainer(run_dir, **{"train.max_steps": 5}).fit()
-    trainer = make_trainer(run_dir, **{"train.max_steps": 5, "checkpoint.resume": "never"})
-    assert trainer.fit()["global_step"] == 5
-    assert [s for s, _ in losses(run_dir)] == [1, 2, 3, 4, 5]
+    rows = (run_dir / "metrics.jsonl").read_text()
+    with pytest.raises(UsageError, match="checkpoint.resume=never would mix two runs in one directory"):
+        make_trainer(run_dir, **{"train.max_steps": 5, "checkpoint.resume": "never"}).fit()
+    assert (run_dir / "metrics.jsonl").read_text() == rows  # the first run's record is whole
+    fresh = tmp_path / "fresh"
+    assert make_trainer(fresh, **{"train.max_steps": 5, "checkpoint.resume": "never"}).fit()["global_step"] == 5
+    assert [s for s, _ in losses(fresh)] == [1, 2, 3, 4, 5]

@@ -135,3 +135,20 @@ def test_grad_norm_is_logged_and_lr_follows_the_schedule(tmp_path):
     rows = step_rows(tmp_path / "g")
     assert all(r["grad_norm"] > 0 for r in rows)
     assert rows[0]["lr"] > rows[10]["lr"] > rows[-1]["lr"]
+
+
+def test_epochs_are_numbered_from_1_alike_in_rows_and_console_and_a_partial_one_is_said_so(tmp_path, capsys):
+    # 64 samples, batch 16: 4 steps per epoch; max_steps=10 stops in epoch 3
+    x, y = _blobs(64)
+    trainer = Trainer(nn.Linear(5, 3), TensorDataset(x, y), val_data=TensorDataset(x, y),
+                      config={**TINY, "train.epochs": 5, "train.max_steps": 10, "train.batch_size": 16,
+                              "log.progress": "plain"}, run_dir=tmp_path / "ep")
+    trainer.fit()
+    rows = [json.loads(line) for line in (tmp_path / "ep" / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r["epoch"] for r in rows if "split" not in r}
+    assert steps == {1: 1, 2: 1, 3: 1, 4: 1, 5: 2, 6: 2, 7: 2, 8: 2, 9: 3, 10: 3}
+    assert [(r["step"], r["epoch"]) for r in rows if r.get("split") == "val"] == [(4, 1), (8, 2), (10, 3)]
+    out = capsys.readouterr().out
+    assert "step 9/10 epoch 3 " in out
+    vals = [line.split(":")[0] for line in out.splitlines() if line.startswith("val epoch")]
+    assert vals == ["val epoch 1", "val epoch 2", "val epoch 3 (partial, at step 10)"]

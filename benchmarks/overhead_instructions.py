@@ -1,0 +1,79 @@
+"""Instructions per training step under valgrind's callgrind: a noise-free overhead figure.
+
+Wall and CPU time on a shared 2-core machine swing by 2x between runs; instruction counts do not.
+The tiny MLP (32 → 64 → 10, batch 64, AdamW, in-memory data) is trained through `Trainer.fit`
+for N and M steps in separate processes; the difference divided by M - N is the instructions one
+step costs, the loop's set-up cancelled out. Pass a second checkout to compare two versions
+(e.g. before and after a refactor) in one sitting:
+
+    python benchmarks/overhead_instructions.py [--other /path/to/other/checkout] [--guard stop|off]
+
+Needs valgrind (Debian: `apt-get install valgrind`); each run takes a minute or two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RUN = """
+import sys, tempfile
+sys.path.insert(0, sys.argv[1])
+import torch, torch.nn.functional as F
+from torch import nn
+torch.set_num_threads(1)
+from gputrain import Trainer
+from gputrain.data.tensors import TensorData
+g = torch.Generator().manual_seed(0)
+data = TensorData(torch.randn(4096, 32, generator=g), torch.randint(0, 10, (4096,), generator=g))
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+with tempfile.TemporaryDirectory() as run_dir:
+    config = {"train.device": "cpu", "train.batch_size": 64, "train.max_steps": int(sys.argv[2]),
+              "train.epochs": 10**6, "log.every_steps": 10**6, "log.progress": "none", "log.tensorboard": False,
+              "checkpoint.enabled": False, "eval.every_epochs": 0, "train.on_nonfinite": sys.argv[3]}
+    Trainer(model, data, loss_fn=F.cross_entropy, config=config, run_dir=run_dir).fit()
+"""
+
+
+def instructions(tree: Path, steps: int, guard: str) -> int:
+    """Instructions of a whole process that trains `steps` steps with the gputrain of `tree`."""
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:
+        script.write(RUN)
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}  # the same dict orders every run
+    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                          script.name, str(tree), str(steps), guard], capture_output=True, text=True, env=env)
+    os.unlink(script.name)
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if found is None:
+        raise SystemExit(f"callgrind gave no count for {tree}:\n{out.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def per_step(tree: Path, short: int, long: int, guard: str) -> float:
+    return (instructions(tree, long, guard) - instructions(tree, short, guard)) / (long - short)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--other", type=Path, help="a second checkout to compare with this one")
+    parser.add_argument("--guard", choices=("stop", "off"), default="stop", help="train.on_nonfinite")
+    parser.add_argument("--steps", type=int, nargs=2, default=(20, 420), metavar=("N", "M"))
+    args = parser.parse_args()
+    short, long = args.steps
+    ours = per_step(ROOT, short, long, args.guard)
+    print(f"this checkout: {ours:,.0f} instructions per step (tiny MLP, guard {args.guard}, steps {short}→{long})")
+    if args.other is not None:
+        theirs = per_step(args.other, short, long, args.guard)
+        print(f"{args.other}: {theirs:,.0f} instructions per step; this / that = {ours / theirs:.4f}")
+
+
+if __name__ == "__main__":
+    main()
