@@ -316,11 +316,11 @@ class DataConfig:
     num_classes: int = 10
     """synthetic: number of classes for classification."""
     vocab_size: int | None = None
-    """Vocabulary size of token data: synthetic (unset: 256); tokens (unset: largest id in the file + 1, which reads the whole file once)."""
+    """Vocabulary size of token data: synthetic (unset: 256); tokens (unset: largest id in the file + 1; the files are read once at load either way, and an id beyond it is an error); text (unset: the distinct characters)."""
     augment: list[str] = field(default_factory=list)
     """On-device augmentation of training image batches: any of "crop" (random crop, zero padding H/8) and "flip" (horizontal)."""
     on_error: Literal["fail", "skip"] = "fail"
-    """A training sample that cannot be read mid-run (corrupt image, bad row): fail naming it, or skip it (counted in summary.json data.skipped_samples)."""
+    """A sample that cannot be read (corrupt image, bad row) in any split or pass: fail naming the file, split and step, or skip it (counted in summary.json data.skipped_samples, and eval_skipped_samples per split)."""
 
     def __post_init__(self) -> None:
         check_values("data", self)
