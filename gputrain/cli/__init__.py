@@ -30,6 +30,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("gputrain.cli.train", "train a model (one device, or torchrun for many)"),
     "profile": ("gputrain.cli.profile", "profile a short training: top ops, trace, and what to change"),
     "config": ("gputrain.cli.config_cmd", "show the config fields, their defaults and meanings"),
+    "report": ("gputrain.cli.report", "one self-contained HTML file of a run (curves, speed, ROC), or runs compared"),
+    "lr-find": ("gputrain.cli.lr_find", "a learning-rate range test: the suggested optim.lr and its curve"),
+    "evaluate": ("gputrain.cli.evaluate", "evaluate a run's model on a split or new data"),
+    "predict": ("gputrain.cli.predict", "a run's model on new inputs: CSV rows or images in, predictions out"),
+    "generate": ("gputrain.cli.generate", "sample text from a run's language model"),
+    "export": ("gputrain.cli.export", "export a run's model (safetensors, torch.export, ONNX), verified"),
+    "bench-infer": ("gputrain.cli.bench_infer", "inference latency and throughput: eager, compiled, exported, ONNX"),
+    "rl": ("gputrain.cli.rl", "reinforcement learning: PPO on environments stepped as tensors"),
 }
 
 

@@ -19,6 +19,7 @@ from gputrain.data.tensors import TensorData
 from gputrain.distributed.context import DistContext
 from gputrain.errors import ConfigError
 from gputrain.train.feed import EvalBatches
+from gputrain.train.scores import KEEPS_SCORES, ScoreKeeper, Scores, merge
 from gputrain.train.state import LoopState
 from gputrain.train.tasks import DEFAULT_METRICS, LossFn, Task, metric_mode
 
@@ -131,6 +132,7 @@ def evaluate_split(
     across_ranks: bool = False,
     split: str | None = None,
     count_skipped: Callable[[], int] | None = None,
+    keeper: ScoreKeeper | None = None,
 ) -> tuple[dict[str, float], int]:
     """`evaluate`, plus the samples the reader left out as unreadable (`count_skipped`, asked once
     the batches are read: an `EvalBatches`'s count in data.on_error=skip mode), summed over the
@@ -166,6 +168,8 @@ def evaluate_split(
             if outputs is None or targets is None:
                 continue
             outputs = outputs.float()
+            if keeper is not None:
+                keeper.add(outputs, targets)
             for name, metric in metrics.items():
                 if name == "auroc":
                     metric.update(outputs.softmax(dim=-1), targets)
@@ -256,9 +260,13 @@ class Evaluator:
         self.skipped: dict[str, int] = {}
         """Per split: the unreadable samples left out of its latest evaluation (data.on_error=skip),
         over all ranks; every split evaluated so far has an entry (0 when none was skipped)."""
+        self.scores: dict[str, Scores] = {}
+        """Per split evaluated with `keep_scores`: what the model said about each sample (scores.py),
+        on every rank (shares gathered under DDP)."""
 
-    def evaluate(self, data: Dataset | DataLoader, split: str) -> dict[str, float]:
-        """The split's metrics (the same figures on every rank).
+    def evaluate(self, data: Dataset | DataLoader, split: str, keep_scores: bool = False) -> dict[str, float]:
+        """The split's metrics (the same figures on every rank); with `keep_scores`, also each
+        sample's scores in `self.scores[split]` (classification and regression).
 
         Raises:
             BadSample: naming the split and the sample that could not be read (data.on_error=fail),
@@ -275,6 +283,7 @@ class Evaluator:
             batch = max(1, batch // world)
         reader = EvalBatches(data, batch, self.device, self.on_error, split)
         batches: Iterable[Any] = reader if self.batch_transform is None else map(self.batch_transform, reader)
+        keeper = ScoreKeeper(self.task.kind) if keep_scores and self.task.kind in KEEPS_SCORES else None
         metrics, skipped = evaluate_split(
             model,
             batches,
@@ -288,7 +297,16 @@ class Evaluator:
             across_ranks=shared,
             split=split,
             count_skipped=lambda: reader.skipped,
+            keeper=keeper,
         )
+        if keeper is not None:
+            kept = keeper.result()
+            if shared:  # each rank scored its share: every rank gets the whole split's
+                parts: list[Scores | None] = [None] * world
+                dist.all_gather_object(parts, kept)
+                kept = merge(parts)
+            if kept is not None:
+                self.scores[split] = kept
         if skipped and not self.skipped.get(split):
             example = f", e.g. {reader.example}" if reader.example else ""
             log.warning("%s split: left out %d unreadable samples (data.on_error=skip)%s", split, skipped, example)

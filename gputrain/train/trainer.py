@@ -26,6 +26,7 @@ from gputrain.train.build import UserTPPlan, build_training, profile_target
 from gputrain.train.nonfinite import NonFiniteStep
 from gputrain.train.run_files import check_run_dir, continue_run, prior_run, write_run_files
 from gputrain.train.run_record import RunEnding, RunRecorder
+from gputrain.train.scores import save_scores
 from gputrain.train.signals import StopRequest
 from gputrain.train.state import LoopState, restore_training_state, seed_everything, training_state
 from gputrain.train.step import StepResult, train_step
@@ -252,10 +253,12 @@ class Trainer:
 
     def _evaluate(self, data: Dataset | DataLoader, split: str, ending: RunEnding) -> dict[str, float]:
         ending.doing = f"the {split} evaluation after step {self.state.global_step}"
-        metrics = self.evaluator.evaluate(data, split)
+        metrics = self.evaluator.evaluate(data, split, keep_scores=split == "test")
         ending.doing = None
         reshard(self.model)  # its forward passes leave FSDP's root module gathered
         self.metrics.log_eval(split, self.state, metrics)
+        if split in self.evaluator.scores and self.dist.is_main:  # what the report draws ROC curves from
+            save_scores(self.run_dir / f"scores-{split}.npz", self.evaluator.scores[split])
         return metrics
 
     # ----------------------------------------------------------------- checkpoints
