@@ -1,0 +1,82 @@
+"""`gputrain generate RUN_DIR --prompt TEXT`: sample text from a run's language model (KV-cached)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from gputrain.use.options import add_run_arguments, positive_int
+
+EPILOG = """\
+Tokenizer: a character-level run (data.name=text) reads the characters of its training text; a prompt
+with any other character is refused, naming it. A token-id run (data.name=tokens or synthetic) reads ids:
+give --prompt as ids ("464 2068 7586") and read ids back; its tokenizer is not part of the run.
+The same --seed gives the same text (on the same device). --no-cache recomputes every step's whole window:
+the same tokens, slower (for checking).
+"""
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be a finite number >= 0 (0: always the most likely token)")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_run_arguments(parser)
+    parser.add_argument("--prompt", required=True, help="the text to continue (ids for a token-id model)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=200, help="tokens to add (default 200)")
+    parser.add_argument(
+        "--temperature", type=_temperature, default=1.0, help="softmax temperature; 0 is greedy (default 1.0)"
+    )
+    parser.add_argument("--top-k", type=positive_int, help="sample among the K most likely tokens only")
+    parser.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
+    parser.add_argument("--num-samples", type=positive_int, default=1, help="independent samples (default 1)")
+    parser.add_argument("--no-cache", action="store_true", help="recompute the whole window every step")
+    parser.epilog = EPILOG
+
+
+def run(args: argparse.Namespace) -> int:
+    from gputrain.models.gpt import GPT
+    from gputrain.use.generate import Sampling, Tokenizer, generate, has_kv_cache
+    from gputrain.use.loaded import load_run
+
+    loaded = load_run(args.run_dir, checkpoint=args.checkpoint, device=args.device)
+    tokenizer = Tokenizer.of(loaded.pre)
+    prompt = tokenizer.encode(args.prompt)  # refuses characters outside the vocabulary, naming them
+    if loaded.weights.note:
+        print(loaded.weights.note, file=sys.stderr)
+    print(f"tokenizer: {tokenizer.describe()}; {loaded.weights.describe()}; device {loaded.device}", file=sys.stderr)
+    if not has_kv_cache(loaded.model) and not args.no_cache:
+        name = loaded.config.model.name
+        print(f"model.name={name} has no KV cache here: each token recomputes the window", file=sys.stderr)
+    sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.seed)
+    allowed = len(tokenizer.vocab) if tokenizer.vocab is not None else None
+    steps = generate(
+        loaded.model,
+        prompt,
+        sampling,
+        num_samples=args.num_samples,
+        allowed=allowed,
+        use_cache=not args.no_cache,
+        context=loaded.pre.input_shape[0] if not isinstance(loaded.model, GPT) else None,
+    )
+    if args.num_samples == 1:  # streamed as it is sampled
+        sys.stdout.write(tokenizer.decode_prompt(prompt))
+        for token in steps:
+            sys.stdout.write(tokenizer.decode([int(token[0])]))
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        return 0
+    columns = [list(map(int, token.tolist())) for token in steps]
+    for i in range(args.num_samples):
+        if i:
+            sys.stdout.write("\n---\n")
+        sys.stdout.write(tokenizer.decode_prompt(prompt) + tokenizer.decode([step[i] for step in columns]))
+    sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,208 @@
+"""`evaluate`: a run's model on one of its splits or on new labelled data, with the run's metrics.
+
+The figures come from training's own `Evaluator` (train/evaluate.py), built with the run's task,
+`eval.metrics` and evaluation batch size, so the final weights on the test split give exactly the
+test metrics the run reported. Under torchrun every rank loads the whole model and evaluates its
+share of the data; the metrics and the kept scores are combined (plain DDP's evaluation).
+
+Written beside the run's own files (or to `out_dir`): `eval-<name>.json` (the metrics, which
+weights, which data) and `scores-<name>.npz` (train/scores.py: per-sample probabilities or
+predictions, for the report). The name is the split's (`test`), with the weights' kind where they
+are not the final ones (`test-best`) and `-custom` where data overrides rebuilt the split
+(`test-custom`), or the new data file's stem (`new` for data.path=new.csv).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from gputrain.config import Config, load_config, resolve_grad_accum
+from gputrain.data.pixels import pixel_scaler_for
+from gputrain.distributed.context import DistContext, env_world, init_distributed, rank_device
+from gputrain.env.device import resolve_device
+from gputrain.errors import UsageError
+from gputrain.precision import Precision
+from gputrain.train.evaluate import Evaluator, resolve_metrics
+from gputrain.train.run_files import write_json
+from gputrain.train.scores import Scores, save_scores
+from gputrain.train.tasks import resolve_task
+from gputrain.use.loaded import LoadedRun, data_overrides, load_run
+from gputrain.use.new_data import check_new_data_overrides, read_new_data
+from gputrain.use.options import output_dir
+
+log = logging.getLogger("gputrain")
+
+SPLITS = ("test", "val", "train")
+DEFAULT_EVAL_BATCH = 256
+"""Samples per forward pass where the run's batch is unknown (train.batch_size=auto, never resolved)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EvalResult:
+    name: str
+    metrics: dict[str, float]
+    record: dict[str, Any]
+    """What eval-<name>.json holds."""
+    scores: Scores | None
+    files: list[Path]
+    """What was written (rank 0; none elsewhere)."""
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    *,
+    checkpoint: str = "final",
+    device: str = "auto",
+    split: str = "test",
+    overrides: Iterable[str] = (),
+    name: str | None = None,
+    batch_size: int | None = None,
+    out_dir: str | Path | None = None,
+) -> EvalResult:
+    """Evaluate the run at `run_dir` (module docstring).
+
+    Args:
+        split: test, val or train: the run's own split (ignored when the overrides name new data).
+        overrides: data overrides; `data.path=...` names new data, read whole.
+        name: the files' name (default: module docstring).
+        batch_size: samples per forward pass (default: the run's evaluation batch).
+
+    Raises:
+        UsageError: a bad run directory, weights, split, override, or data that does not fit the model.
+    """
+    overrides = data_overrides(overrides)
+    new = check_new_data_overrides(overrides)
+    dist, where = _join(device)
+    loaded = load_run(run_dir, checkpoint=checkpoint, device=where, overrides=() if new else overrides)
+    config = loaded.config
+    transform: Callable[[Any], Any] | None
+    if new:
+        data_config = load_config(loaded.run_dir / "config.toml", overrides).data
+        data: Dataset = read_new_data(loaded.pre, data_config)
+        name = name or _stem(Path(data_config.val_path or data_config.path or "new"))
+        transform = _preprocess_on(loaded)
+    else:
+        data = _split(loaded, split)
+        name = name or _split_name(split, loaded, custom=bool(overrides))
+        data_config = config.data
+        transform = pixel_scaler_for(loaded.data.spec, data, loaded.device)  # as training evaluates
+    _check_name(name)
+    task = resolve_task(loaded.model, data, spec=loaded.data.spec, loss_fn=None, step_fn=None)
+    evaluator = Evaluator(
+        loaded.model,
+        loaded.model,
+        task,
+        resolve_metrics(config.eval.metrics, task.kind),
+        batch_size or _run_eval_batch(config),
+        dist,
+        dist.enabled,
+        loaded.device,
+        Precision(loaded.precision, loaded.device).autocast,
+        batch_transform=transform,
+        on_error=data_config.on_error,
+    )
+    start = time.perf_counter()
+    metrics = evaluator.evaluate(data, name, keep_scores=True)
+    scores = evaluator.scores.get(name)
+    record = {
+        "name": name,
+        "split": None if new else split,
+        "data": {"name": data_config.name, "path": data_config.val_path or data_config.path, "new": new},
+        "weights": loaded.weights.to_dict(),
+        "samples": len(data),  # type: ignore[arg-type]
+        "skipped": evaluator.skipped.get(name, 0),
+        "metrics": metrics,
+        "device": str(loaded.device),
+        "precision": loaded.precision,
+        "world_size": dist.world_size,
+        "wall_s": round(time.perf_counter() - start, 3),
+        "scores": f"scores-{name}.npz" if scores is not None else None,
+    }
+    files = _write(Path(out_dir) if out_dir is not None else loaded.run_dir, name, record, scores, dist)
+    return EvalResult(name, metrics, record, scores, files)
+
+
+def _run_eval_batch(config: Config) -> int:
+    """Training's evaluation batch: its micro-batch (the global batch over the accumulation steps).
+    config.toml records the batch that ran; `auto` is left only in a run that stopped before deciding it."""
+    batch = config.train.batch_size
+    if not isinstance(batch, int):
+        return DEFAULT_EVAL_BATCH
+    return max(1, batch // resolve_grad_accum(config, 1))
+
+
+def _join(device: str) -> tuple[DistContext, str]:
+    """This process's place in a torchrun job (one process: world size 1), and its device: under
+    torchrun on GPUs, each rank its own."""
+    where, _ = resolve_device(device)
+    _, world, local_rank = env_world()
+    if world > 1 and where.type == "cuda":
+        where = rank_device(local_rank)
+    return init_distributed(where), str(where)
+
+
+def _split(loaded: LoadedRun, split: str) -> Dataset:
+    if split not in SPLITS:
+        raise UsageError(f"--split {split!r}: choose from {', '.join(SPLITS)}")
+    data = getattr(loaded.data, split)
+    if data is None:
+        held = [s for s in SPLITS if getattr(loaded.data, s) is not None]
+        raise UsageError(
+            f"the run's data has no {split} split (data.{split}_fraction = 0?); it has {', '.join(held)}; "
+            "or evaluate new data with data.path=..."
+        )
+    return data
+
+
+def _split_name(split: str, loaded: LoadedRun, custom: bool) -> str:
+    weights = loaded.weights
+    name = split
+    if weights.kind == "path":
+        name = f"{split}-step-{weights.step}" if weights.step is not None else f"{split}-{_stem(weights.path)}"
+    elif weights.kind != "final":
+        name = f"{split}-{weights.kind}"
+    # the split rebuilt differently (data.max_eval_samples=...) is not the run's own: never replace
+    # the scores-test.npz training wrote, which the report reads
+    return f"{name}-custom" if custom else name
+
+
+def _stem(path: Path) -> str:
+    stem = path.name if path.is_dir() or not path.suffix else path.stem
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or "new"
+
+
+def _check_name(name: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' and '-' (it names eval-<name>.json)")
+
+
+def _preprocess_on(loaded: LoadedRun) -> Callable[[Any], Any]:
+    """New data's batch function: the run's preprocessing of the inputs, on the device."""
+    transform = loaded.pre.transform().to(loaded.device)
+
+    @torch.no_grad()
+    def apply(batch: Any) -> Any:
+        return [transform(batch[0]), *batch[1:]]
+
+    return apply
+
+
+def _write(out_dir: Path, name: str, record: dict[str, Any], scores: Scores | None, dist: DistContext) -> list[Path]:
+    if not dist.is_main:
+        return []
+    output_dir(out_dir, "--output-dir")
+    files = [out_dir / f"eval-{name}.json"]
+    write_json(files[0], record)
+    if scores is not None:
+        files.append(out_dir / f"scores-{name}.npz")
+        save_scores(files[1], scores)
+    return files

@@ -1,0 +1,243 @@
+"""`export`: a run's model as a deployable artifact (use/artifacts.py), verified before it is kept.
+
+Verification runs the artifact, loaded back from its files, on a held-out batch of the run's own
+data given raw (as the data source gives samples), and compares its outputs with the eager model
+fed the same samples as training preprocessed them (use/held_out.py). It checks the whole batch and
+a batch of one (the dynamic batch dimension), and for a language model a shorter sequence too. It
+passes when max|artifact − eager| <= atol + rtol · max|eager|; the figures go into export.json:
+
+- safetensors: bitwise (atol = rtol = 0): the same weights and preprocessing, the same kernels;
+- pt2, its AOTInductor package, and onnx (run by ONNX Runtime): atol = rtol = 1e-4 by default, room
+  for fused and reordered fp32 arithmetic, far below any change of a weight.
+
+A failed verification is a RunError (exit 1); export.json says by how much, and the artifact stays
+for inspection.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gputrain.errors import RunError, UsageError
+from gputrain.train.run_files import write_json
+from gputrain.use import artifacts
+from gputrain.use.artifacts import FORMATS, ONNX_OPSET, Runner
+from gputrain.use.extras import EXPORT_EXTRA, require_export_extra
+from gputrain.use.held_out import HeldOut, held_out_batch
+from gputrain.use.loaded import LoadedRun, load_run
+from gputrain.use.options import output_dir
+
+log = logging.getLogger("gputrain")
+
+TOLERANCES = {"safetensors": (0.0, 0.0), "pt2": (1e-4, 1e-4), "pt2-aoti": (1e-4, 1e-4), "onnx": (1e-4, 1e-4)}
+"""(atol, rtol) of each artifact's verification (module docstring)."""
+VERIFY_SAMPLES = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ExportOptions:
+    fmt: str
+    out: Path | None = None
+    checkpoint: str = "final"
+    device: str = "cpu"
+    aoti: str = "auto"
+    """pt2: also AOTInductor-compile: on, off, or auto (try; a failure is recorded, not fatal)."""
+    atol: float | None = None
+    rtol: float | None = None
+    samples: int = VERIFY_SAMPLES
+
+
+def export_run(run_dir: str | Path, options: ExportOptions) -> dict[str, Any]:
+    """Export and verify; return export.json's content.
+
+    Raises:
+        UsageError: a format this model cannot take (why, and which can), a missing extra, bad run.
+        RunError: the artifact does not reproduce the model within the tolerance.
+    """
+    fmt = options.fmt
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r}: choose from {', '.join(FORMATS)}")
+    if fmt == "onnx":
+        require_export_extra("--format onnx")
+    loaded = load_run(run_dir, checkpoint=options.checkpoint, device=options.device)
+    out = output_dir(options.out or loaded.run_dir / "export" / fmt, "-o")
+    held = held_out_batch(loaded, options.samples)
+    served = loaded.served()
+    example = held.raw[:2] if len(held.raw) > 1 else held.raw.repeat(2, *[1] * (held.raw.dim() - 1))
+    example = example.to(loaded.device)  # two samples: a batch of one would fix the batch size at 1
+    files: list[str]
+    extra: dict[str, Any] = {}
+    if fmt == "safetensors":
+        files = artifacts.write_safetensors(loaded.run_dir, served, loaded.data.spec, out)
+    elif fmt == "pt2":
+        program = artifacts.export_program(served, example, loaded.pre)
+        files = artifacts.write_pt2(program, out)
+        extra["aoti"] = _aoti(program, out, options.aoti, files)
+    else:
+        files = artifacts.write_onnx(served, example, loaded.pre, out)
+        extra["opset"] = ONNX_OPSET
+    write_json(out / "preprocess.json", loaded.pre.to_dict())
+    record = {
+        "format": fmt,
+        "files": files,
+        "run_dir": str(loaded.run_dir.resolve()),  # export.json is read from elsewhere (--verify-only)
+        "weights": {**loaded.weights.to_dict(), "path": str(loaded.weights.path.resolve())},
+        "device": str(loaded.device),
+        "input": loaded.pre.describe_input(),
+        "output": _describe_output(loaded),
+        "dynamic": ["batch", "seq"] if loaded.pre.task == "lm" else ["batch"],
+        "precision": "fp32",
+        "versions": _versions(fmt),
+        **extra,
+    }
+    return _verified(out, record, loaded, held, options)
+
+
+def verify_export(out: str | Path, options: ExportOptions) -> dict[str, Any]:
+    """Verify an artifact already written to `out` (export.json names the run and weights it came from).
+
+    Raises:
+        UsageError: `out` holds no export.
+        RunError: it no longer reproduces the model.
+    """
+    path = Path(out)
+    try:
+        record = json.loads((path / "export.json").read_text())
+    except (OSError, ValueError):
+        raise UsageError(f"{path}: no export.json; give the folder gputrain export wrote") from None
+    if record.get("format") not in FORMATS:
+        raise UsageError(f"{path}/export.json: no export format recorded; export again")
+    if record["format"] == "onnx":
+        require_export_extra("verifying an ONNX export")
+    loaded = load_run(record["run_dir"], checkpoint=record["weights"]["path"], device=record.get("device", "cpu"))
+    held = held_out_batch(loaded, options.samples)
+    return _verified(path, record, loaded, held, options)
+
+
+def _verified(
+    out: Path, record: dict[str, Any], loaded: LoadedRun, held: HeldOut, options: ExportOptions
+) -> dict[str, Any]:
+    """Run every artifact of the export against the eager model; write export.json; raise if one fails."""
+    fmt = record["format"]
+    loaders: dict[str, Callable[[], tuple[Runner, str]]] = {}
+    if fmt == "safetensors":
+        loaders["safetensors"] = lambda: (artifacts.load_safetensors(out, loaded.device), "gputrain (eager)")
+    elif fmt == "pt2":
+        loaders["pt2"] = lambda: (artifacts.load_pt2(out, loaded.device), "torch.export ExportedProgram.module()")
+        if (record.get("aoti") or {}).get("file"):
+            loaders["pt2-aoti"] = lambda: (artifacts.load_aoti(out, loaded.device), "AOTInductor")
+    else:
+        loaders["onnx"] = lambda: artifacts.load_onnx(out, loaded.device)
+    checks = {name: _check(name, load, loaded, held, options) for name, load in loaders.items()}
+    record["verification"] = {
+        "split": held.split,
+        "samples": len(held.raw),
+        "rule": "max|artifact - eager| <= atol + rtol * max|eager|",
+        "checks": checks,
+        "passed": all(c["passed"] for c in checks.values()),
+    }
+    write_json(out / "export.json", record)
+    failed = [f"{name}: {_failure(c)}" for name, c in checks.items() if not c["passed"]]
+    if failed:
+        raise RunError(f"export verification failed ({'; '.join(failed)}); the figures: {out / 'export.json'}")
+    return record
+
+
+def _check(
+    name: str, load: Callable[[], tuple[Runner, str]], loaded: LoadedRun, held: HeldOut, options: ExportOptions
+) -> dict[str, Any]:
+    atol, rtol = TOLERANCES[name]
+    atol = options.atol if options.atol is not None else atol
+    rtol = options.rtol if options.rtol is not None else rtol
+    result: dict[str, Any] = {"atol": atol, "rtol": rtol}
+    try:
+        run, runtime = load()
+        result["runtime"] = runtime
+        worst_abs = worst_scale = 0.0
+        shapes = []
+        for raw, inputs in _probes(held, loaded.pre.task == "lm"):
+            with torch.no_grad():
+                eager = loaded.model(inputs.to(loaded.device)).float().cpu()
+            got = run(raw)
+            if got.shape != eager.shape:
+                raise RunError(f"outputs of shape {list(got.shape)}, the model's are {list(eager.shape)}")
+            diff = (got - eager).abs().max()
+            # a NaN would slip through max(); any non-finite difference is infinitely wrong
+            worst_abs = max(worst_abs, float(diff) if torch.isfinite(diff) else math.inf)
+            worst_scale = max(worst_scale, float(eager.abs().max()))
+            shapes.append(list(raw.shape))
+    except Exception as err:  # noqa: BLE001 - an artifact that cannot even run fails its check
+        text = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        return {**result, "passed": False, "error": text}
+    result.update(
+        batches=shapes,
+        max_abs_diff=worst_abs,
+        max_rel_diff=worst_abs / worst_scale if worst_scale else worst_abs,
+        passed=worst_abs <= atol + rtol * worst_scale,
+    )
+    return result
+
+
+def _probes(held: HeldOut, lm: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(raw, model inputs) pairs: the whole batch, one sample, and a shorter sequence for a language model."""
+    probes = [(held.raw, held.model_inputs), (held.raw[:1], held.model_inputs[:1])]
+    length = held.raw.shape[-1] if lm else 0
+    if lm and length > 1:
+        probes.append((held.raw[:, : length // 2], held.model_inputs[:, : length // 2]))
+    return probes
+
+
+def _failure(check: dict[str, Any]) -> str:
+    if "error" in check:
+        return f"it does not run ({check['error']})"
+    return (
+        f"max abs diff {check['max_abs_diff']:.3g} above atol {check['atol']:g} + rtol {check['rtol']:g} x max|eager|"
+    )
+
+
+def _aoti(program: torch.export.ExportedProgram, out: Path, mode: str, files: list[str]) -> dict[str, Any]:
+    """AOTInductor-compile where asked or (auto) where it works here; what happened, for export.json."""
+    stale = out / "model-aoti.pt2"
+    stale.unlink(missing_ok=True)  # an earlier export's package would be verified against this one
+    if mode == "off":
+        return {"file": None, "skipped": "--aoti off"}
+    try:
+        name = artifacts.compile_aoti(program, out)
+    except Exception as err:  # noqa: BLE001 - no compiler, an unsupported op: the ExportedProgram stands alone
+        text = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        if mode == "on":
+            raise RunError(f"AOTInductor could not compile the exported program: {text}") from None
+        log.warning("AOTInductor could not compile the exported program (%s); model.pt2 is exported alone", text)
+        return {"file": None, "error": text}
+    files.insert(1, name)
+    return {"file": name}
+
+
+def _describe_output(loaded: LoadedRun) -> dict[str, Any]:
+    pre = loaded.pre
+    if pre.task == "classification":
+        return {
+            "shape": ["batch", len(pre.class_names or ())],
+            "meaning": "logits (softmax: probabilities)",
+            "classes": list(pre.class_names or ()),
+        }
+    if pre.task == "regression":
+        return {"shape": ["batch", loaded.data.spec.num_model_outputs], "meaning": "predicted values"}
+    return {"shape": ["batch", "seq", pre.vocab_size], "meaning": "next-token logits"}
+
+
+def _versions(fmt: str) -> dict[str, str]:
+    versions = {"torch": str(torch.__version__)}
+    if fmt == "onnx":
+        for name in EXPORT_EXTRA:  # imported by name: optional and untyped
+            versions[name] = str(getattr(importlib.import_module(name), "__version__", "?"))
+    return versions

@@ -1,0 +1,167 @@
+"""Sampling text from a run's language model, with a KV cache (models/gpt.py's `KVCache`).
+
+The cache changes the cost, not the result: each step computes the logits of the last position of
+the same window of at most the model's context as a full forward pass does (checked by the tests),
+and the sample is drawn from a generator seeded with `seed` alone, so a seed gives the same text
+every time on the same device. Past the context the window slides, which learned positions do not
+allow a cache to follow: each token then costs one full-window pass, as without the cache.
+
+Other language models (model.name=hf) are sampled the same way without a cache: each token costs
+a forward pass over the window (at most the run's data.seq_len).
+
+Tokenizers: a character-level run (data.name=text) maps each character of its training file to an
+id; a token-id run (tokens, synthetic) was trained on ids whose tokenizer is not part of the run, so
+its prompt and output are ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gputrain.errors import UsageError
+from gputrain.models.gpt import GPT, KVCache
+from gputrain.use.preprocess import Preprocessing
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenizer:
+    """Text ↔ the ids a run's language model reads."""
+
+    vocab: tuple[str, ...] | None
+    """Character-level: the character of each id; None: the model reads ids."""
+    vocab_size: int
+
+    @classmethod
+    def of(cls, pre: Preprocessing) -> Tokenizer:
+        if pre.task != "lm":
+            raise UsageError(
+                f"this run is {pre.task} (data.name={pre.source}), not a language model: "
+                "gputrain generate samples from runs of model.name=gpt; use gputrain predict"
+            )
+        assert pre.vocab_size is not None
+        return cls(pre.vocab, pre.vocab_size)
+
+    def describe(self) -> str:
+        if self.vocab is not None:
+            return f"character-level: {len(self.vocab)} characters of the training text"
+        return f"token ids 0..{self.vocab_size - 1} (the run's tokenizer is not part of it: prompts and output are ids)"
+
+    def encode(self, prompt: str) -> list[int]:
+        """The prompt's ids.
+
+        Raises:
+            UsageError: an empty prompt, characters outside a character vocabulary (naming them), or
+                a token-id prompt that is not ids below the vocabulary size.
+        """
+        if not prompt:
+            raise UsageError("--prompt is empty: the model needs at least one token to continue")
+        if self.vocab is None:
+            return self._ids(prompt)
+        index = {ch: i for i, ch in enumerate(self.vocab)}
+        unknown = sorted({ch for ch in prompt if ch not in index})
+        if unknown:
+            shown = ", ".join(repr(ch) for ch in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+            raise UsageError(
+                f"--prompt: {len(unknown)} character(s) outside the model's vocabulary: {shown}; it knows the "
+                f"{len(self.vocab)} characters of its training text: {''.join(self.vocab)!r}"
+            )
+        return [index[ch] for ch in prompt]
+
+    def _ids(self, prompt: str) -> list[int]:
+        words = prompt.replace(",", " ").split()
+        try:
+            ids = [int(word) for word in words]
+        except ValueError:
+            raise UsageError(
+                f"--prompt {prompt!r}: this model reads token ids (0..{self.vocab_size - 1}), and its tokenizer is "
+                "not part of the run: give the ids the training data was tokenized with, e.g. --prompt '464 2068' "
+                "(nanoGPT's prepare.py uses GPT-2's BPE, tiktoken's 'gpt2')"
+            ) from None
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise UsageError(f"--prompt: token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        if self.vocab is None:
+            return "".join(f" {i}" for i in ids)
+        return "".join(self.vocab[i] for i in ids)
+
+    def decode_prompt(self, ids: list[int]) -> str:
+        return self.decode(ids).lstrip(" ")
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    max_new_tokens: int = 200
+    temperature: float = 1.0
+    """Logits are divided by it; 0 picks the most likely token (greedy)."""
+    top_k: int | None = None
+    """Sample among the k most likely tokens only."""
+    seed: int = 0
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    prompt: list[int],
+    sampling: Sampling,
+    *,
+    num_samples: int = 1,
+    allowed: int | None = None,
+    use_cache: bool = True,
+    context: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """The new tokens, one step at a time: each a [num_samples] tensor of ids on the model's device.
+
+    Args:
+        model: token ids [B, T] -> logits [B, T, vocab]: gputrain's GPT, or another language model
+            (model.name=hf), which is run without a KV cache.
+        allowed: ids at or above it are never drawn (a vocabulary padded beyond its characters).
+        use_cache: False recomputes every step's whole window (the reference the cache must equal).
+        context: the longest window the model reads (default: a GPT's own context; required otherwise).
+    """
+    device = next(model.parameters()).device
+    if context is None:
+        if not isinstance(model, GPT):
+            raise ValueError("context is required for a model other than gputrain's GPT")
+        context = model.shape.seq_len
+    generator = torch.Generator(device=device).manual_seed(sampling.seed)
+    tokens = torch.tensor([prompt] * num_samples, dtype=torch.long, device=device)
+    cache = KVCache(model, num_samples) if use_cache and isinstance(model, GPT) else None
+    for _ in range(sampling.max_new_tokens):
+        logits = _next_logits(model, tokens[:, -context:], cache, slid=tokens.shape[1] > context)
+        token = _sample(logits.float(), sampling, generator, allowed)
+        tokens = torch.cat([tokens, token[:, None]], dim=1)
+        yield token
+
+
+def has_kv_cache(model: nn.Module) -> bool:
+    """Whether `generate` can run the model with a KV cache (gputrain's GPT; other models recompute)."""
+    return isinstance(model, GPT)
+
+
+def _next_logits(model: nn.Module, window: torch.Tensor, cache: KVCache | None, slid: bool) -> torch.Tensor:
+    """The logits [B, vocab] after `window`, reading only the tokens the cache lacks."""
+    if cache is None:
+        return model(window)[:, -1]
+    assert isinstance(model, GPT)
+    if slid:  # positions moved under the cached keys: start again from the window
+        cache.reset()
+    return model.forward_cached(window[:, cache.length :], cache)[:, -1]
+
+
+def _sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator, allowed: int | None) -> torch.Tensor:
+    if allowed is not None and allowed < logits.shape[-1]:
+        logits[:, allowed:] = float("-inf")
+    if sampling.temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits / sampling.temperature
+    if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
+        kth = logits.topk(sampling.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]

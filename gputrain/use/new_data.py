@@ -1,0 +1,131 @@
+"""New labelled data for `evaluate` (`data.path=...` on its command line), read whole as raw samples
+of the run's data source and labelled with the run's classes, vocabulary or token range.
+
+The run's preprocessing (its training split's statistics, not the new file's) is applied to them
+batch by batch on the device, and the targets keep the model's class order: a new CSV file that
+lacks a class, or an image folder with fewer class folders, is scored against the model's classes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Subset
+
+from gputrain.config.schema import DataConfig
+from gputrain.data.tensors import TensorData
+from gputrain.errors import ConfigError, DataError, UsageError
+from gputrain.use.generate import Tokenizer
+from gputrain.use.preprocess import Preprocessing
+from gputrain.use.tables import read_rows
+
+NEW_DATA_KEYS = ("data.path", "data.val_path")
+"""The overrides that name new data rather than change how the run's own data is built."""
+
+
+def read_new_data(pre: Preprocessing, data: DataConfig) -> Dataset:
+    """The labelled samples at `data.path` (tokens: `data.val_path` where given), raw.
+
+    Raises:
+        UsageError (DataError): the source reads no files, or the data does not match the model
+            (columns, classes, characters, token ids), naming the file and what the model expects.
+    """
+    source = pre.source
+    path = Path(data.val_path if source == "tokens" and data.val_path else data.path or "")
+    readers = {"csv": _csv, "image_folder": _image_folder, "mnist": _mnist, "text": _text, "tokens": _tokens}
+    if source not in readers:
+        raise UsageError(
+            f"data.name={source} reads no data files: evaluate one of its splits with --split (train, val, test)"
+        )
+    if not path.exists():
+        raise DataError(f"data.path: no such file or folder: {path}")
+    return _capped(readers[source](pre, path, data), data.max_eval_samples)
+
+
+def _csv(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:
+    assert pre.table is not None
+    _, features, targets = read_rows(path, pre.table, need_labels=True)
+    assert targets is not None
+    return TensorData(features, targets)
+
+
+def _image_folder(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:
+    from gputrain.data.image_folder import ImageFolderData, scan_classes
+
+    assert pre.class_names is not None
+    # class folders by name: a folder the model has no class for is refused, naming the classes
+    _, files, labels = scan_classes(path, list(pre.class_names))
+    return ImageFolderData(files, labels, pre.input_shape[1:])  # type: ignore[arg-type]
+
+
+def _mnist(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:
+    from gputrain.data.mnist import load_split
+
+    images, labels = load_split(path, "test_images", "test_labels")
+    if images.shape[1:] != pre.input_shape:
+        raise DataError(f"{path}: images of {list(images.shape[1:])}; the model reads {list(pre.input_shape)}")
+    num_classes = len(pre.class_names or ())
+    if len(labels) and int(labels.max()) >= num_classes:
+        raise DataError(f"{path}: label {int(labels.max())}; the model knows the classes 0..{num_classes - 1}")
+    return TensorData(images, labels)
+
+
+def _text(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:
+    from gputrain.data.text import read_text
+
+    try:
+        ids = Tokenizer.of(pre).encode(read_text(path))
+    except UsageError as err:  # the tokenizer speaks of --prompt
+        raise DataError(f"{path}: {str(err).removeprefix('--prompt: ')}") from None
+    return _windows(torch.tensor(ids, dtype=torch.long), pre.input_shape[0], path)
+
+
+def _tokens(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:
+    from gputrain.data.tokens import check_vocab, check_width, count_tokens
+
+    if path.is_dir():
+        raise DataError(f"{path}: a folder; give the token file (flat uint16 ids) with data.path=FILE.bin")
+    count_tokens(path, pre.input_shape[0])
+    check_width(path)
+    assert pre.vocab_size is not None
+    try:
+        check_vocab(path, pre.vocab_size)
+    except DataError as err:  # its advice is about data.vocab_size, which the trained model fixes
+        raise DataError(f"{str(err).split('; set data.vocab_size')[0]}; the model's vocabulary is fixed") from None
+    ids = torch.from_numpy(np.fromfile(path, dtype=np.uint16).astype(np.int64))
+    return _windows(ids, pre.input_shape[0], path)
+
+
+def _windows(ids: torch.Tensor, seq_len: int, path: Path) -> TensorData:
+    """Consecutive windows of seq_len + 1 ids (x, y shifted by one), as the text and token sources cut them."""
+    count = (len(ids) - 1) // seq_len
+    if count < 1:
+        raise DataError(f"{path}: {len(ids)} tokens, fewer than one window of data.seq_len + 1 = {seq_len + 1}")
+    used = count * seq_len
+    return TensorData(ids[:used].view(count, seq_len), ids[1 : used + 1].view(count, seq_len))
+
+
+def _capped(data: Dataset, limit: int | None) -> Dataset:
+    """At most `limit` samples (data.max_eval_samples), evenly spread over the data."""
+    size = len(data)  # type: ignore[arg-type]
+    if limit is None or size <= limit:
+        return data
+    keep = np.linspace(0, size - 1, limit).round().astype(int).tolist()
+    if isinstance(data, TensorData):
+        return TensorData(data.inputs[keep], data.targets[keep])
+    return Subset(data, keep)
+
+
+def check_new_data_overrides(overrides: list[str]) -> bool:
+    """Whether the overrides name new data (NEW_DATA_KEYS).
+
+    Raises:
+        ConfigError: data.path given empty.
+    """
+    named = [o for o in overrides if o.partition("=")[0].strip() in NEW_DATA_KEYS]
+    for text in named:
+        if not text.partition("=")[2].strip():
+            raise ConfigError(text.partition("=")[0].strip(), "needs the path of the new data")
+    return bool(named)

@@ -1,0 +1,51 @@
+"""Command-line options the `use` subcommands share. Imports nothing heavy: the CLI answers
+--help and usage errors before torch is loaded."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gputrain.errors import UsageError
+
+CHECKPOINT_HELP = (
+    "which weights: final (default: model.safetensors, the weights the run's test metrics describe; "
+    "an unfinished run's last checkpoint), best (the best validation step's checkpoint), last (the newest "
+    "checkpoint), or a checkpoint directory / .safetensors file"
+)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, device: bool = True) -> None:
+    """RUN_DIR, --checkpoint and (with `device`) --device."""
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory gputrain train wrote")
+    parser.add_argument("--checkpoint", default="final", metavar="final|best|last|PATH", help=CHECKPOINT_HELP)
+    if device:
+        parser.add_argument(
+            "--device", default="auto", help="auto (a GPU where there is one), cpu, cuda, cuda:N or mps (default auto)"
+        )
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def output_dir(path: Path, option: str) -> Path:
+    """`path` as a directory to write into, created where missing.
+
+    Raises:
+        UsageError: naming `option`: the path is a file, or cannot be created.
+    """
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path}: a file, not a folder; give a folder to write into")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"{option} {path}: cannot create it ({err.strerror or err})") from None
+    return path

@@ -1,0 +1,172 @@
+"""A run directory as the `use` commands read it: its config, and which of its weights to load.
+
+`--checkpoint` chooses among:
+- `final` (the default): `model.safetensors`, the weights the run ended with and the ones its
+  summary's test metrics describe. A run that never finished (interrupted, failed) has none; it then
+  falls back to `last`, and says so.
+- `last`: the newest checkpoint that verifies (a damaged one is skipped with a warning).
+- `best`: the checkpoint of the step with the best validation metric, as the run tracked it
+  (`eval.early_stop_metric`, else the loss); kept by checkpoint rotation for this purpose.
+- a path: a checkpoint directory (`checkpoints/step-N`) or a `.safetensors` file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from gputrain.checkpoint.io import (
+    MODEL_FILE,
+    CorruptCheckpoint,
+    checkpoint_step,
+    list_checkpoints,
+    read_state,
+    verify_checkpoint,
+)
+from gputrain.errors import UsageError
+
+log = logging.getLogger("gputrain")
+
+CHOICES = ("final", "best", "last")
+WeightsKind = Literal["final", "best", "last", "path"]
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsSource:
+    """Where the weights to use are, and which of the run's they are."""
+
+    kind: WeightsKind
+    path: Path
+    """A `.safetensors` file, or a checkpoint directory (one-process or sharded)."""
+    step: int | None
+    """The optimizer step they are from, where known."""
+    note: str | None = None
+    """Why these and not the ones asked for (a fallback), said to the user."""
+
+    @property
+    def is_checkpoint(self) -> bool:
+        return self.path.is_dir()
+
+    def describe(self) -> str:
+        at = f" (step {self.step})" if self.step is not None else ""
+        return f"{self.kind} weights {self.path}{at}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": str(self.path), "step": self.step}
+
+
+def open_run(path: str | Path) -> Path:
+    """`path` checked to be a run directory (what `gputrain train --run-dir` writes).
+
+    Raises:
+        UsageError: naming the directory and what it lacks.
+    """
+    run_dir = Path(path)
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: no such directory; give the run directory that gputrain train wrote")
+    if not (run_dir / "config.toml").is_file():
+        raise UsageError(
+            f"{run_dir}: not a run directory (no config.toml); give the directory gputrain train wrote with --run-dir"
+        )
+    return run_dir
+
+
+def choose_weights(run_dir: Path, choice: str = "final") -> WeightsSource:
+    """The weights `--checkpoint choice` names (module docstring), verified where they are a checkpoint.
+
+    Raises:
+        UsageError: the run has no such weights (naming the checkpoints it does have), or the path
+            is not weights.
+    """
+    if choice not in CHOICES:
+        return _weights_at(Path(choice))
+    final = run_dir / MODEL_FILE
+    if choice == "final":
+        if final.is_file():
+            return WeightsSource("final", final, _final_step(run_dir))
+        last = _last_valid(run_dir)
+        if last is None:
+            raise UsageError(f"{run_dir}: no weights to use: no {MODEL_FILE}, and {_listing(run_dir)}")
+        note = f"{run_dir} has no final weights (the run did not finish): using its last checkpoint, step {last[1]}"
+        return WeightsSource("last", last[0], last[1], note)
+    if choice == "last":
+        last = _last_valid(run_dir)
+        if last is None:
+            other = f"; --checkpoint final uses {final}" if final.is_file() else ""
+            raise UsageError(f"{run_dir}: --checkpoint last: {_listing(run_dir)}{other}")
+        return WeightsSource("last", *last)
+    return _best(run_dir)
+
+
+def _best(run_dir: Path) -> WeightsSource:
+    last = _last_valid(run_dir)
+    if last is None:
+        raise UsageError(f"{run_dir}: --checkpoint best: {_listing(run_dir)}, so no best step was recorded")
+    best_step = read_state(last[0]).get("loop", {}).get("best_step")
+    if not isinstance(best_step, int):
+        raise UsageError(
+            f"{run_dir}: --checkpoint best: the run tracked no best step (it had no validation split or "
+            f"metric); use --checkpoint final or last ({_listing(run_dir)})"
+        )
+    path = run_dir / "checkpoints" / f"step-{best_step}"
+    try:
+        verify_checkpoint(path)
+    except CorruptCheckpoint as err:
+        raise UsageError(f"{run_dir}: --checkpoint best: step {best_step}'s checkpoint is unusable ({err})") from None
+    return WeightsSource("best", path, best_step)
+
+
+def _weights_at(path: Path) -> WeightsSource:
+    if path.is_file():
+        if path.suffix != ".safetensors":
+            raise UsageError(f"--checkpoint {path}: not a .safetensors file or a checkpoint directory")
+        return WeightsSource("path", path, None)
+    if not path.is_dir():
+        raise UsageError(f"--checkpoint {path}: no such file or directory; or use one of {', '.join(CHOICES)}")
+    if not (path / "COMMITTED").exists() and (path / MODEL_FILE).is_file():
+        return WeightsSource("path", path / MODEL_FILE, None)  # e.g. an export's safetensors folder
+    try:
+        verify_checkpoint(path)
+    except CorruptCheckpoint as err:
+        raise UsageError(f"--checkpoint {path}: not a usable checkpoint ({err})") from None
+    return WeightsSource("path", path, checkpoint_step(path))
+
+
+def _last_valid(run_dir: Path) -> tuple[Path, int] | None:
+    """The newest checkpoint that verifies, and its step; damaged ones are skipped with a warning."""
+    for path in list_checkpoints(run_dir / "checkpoints"):
+        try:
+            verify_checkpoint(path)
+        except CorruptCheckpoint as err:
+            log.warning("skipping damaged checkpoint: %s", err)
+            continue
+        step = checkpoint_step(path)
+        assert step is not None  # verification read it
+        return path, step
+    return None
+
+
+def _listing(run_dir: Path) -> str:
+    """Which checkpoints the run holds, for a message: 'checkpoints: step-8, step-16 (damaged)'."""
+    found = list_checkpoints(run_dir / "checkpoints")
+    if not found:
+        return "no checkpoints"
+    names = []
+    for path in reversed(found):
+        try:
+            verify_checkpoint(path)
+            names.append(path.name)
+        except CorruptCheckpoint:
+            names.append(f"{path.name} (damaged)")
+    return "checkpoints: " + ", ".join(names)
+
+
+def _final_step(run_dir: Path) -> int | None:
+    try:
+        step = json.loads((run_dir / "summary.json").read_text()).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
