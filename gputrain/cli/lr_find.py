@@ -1,0 +1,137 @@
+"""`gputrain lr-find`: a learning-rate range test (train/lr_find.py), the suggested optim.lr and
+the rule behind it, and `lr_find.json`, whose curve `gputrain report` draws.
+
+The sweep trains parts built for it alone: an existing run's weights, checkpoints and records are
+never read or written; into its directory (`--run-dir`) goes `lr_find.json` and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks
+from gputrain.config.docs import fields_help_text
+from gputrain.errors import RunError, UsageError
+
+if TYPE_CHECKING:
+    from gputrain.config import Config
+    from gputrain.train.build import TrainingParts
+    from gputrain.train.lr_find import LRCurve, Suggestion, Sweep
+
+# what the sweep never does, whatever the config says: it saves, resumes and logs nothing
+_FORCED = ("checkpoint.enabled=false", "checkpoint.resume=never", "log.tensorboard=false", "log.breakdown_every=0")
+_STOPPED = {
+    "completed": "ran every step",
+    "diverged": "stopped: the smoothed loss rose past 4× its lowest",
+    "nonfinite": "stopped: the loss was not finite",
+    "overflow": "stopped: fp16 gradients overflowed at every loss scale",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        help="TOML config file (overrides still apply on top); default: --run-dir's config.toml where it has one",
+    )
+    parser.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        help="where lr_find.json goes: an existing run's directory (nothing else in it is touched) or a new one "
+        "(default runs/<model>-<data>-<time>-lr-find/)",
+    )
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps of the sweep (default 100)")
+    parser.add_argument("--start-lr", type=float, default=1e-7, help="learning rate of the first step (default 1e-7)")
+    parser.add_argument("--end-lr", type=float, default=10.0, help="learning rate of the last step (default 10)")
+    parser.add_argument(
+        "--rule",
+        choices=("steepest", "minimum"),
+        default="steepest",
+        help="steepest: where the smoothed loss falls fastest (default); minimum: a tenth of the lr at its minimum",
+    )
+    add_launch_arguments(parser, restarts=False)
+    parser.add_argument(
+        "overrides", nargs="*", metavar="section.key=value", help="config overrides, as for gputrain train"
+    )
+    parser.epilog = fields_help_text()
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.steps < 5:
+        raise UsageError(f"--steps must be at least 5 (the rules need a curve), got {args.steps}")
+    for name in ("start_lr", "end_lr"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(f"--{name.replace('_', '-')} must be a number > 0, got {value}")
+    if args.end_lr <= args.start_lr:
+        raise UsageError(f"--end-lr ({args.end_lr:g}) must be larger than --start-lr ({args.start_lr:g})")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gputrain.config import load_config
+    from gputrain.train.run_files import default_run_dir
+
+    _check(args)
+    given = Path(args.run_dir) if args.run_dir else None
+    own_config = given / "config.toml" if given is not None and args.config is None else None
+    if own_config is not None and own_config.is_file():
+        args.config = str(own_config)  # the run's own config: the sweep that run starts with
+    config = load_config(args.config, [*args.overrides, *_FORCED])
+    run_dir = given or Path(f"{default_run_dir(config.model.name, config.data.name)}-lr-find")
+    if is_launcher(args):
+        options = ("--steps", str(args.steps), "--start-lr", repr(args.start_lr), "--end-lr", repr(args.end_lr))
+        return launch_ranks(args, "lr-find", str(run_dir), (*options, "--rule", args.rule))
+    from gputrain.distributed.context import shutdown_distributed
+    from gputrain.train.lr_find import Sweep, agree_on_suggestion, build_sweep_parts, run_sweep, suggest_lr
+
+    sweep = Sweep(args.start_lr, args.end_lr, args.steps)
+    try:
+        parts = build_sweep_parts(config, run_dir)
+        curve = run_sweep(parts, sweep)
+        try:
+            suggestion = agree_on_suggestion(suggest_lr(curve, args.rule), parts)
+        except ValueError as err:
+            _write(parts, curve, sweep, None, config)  # the curve still shows where it went wrong
+            raise RunError(
+                f"lr-find: no suggestion: {err} ({_STOPPED[curve.stopped]} at step {len(curve.lrs)}); "
+                f"lower --start-lr (now {sweep.start_lr:g})"
+            ) from None
+        _write(parts, curve, sweep, suggestion, config)
+    finally:
+        shutdown_distributed()
+    if parts.place.dist.is_main:  # rank 0 speaks for the job: every rank holds its suggestion
+        mine = own_config is not None and args.config == str(own_config)
+        _print_result(parts.run_dir, curve, sweep, suggestion, args.config if mine else None)
+        world = parts.place.dist.world_size
+        if suggestion.ranks_agreeing < world:  # cannot happen with the same averaged losses; said if it does
+            print(f"warning: {suggestion.ranks_agreeing} of {world} ranks computed this suggestion; rank 0's is used")
+    return 0
+
+
+def _write(parts: TrainingParts, curve: LRCurve, sweep: Sweep, suggestion: Suggestion | None, config: Config) -> None:
+    """lr_find.json, by rank 0: the only file the sweep writes."""
+    from gputrain.train.lr_find import lr_find_record
+    from gputrain.train.run_files import write_json
+
+    if parts.place.dist.is_main:
+        write_json(parts.run_dir / "lr_find.json", lr_find_record(curve, sweep, suggestion, parts, config))
+
+
+def _print_result(run_dir: Path, curve: LRCurve, sweep: Sweep, suggestion: Suggestion, run_config: str | None) -> None:
+    """Printed whatever log.progress says: the suggestion is the command's answer. `run_config`:
+    the config file of the run whose directory was given, where the sweep took its config from."""
+    from gputrain.train.lr_find import other_suggestions
+
+    if run_config is not None:
+        print(f"config: {run_config} (the run's own)")
+    print(
+        f"lr-find: {len(curve.lrs)} of {sweep.steps} steps, lr {curve.lrs[0]:.3g} → {curve.lrs[-1]:.3g} "
+        f"({_STOPPED[curve.stopped]})"
+    )
+    others = "; ".join(f"{rule} rule: {lr:.2e}" for rule, lr in other_suggestions(curve, suggestion.rule).items())
+    print(f"suggested optim.lr={suggestion.lr:.2e} (rule: {suggestion.rule_text}; {others})")
+    print(f"wrote {run_dir / 'lr_find.json'}; its curve: gputrain report {shlex.quote(str(run_dir))}")

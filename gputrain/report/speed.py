@@ -1,0 +1,197 @@
+"""How fast a run went and why: the step's time split, MFU and where its peak came from, FLOPs,
+memory; and for a profiled run, the advisor's findings."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from gputrain.report.curves import step_figure
+from gputrain.report.page import Cell, Row, facts, num, plots, table
+from gputrain.report.rundir import Run
+from gputrain.report.scale import format_number
+from gputrain.report.svg import Figure, esc, stacked_bars
+
+PARTS = {
+    "data": "#9467bd",
+    "h2d": "#8c564b",
+    "forward_backward": "#1f77b4",
+    "optimizer": "#ff7f0e",
+    "comm": "#d62728",
+    "other": "#7f7f7f",
+}
+"""The step's parts (observe/breakdown.py), each with its colour."""
+_PEAK_SOURCES = {
+    "bench": "measured by gputrain bench on this machine",
+    "datasheet": "the GPU's datasheet peak",
+}
+
+
+def _train(run: Run) -> dict[str, Any]:
+    return dict((run.summary or {}).get("train") or {})
+
+
+def time_split(run: Run) -> dict[str, float | None] | None:
+    """The share of each part of a step: summary.json's, else the last logged row's (a run in progress)."""
+    split = _train(run).get("time_breakdown")
+    if isinstance(split, dict) and split:
+        return {p: split.get(p) for p in PARTS}
+    values = {p: run.steps.get(f"time_{p}") for p in PARTS}
+    if all(v is None for v in values.values()):
+        return None
+    last = {
+        p: (float(v[np.isfinite(v)][-1]) if v is not None and np.isfinite(v).any() else None) for p, v in values.items()
+    }
+    return last
+
+
+def _last(run: Run, key: str) -> float | None:
+    values = run.steps.get(key)
+    if values is None:
+        return None
+    finite = values[np.isfinite(values)]
+    return float(finite[-1]) if finite.size else None
+
+
+def speed_figures(run: Run) -> dict[str, Any]:
+    """The speed facts of one run, from summary.json (the whole run), else from the last logged
+    row (a run in progress)."""
+    train = _train(run)
+    from_rows = not train
+    figures = {
+        "step time": train.get("step_time_s") if train else _last(run, "step_time_s"),
+        "samples/s": train.get("samples_per_s") if train else _last(run, "samples_per_s"),
+        "tokens/s": train.get("tokens_per_s") if train else _last(run, "tokens_per_s"),
+        "FLOPs/step": train.get("flops_per_step"),
+        "achieved FLOP/s": train.get("achieved_flops") if train else _last(run, "achieved_flops"),
+        "MFU": train.get("mfu") if train else _last(run, "mfu"),
+        "MFU (formula)": train.get("mfu_formula") if train else _last(run, "mfu_formula"),
+        "peak source": train.get("mfu_peak_source"),
+        "peak memory": train.get("peak_memory_bytes") if train else _last(run, "peak_memory_bytes"),
+        "host peak RSS": train.get("host_peak_rss_bytes"),
+        "from rows": from_rows,
+    }
+    return figures
+
+
+def _bytes(value: float | None) -> str:
+    return "–" if value is None else f"{format_number(float(value))}B"
+
+
+def _describe_peak(source: str | None) -> str:
+    if not source:
+        return "no peak known for this device and precision (gputrain bench measures one)"
+    for key, text in _PEAK_SOURCES.items():
+        if source.startswith(key):
+            return f"{text} ({source})"
+    return source
+
+
+def speed_html(run: Run) -> str:
+    f = speed_figures(run)
+    device = str((run.summary or {}).get("device", ""))
+    tiles = [
+        ("step time", f"{1000 * f['step time']:.2f} ms" if f["step time"] else "–"),
+        ("samples/s", f"{f['samples/s']:,.0f}" if f["samples/s"] else "–"),
+    ]
+    if f["tokens/s"]:
+        tiles.append(("tokens/s", f"{f['tokens/s']:,.0f}"))
+    tiles += [
+        ("FLOPs/step", format_number(f["FLOPs/step"]) if f["FLOPs/step"] else "–"),
+        ("achieved FLOP/s", format_number(f["achieved FLOP/s"]) if f["achieved FLOP/s"] else "–"),
+        ("MFU", f"{100 * f['MFU']:.1f}%" if f["MFU"] is not None else "–"),
+    ]
+    if f["MFU (formula)"] is not None:
+        tiles.append(("MFU (6N+12LHQT)", f"{100 * f['MFU (formula)']:.1f}%"))
+    memory_name = "peak device memory" if device.startswith("cuda") else "peak memory (host RSS)"
+    tiles.append((memory_name, _bytes(f["peak memory"])))
+    body = facts(tiles)
+    body += f'<p class="note">MFU peak: {esc(_describe_peak(f["peak source"]))}.'
+    if f["from rows"]:
+        body += " No summary.json yet: the figures are the last logged row's."
+    body += "</p>"
+    figures: list[Figure] = []
+    split = time_split(run)
+    if split:
+        figures.append(
+            stacked_bars(
+                "where a step's time goes",
+                [("step", split)],
+                PARTS,
+                note="measured on sampled steps (log.breakdown_every); comm is null (not measured) where "
+                "tensor or pipeline parallel traffic is inside forward_backward",
+            )
+        )
+    for fig in (
+        step_figure([run], "step_time_s", "step time", "seconds", y_zero=True),
+        step_figure([run], "peak_memory_bytes", "peak memory", "bytes", y_zero=True, y_log=False),
+    ):
+        if fig is not None:
+            figures.append(fig)
+    return body + plots(figures, "step")
+
+
+def compare_speed_html(runs: Sequence[Run]) -> str:
+    rows: list[Row] = []
+    for run in runs:
+        f = speed_figures(run)
+        rows.append(
+            [
+                run.name,
+                num(1000 * f["step time"] if f["step time"] else None, 2),
+                num(f["samples/s"], 0),
+                num(f["tokens/s"], 0),
+                num(100 * f["MFU"] if f["MFU"] is not None else None, 1),
+                f["peak source"] or "–",
+                Cell(_bytes(f["peak memory"]), f["peak memory"]),
+            ]
+        )
+    body = table(["run", "step time (ms)", "samples/s", "tokens/s", "MFU %", "MFU peak from", "peak memory"], rows)
+    bars = [(run.name, split) for run in runs if (split := time_split(run))]
+    if bars:
+        body += plots([stacked_bars("where a step's time goes", bars, PARTS)])
+    return body
+
+
+def profile_html(run: Run) -> str:
+    """The advisor's findings from profile.json (gputrain profile), with the facts they rest on."""
+    profile = run.profile
+    if not profile:
+        return ""
+    findings = profile.get("findings") or []
+    if findings:
+        items = "".join(
+            f"<li><b>{esc(f.get('bottleneck'))}</b>: {esc(f.get('evidence'))} → <b>{esc(f.get('change'))}</b></li>"
+            for f in findings
+            if isinstance(f, dict)
+        )
+        body = f"<ul>{items}</ul>"
+    else:
+        body = '<p class="note">No finding: no bottleneck the advisor knows of.</p>'
+    facts_rows = [[str(k), _show(v)] for k, v in (profile.get("facts") or {}).items()]
+    if facts_rows:
+        body += "<details><summary>the measured facts behind the findings</summary>"
+        body += table(["fact", "value"], facts_rows, sortable=False) + "</details>"
+    for key, title in (("top_device_ops", "top ops by device time"), ("top_host_ops", "top ops by host time")):
+        ops = profile.get(key) or []
+        if ops:
+            rows: list[Row] = [
+                [
+                    str(op.get("name", ""))[:80],
+                    Cell(str(op.get("calls")), float(op.get("calls") or 0)),
+                    num((op.get("self_device_us") or 0) / 1000, 3),
+                    num((op.get("self_host_us") or 0) / 1000, 3),
+                ]
+                for op in ops
+            ]
+            body += f"<h3>{esc(title)}</h3>" + table(["op", "calls", "self device ms", "self host ms"], rows)
+    return body
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        return format_number(value) if math.isfinite(value) else str(value)
+    return str(value)

@@ -1,0 +1,262 @@
+"""The learning-rate range test (L. Smith, "Cyclical Learning Rates for Training Neural Networks",
+2017, §3.3; fastai's `lr_find`): train for a few steps while the learning rate grows
+exponentially, record the loss at each one, and read a good learning rate off the curve.
+
+The sweep runs on parts built for it alone (`build_sweep_parts`: the model, optimizer and data a
+run of the same config would start from, through build.py's builders) and steps with the loop's
+own `train_step`, so accumulation, precision, the non-finite guard and every parallel layout
+behave exactly as in training. Nothing is checkpointed, logged to metrics.jsonl or evaluated.
+Under torchrun every rank records the loss averaged over all ranks, so every rank sees the same
+curve and draws the same suggestion; the ranks' suggestions are gathered, counted, and rank 0's is
+the one answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from gputrain.config import Config, config_to_dict
+from gputrain.distributed.context import all_reduce_mean
+from gputrain.observe.own_sync import own_sync
+from gputrain.train.build import TrainingParts, build_training
+from gputrain.train.device_guard import DeviceGuard
+from gputrain.train.nonfinite import NonFiniteGuard
+from gputrain.train.step import train_step
+
+Rule = Literal["steepest", "minimum"]
+RULES: dict[Rule, str] = {
+    "steepest": "steepest descent of the smoothed loss against log(lr)",
+    "minimum": "one tenth of the lr at the smoothed loss's minimum",
+}
+SMOOTHING_DECADES = 0.8
+"""The loss's exponential moving average spans this much of the learning rate's range (in powers
+of ten), whatever the sweep's density: one step's loss is noisy, and a fixed number of steps would
+make the suggestion move with --steps. The default sweep (100 steps over 8 decades) weights the
+past by 0.9, as fastai's steepest-point rule does over its default 100 steps."""
+DIVERGE_FACTOR = 4.0
+"""The sweep stops once the smoothed loss rises past this multiple of its lowest value: beyond
+that the learning rate only wrecks the weights (fastai's rule)."""
+WARMUP_POINTS = 3
+MAX_OVERFLOWS = 30
+"""fp16 loss-scale overflows in a row before the sweep gives up: GradScaler halves its scale at
+each, so 30 take it from 65536 below 1e-4; more means the gradients are Inf at any scale."""
+"""The first points of the smoothed curve are skipped by the rules: the average has seen too few
+losses to mean much."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """An exponential sweep from `start_lr` to `end_lr` over `steps` optimizer steps."""
+
+    start_lr: float = 1e-7
+    end_lr: float = 10.0
+    steps: int = 100
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of the sweep's `step`-th update (0-based)."""
+        return self.start_lr * (self.end_lr / self.start_lr) ** (step / max(1, self.steps - 1))
+
+    @property
+    def smoothing(self) -> float:
+        """The moving average's weight of the past: a span of SMOOTHING_DECADES of learning rate."""
+        steps_per_decade = (self.steps - 1) / math.log10(self.end_lr / self.start_lr)
+        return 1 - 1 / max(1.0, SMOOTHING_DECADES * steps_per_decade)
+
+
+@dataclass(slots=True)
+class LRCurve:
+    """What the sweep measured: one point per optimizer step."""
+
+    lrs: list[float]
+    losses: list[float]
+    """The step's loss, the mean over the batch (and over ranks)."""
+    smoothed: list[float]
+    """A debiased exponential moving average of `losses` (Sweep.smoothing)."""
+    stopped: str
+    """Why the sweep ended: completed, diverged, nonfinite or overflow (fp16 at every loss scale)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Suggestion:
+    lr: float
+    rule: Rule
+    index: int
+    """The point of the curve the rule chose (for `minimum`, the minimum's)."""
+    ranks_agreeing: int = 1
+    """Ranks that computed this suggestion themselves (agree_on_suggestion)."""
+
+    @property
+    def rule_text(self) -> str:
+        return RULES[self.rule]
+
+
+def suggest_lr(curve: LRCurve, rule: Rule = "steepest") -> Suggestion:
+    """A learning rate read off the curve.
+
+    `steepest`: where the smoothed loss falls fastest per decade of learning rate, before its
+    minimum; that LR still trains stably but learns quickly. `minimum`: a tenth of the LR at the
+    smoothed minimum (the loss is about to climb there, so a tenth of it keeps a margin).
+
+    Raises:
+        ValueError: fewer points than the rules need (the sweep diverged at once).
+    """
+    lrs, smoothed = curve.lrs, curve.smoothed
+    finite = [i for i in range(len(smoothed)) if math.isfinite(smoothed[i])]
+    usable = [i for i in finite if i >= min(WARMUP_POINTS, len(finite) - 2)]
+    if len(usable) < 3:
+        raise ValueError(f"the sweep has {len(finite)} usable points; at least 3 are needed")
+    lowest = min(usable, key=lambda i: smoothed[i])
+    if rule == "minimum":
+        return Suggestion(lrs[lowest] / 10, rule, lowest)
+    descent = [i for i in usable if i <= lowest] or usable
+    if len(descent) < 2:  # the loss only rose: nothing fell, so the lowest LR tried is the safe one
+        return Suggestion(lrs[descent[0]], rule, descent[0])
+    # central differences of the smoothed loss against log(lr): the sweep's points are evenly
+    # spaced in log(lr), so this is the slope per decade up to a constant
+    slopes = {}
+    for n, i in enumerate(descent):
+        before, after = descent[max(n - 1, 0)], descent[min(n + 1, len(descent) - 1)]
+        if after != before:
+            slopes[i] = (smoothed[after] - smoothed[before]) / (math.log10(lrs[after]) - math.log10(lrs[before]))
+    steepest = min(slopes, key=lambda i: slopes[i])
+    return Suggestion(lrs[steepest], rule, steepest)
+
+
+def build_sweep_parts(config: Config, run_dir: Path) -> TrainingParts:
+    """The parts a run of `config` would start with (same seed, so the same initial weights and the
+    same batches), without the validation and test splits. Nothing is written into `run_dir`."""
+    from gputrain.data import build_data
+    from gputrain.models import build_model
+    from gputrain.train.state import seed_everything
+
+    seed_everything(config.train.seed)
+    bundle = build_data(config.data, config.train.seed)
+    model = build_model(config.model, bundle.spec)
+    return build_training(
+        config, model, bundle.train, spec=bundle.spec, run_dir=run_dir, names=(config.model.name, config.data.name)
+    )
+
+
+def _sweep_schedule(optimizer: torch.optim.Optimizer, sweep: Sweep) -> torch.optim.lr_scheduler.LambdaLR:
+    """The run's schedule replaced by the sweep's: every group starts at start_lr (a group's
+    `initial_lr`, left by the run's schedule, would otherwise be taken as the base)."""
+    for group in optimizer.param_groups:
+        for key in ("lr", "initial_lr"):
+            if isinstance(group.get(key), torch.Tensor):
+                group[key].fill_(sweep.start_lr)
+            else:
+                group[key] = sweep.start_lr
+    ratio = sweep.end_lr / sweep.start_lr
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: ratio ** (i / max(1, sweep.steps - 1)))
+
+
+def run_sweep(parts: TrainingParts, sweep: Sweep) -> LRCurve:
+    """Train `parts` through the sweep: one loss per optimizer step, read (and averaged over
+    ranks) every step, since every step's loss is the result. The parts are spent afterwards.
+
+    Stops early once the smoothed loss passes DIVERGE_FACTOR times its lowest, or the loss is not
+    finite; every rank decides on the same averaged numbers, so all stop at the same step.
+    """
+    # the host guard: the sweep reads every step's verdict anyway, and the device guard's stop mode
+    # would mask every step after a bad one until it is read
+    guard = parts.step.guard
+    if isinstance(guard, DeviceGuard):
+        guard = NonFiniteGuard(guard.mode, distributed=guard.distributed, scaler_active=False)
+    step_parts = dataclasses.replace(parts.step, scheduler=_sweep_schedule(parts.optimizer, sweep), guard=guard)
+    place, console = parts.place, parts.console
+    lrs: list[float] = []
+    losses: list[float] = []
+    smoothed: list[float] = []
+    average, lowest, beta = 0.0, math.inf, sweep.smoothing
+    stopped, epoch, overflows = "completed", 0, 0
+    parts.model.train()
+    step_parts.model.train()
+    console.start(sweep.steps, 0)
+    try:
+        while len(lrs) < sweep.steps and stopped == "completed":
+            for micro_batches in parts.feed.epoch(epoch):
+                lr = float(parts.optimizer.param_groups[0]["lr"])
+                result = train_step(step_parts, micro_batches, measure_grad_norm=False)
+                if result.verdict.kind == "overflow":
+                    # fp16: the scaler skipped the update and the LR did not move, so this is no
+                    # point of the curve (a second loss at one LR); the step is taken again
+                    overflows += 1
+                    if overflows > MAX_OVERFLOWS:
+                        stopped = "overflow"
+                        break
+                    continue
+                overflows = 0
+                with own_sync():
+                    loss = all_reduce_mean(result.loss.float(), place.dist).item()
+                lrs.append(lr)
+                losses.append(loss)
+                average = beta * average + (1 - beta) * loss  # debiased, as Adam's moments
+                smoothed.append(average / (1 - beta ** len(losses)))
+                if len(smoothed) > WARMUP_POINTS:
+                    lowest = min(lowest, smoothed[-1])
+                console.advance(len(lrs))
+                if not math.isfinite(loss) or result.verdict.kind == "nonfinite":
+                    stopped = "nonfinite"
+                elif smoothed[-1] > DIVERGE_FACTOR * lowest:
+                    stopped = "diverged"
+                if stopped != "completed" or len(lrs) >= sweep.steps:
+                    break
+            epoch += 1
+    finally:
+        console.stop()
+    return LRCurve(lrs, losses, smoothed, stopped)
+
+
+def agree_on_suggestion(suggestion: Suggestion, parts: TrainingParts) -> Suggestion:
+    """Rank 0's suggestion on every rank, with `ranks` set to how many ranks had computed that very
+    one themselves (all of them: they read the same averaged losses; fewer would mean the ranks saw
+    different curves, and lr_find.json and the command say so rather than hide it)."""
+    if not parts.place.dist.enabled:
+        return suggestion
+    mine = (suggestion.lr, suggestion.rule, suggestion.index)
+    everyone: list[Any] = [None] * parts.place.dist.world_size
+    dist.all_gather_object(everyone, mine)
+    lr, rule, index = everyone[0]
+    return Suggestion(float(lr), rule, int(index), ranks_agreeing=sum(theirs == everyone[0] for theirs in everyone))
+
+
+def other_suggestions(curve: LRCurve, chosen: Rule) -> dict[str, float]:
+    """What the rules not chosen suggest, for comparison: {rule: lr}."""
+    return {rule: suggest_lr(curve, rule).lr for rule in RULES if rule != chosen}
+
+
+def lr_find_record(
+    curve: LRCurve, sweep: Sweep, suggestion: Suggestion | None, parts: TrainingParts, config: Config
+) -> dict[str, Any]:
+    """The content of lr_find.json: the curve, the suggestion (None: the curve gave none) and its
+    rule, what the other rules say, and what ran."""
+    place = parts.place
+    return {
+        "suggested_lr": suggestion.lr if suggestion else None,
+        "rule": suggestion.rule if suggestion else None,
+        "rule_text": suggestion.rule_text if suggestion else None,
+        "suggested_index": suggestion.index if suggestion else None,
+        "other_rules": other_suggestions(curve, suggestion.rule) if suggestion else {},
+        "ranks_agreeing": suggestion.ranks_agreeing if suggestion else None,
+        "stopped": curve.stopped,
+        "start_lr": sweep.start_lr,
+        "end_lr": sweep.end_lr,
+        "steps": sweep.steps,
+        "steps_run": len(curve.lrs),
+        "lrs": curve.lrs,
+        "losses": [x if math.isfinite(x) else None for x in curve.losses],
+        "smoothed": [x if math.isfinite(x) else None for x in curve.smoothed],
+        "config": config_to_dict(config),
+        "batch_size": parts.global_batch,
+        "grad_accum": place.grad_accum,
+        "precision": place.precision,
+        "device": str(place.device),
+        "world_size": place.dist.world_size,
+    }
