@@ -1,0 +1,50 @@
+"""`gputrain rl`: parse → build the config → PPOTrainer → fit (or start torchrun for several ranks)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks
+from gputrain.config.docs import fields_help_text
+
+EXAMPLES = """examples:
+  gputrain rl                                                  # PPO on CartPole-v1, CleanRL's ppo.py settings
+  gputrain rl rl.env=Pendulum-v1                               # Gaussian policy, ppo_continuous_action.py settings
+  gputrain rl rl.num_envs=64 rl.num_steps=32 rl.stop_at_return=475
+  gputrain rl --nproc-per-node 2 rl.num_envs=8                 # each rank steps 4 of the 8 environments
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE.toml", help="TOML config file ([rl] and the shared sections)")
+    parser.add_argument("--run-dir", metavar="DIR", help="run directory (default runs/ppo-<env>-<time>/)")
+    add_launch_arguments(parser)
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="section.key=value",
+        help="config overrides, values as TOML literals (3, 1e-3, true) or strings, e.g. rl.env=Acrobot-v1",
+    )
+    parser.epilog = EXAMPLES + "\n" + fields_help_text()
+
+
+def run(args: argparse.Namespace) -> int:
+    from gputrain.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    if is_launcher(args):
+        from gputrain.train.run_files import check_run_dir, default_run_dir
+
+        # one run directory for every rank and every restart, so resume=auto finds the checkpoints
+        run_dir = args.run_dir or str(default_run_dir("ppo", config.rl.env))
+        check_run_dir(Path(run_dir))
+        return launch_ranks(args, "rl", run_dir)
+    from gputrain.distributed.context import shutdown_distributed
+    from gputrain.rl.trainer import PPOTrainer
+
+    try:
+        summary = PPOTrainer(config, run_dir=args.run_dir).fit()
+    finally:
+        shutdown_distributed()
+    return 0 if summary["status"] in ("completed", "stopped_early") else 1

@@ -1,0 +1,190 @@
+"""Config → the parts of a PPO run, each complete when built, from the same builders the Trainer
+uses: `place_run` (device, precision, ranks, process switches), `parallelize` (compile, DDP), the
+optimizer and schedule builders, the Checkpointer, the MetricsLogger and the console. What is RL's
+own: the environments (this rank's share), the normalisers, the policy and the rollout storage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+
+from gputrain.config import Config, OptimConfig
+from gputrain.distributed.context import agree_on_path, env_world
+from gputrain.distributed.parallelize import parallelize
+from gputrain.errors import ConfigError
+from gputrain.observe.console import RunConsole
+from gputrain.observe.speed import SpeedMeter
+from gputrain.optim import build_optimizer, build_schedule
+from gputrain.precision import Precision
+from gputrain.rl.envs.keyed_random import ACTION, KeyedUniform
+from gputrain.rl.envs.registry import ENVS
+from gputrain.rl.envs.vector import TensorVecEnv
+from gputrain.rl.episodes import EpisodeTracker
+from gputrain.rl.normalize import ObsNormalizer, RewardNormalizer
+from gputrain.rl.pipeline import TrainingEnvs
+from gputrain.rl.policy import ActorCritic, build_policy
+from gputrain.rl.rollout import Rollout
+from gputrain.rl.settings import PPOSettings
+from gputrain.train.build import Placement, place_run
+from gputrain.train.checkpointer import Checkpointer, check_resume_setting
+from gputrain.train.metrics import MetricsLogger
+from gputrain.train.run_files import check_run_dir, default_run_dir
+from gputrain.train.state import seed_everything
+from gputrain.train.threads import explicit_threads
+
+CHECKPOINTS_PER_RUN = 10
+"""With checkpoint.every_steps=0, a checkpoint every tenth of the iterations (and at the end)."""
+
+
+@dataclass(slots=True)
+class RLParts:
+    """Everything the PPO loop needs, built."""
+
+    place: Placement
+    settings: PPOSettings
+    policy: ActorCritic
+    """The module holding the parameters (state dicts, rollouts, the final weights)."""
+    update_model: nn.Module
+    """What the update calls: the policy, compiled and/or wrapped in DDP."""
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    precision: Precision
+    envs: TrainingEnvs
+    rollout: Rollout
+    action_noise: KeyedUniform
+    """The uniform numbers the policy turns into actions, keyed by (seed, step, environment)."""
+    speed: SpeedMeter
+    checkpointer: Checkpointer
+    metrics: MetricsLogger
+    console: RunConsole
+    run_dir: Path
+    checkpoint_every: int
+    """Iterations between checkpoints."""
+
+
+def _check_layout(config: Config, settings: PPOSettings, world: int) -> None:
+    strategy = config.parallel.strategy
+    if strategy not in ("auto", "none", "ddp"):
+        raise ConfigError(
+            "parallel.strategy",
+            "gputrain rl trains data-parallel (each rank its own environments): use auto, ddp or none",
+            strategy,
+        )
+    if settings.num_envs % world:
+        raise ConfigError(
+            "rl.num_envs",
+            f"must divide evenly over the {world} ranks (each steps num_envs / ranks environments)",
+            settings.num_envs,
+            hint=f"use a multiple of {world}",
+        )
+
+
+def _placement_config(config: Config, world: int) -> Config:
+    """The config `place_run` and `parallelize` see: data parallelism by DDP (none on one process),
+    and a train.batch_size of one sample per rank, the smallest batch whose split over the ranks
+    it checks: RL's batch is the rollout, checked against the ranks as rl.num_envs (above)."""
+    strategy: Literal["ddp", "none"] = "ddp" if world > 1 else "none"
+    train = dataclasses.replace(config.train, batch_size=world, grad_accum=1, micro_batch_size=None, cuda_graphs=False)
+    parallel = dataclasses.replace(config.parallel, strategy=strategy, activation_checkpointing="none")
+    return dataclasses.replace(config, train=train, parallel=parallel)
+
+
+def _env_dtype(requested: str, device: torch.device) -> torch.dtype:
+    if requested == "float32" or (requested == "auto" and device.type == "mps"):
+        return torch.float32
+    if device.type == "mps":
+        raise ConfigError("rl.env_dtype", "MPS has no float64", requested, hint="use rl.env_dtype=float32 or auto")
+    return torch.float64
+
+
+def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
+    """All the parts of a PPO run under `config` (its [rl] section, and train.device, precision,
+    seed, compile, deterministic; checkpoint; log; parallel.timeout_s).
+
+    Raises:
+        UsageError (ConfigError): bad config, before anything heavy starts.
+    """
+    cfg = config
+    s = PPOSettings.from_config(cfg.rl)
+    _, world, _ = env_world()
+    _check_layout(cfg, s, world)
+    check_resume_setting(cfg.checkpoint)
+    seed_everything(cfg.train.seed)  # the initial weights: the same on every rank
+    dynamics = ENVS[s.env]()
+    policy = build_policy(dynamics.action_space, dynamics.obs_size, s.hidden_sizes)
+    placing = _placement_config(cfg, world)
+    precision_choice = (
+        ("fp32", "auto: autocast does not pay on RL's small networks") if cfg.train.precision == "auto" else None
+    )
+    place = place_run(placing, policy, None, precision_choice=precision_choice)
+    device, dist = place.device, place.dist
+    lines = [*place.lines]
+    if device.type == "cpu" and explicit_threads(cfg.train.num_threads, os.environ) is None:
+        # RL's tensors (a few environments' states, 64-wide layers) are far below the size where
+        # intra-op threads pay; their hand-offs made steps 10x slower on a busy 2-core machine
+        torch.set_num_threads(1)
+        lines.append("rl: 1 CPU thread (RL's tensors are too small for more to pay; train.num_threads=N overrides)")
+    console = RunConsole(cfg.log.progress, enabled=dist.is_main)
+    for line in (*lines, s.describe()):
+        console.info(line)
+    run_path = agree_on_path(Path(run_dir) if run_dir is not None else default_run_dir("ppo", s.env), dist)
+    check_run_dir(run_path, keep=True)  # the last check before anything heavy
+
+    local_envs = s.num_envs // dist.world_size
+    first_env = dist.rank * local_envs
+    env = TensorVecEnv(
+        dynamics,
+        local_envs,
+        device,
+        _env_dtype(cfg.rl.env_dtype, device),
+        cfg.train.seed,
+        first_env,
+        s.max_episode_steps,
+    )
+    envs = TrainingEnvs(
+        env,
+        EpisodeTracker(local_envs, s.num_envs, first_env, device, dist, block_steps=s.num_steps),
+        ObsNormalizer(dynamics.obs_size, s.clip_obs, device, dist) if s.normalize_obs else None,
+        RewardNormalizer(local_envs, s.gamma, s.clip_reward, device, dist) if s.normalize_reward else None,
+        dist,
+    )
+    policy = policy.to(device)
+    par = parallelize(policy, dist, placing, device, place.choice, place.precision)
+    optimizer = build_optimizer(
+        par.model.parameters(), OptimConfig(name="adam", lr=s.learning_rate, eps=s.adam_eps), s.batch_size, device
+    )
+    # CleanRL's annealing: lr · (1 - (iteration - 1) / num_iterations), stepped once per iteration
+    schedule = OptimConfig(schedule="linear" if s.anneal_lr else "constant", min_lr=0.0)
+    scheduler = build_schedule(optimizer, schedule, s.num_iterations)
+    action_shape = () if dynamics.action_space.kind == "discrete" else (dynamics.action_space.size,)  # type: ignore[union-attr]
+    rollout = Rollout.empty(
+        s.num_steps, local_envs, dynamics.obs_size, action_shape, dynamics.action_space.kind == "discrete", device
+    )
+    speed = SpeedMeter(policy, device, place.precision, dist.world_size, s.batch_size, None, breakdown_every=0)
+    every = cfg.checkpoint.every_steps or max(1, math.ceil(s.num_iterations / CHECKPOINTS_PER_RUN))
+    return RLParts(
+        place=place,
+        settings=s,
+        policy=policy,
+        update_model=par.step_model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        precision=Precision(place.precision, device),
+        envs=envs,
+        rollout=rollout,
+        action_noise=KeyedUniform(cfg.train.seed, ACTION, env.env_ids, policy.draws),
+        speed=speed,
+        checkpointer=Checkpointer(cfg.checkpoint, run_path, dist, par.model, optimizer),
+        metrics=MetricsLogger(cfg.log, run_path, dist, console, speed, optimizer, s.batch_size, s.num_iterations, None),
+        console=console,
+        run_dir=run_path,
+        checkpoint_every=every,
+    )

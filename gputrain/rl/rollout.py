@@ -1,0 +1,71 @@
+"""The rollout: num_steps steps of every environment under the current policy, stored for the update
+(CleanRL's storage tensors and its rollout loop)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gputrain.rl.envs.keyed_random import KeyedUniform
+from gputrain.rl.pipeline import TrainingEnvs
+from gputrain.rl.policy import ActorCritic
+
+
+@dataclass(slots=True)
+class Rollout:
+    """One iteration's transitions of this rank, each (num_steps, num_envs, ...)."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    rewards: torch.Tensor
+    dones: torch.Tensor
+    """dones[t]: the episode ended at step t (CleanRL's dones[t + 1]; its last entry is next_done)."""
+    values: torch.Tensor
+    final_obs: torch.Tensor
+    """The observation each step reached before any reset (its value is owed where truncated_only)."""
+    truncated_only: torch.Tensor
+
+    @classmethod
+    def empty(
+        cls,
+        num_steps: int,
+        num_envs: int,
+        obs_size: int,
+        action_shape: tuple[int, ...],
+        discrete: bool,
+        device: torch.device,
+    ) -> Rollout:
+        def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=device)
+
+        return cls(
+            obs=zeros(obs_size),
+            actions=zeros(*action_shape, dtype=torch.int64 if discrete else torch.float32),
+            logprobs=zeros(),
+            rewards=zeros(),
+            dones=zeros(dtype=torch.bool),
+            values=zeros(),
+            final_obs=zeros(obs_size),
+            truncated_only=zeros(dtype=torch.bool),
+        )
+
+
+@torch.no_grad()
+def collect_rollout(policy: ActorCritic, envs: TrainingEnvs, rollout: Rollout, noise: KeyedUniform) -> None:
+    """Fill `rollout` with num_steps steps of every environment; `envs.obs` carries on from the
+    previous rollout. No host sync: actions come from the policy and keyed noise on the device."""
+    num_steps = rollout.obs.shape[0]
+    uniforms = noise.steps(envs.steps_taken, num_steps)  # the whole rollout's noise in one go
+    for step in range(num_steps):
+        rollout.obs[step] = envs.obs
+        action, logprob, value = policy.act(envs.obs, uniforms[step])
+        rollout.values[step] = value
+        rollout.actions[step] = action
+        rollout.logprobs[step] = logprob
+        result = envs.step(action)
+        rollout.rewards[step] = result.reward
+        rollout.dones[step] = result.done
+        rollout.final_obs[step] = result.final_obs
+        rollout.truncated_only[step] = result.truncated_only

@@ -1,0 +1,322 @@
+"""PPO on gputrain's parts: `PPOTrainer.fit` is the loop, one iteration at a time:
+
+    rollout (num_steps steps of every environment)  →  GAE  →  update_epochs × num_minibatches steps
+
+as in CleanRL's ppo.py. Around it, what every gputrain run has: a run directory that belongs to one
+run, resume bit for bit from the last checkpoint (weights, optimizer, schedule, every environment,
+the normalisers, the counters that key all randomness), metrics.jsonl and TensorBoard rows on logging
+iterations (the only host syncs), Ctrl-C/SIGTERM saving a checkpoint, and summary.json whatever ends
+the run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gputrain.config import Config, load_config
+from gputrain.errors import Interrupted
+from gputrain.rl.build import build_rl
+from gputrain.rl.collectives import all_reduce_sum
+from gputrain.rl.episodes import WINDOW, EpisodeFigures
+from gputrain.rl.gae import bootstrap_truncations, compute_gae
+from gputrain.rl.minibatches import epoch_minibatches
+from gputrain.rl.ppo import LOSS_TERMS, Batch, UpdateResult, ppo_update
+from gputrain.rl.resume import ENV_KEY, check_env_state
+from gputrain.rl.rollout import collect_rollout
+from gputrain.train.run_files import PriorRun, continue_run, prior_run, write_run_files
+from gputrain.train.run_record import RunEnding, RunRecorder
+from gputrain.train.signals import StopRequest
+from gputrain.train.state import LoopState, restore_training_state, training_state
+from gputrain.train.summary import build_summary
+
+ConfigLike = Config | Mapping[str, Any] | str | Path | None
+
+
+class PPOTrainer:
+    """Train a policy with PPO on tensor environments, as `gputrain rl` does.
+
+    Args:
+        config: a Config, a dict of dotted keys (`{"rl.env": "Pendulum-v1"}`), or a TOML path.
+        run_dir: where the run's files go (default `runs/ppo-<env>-<time>/`).
+        overrides: `section.key=value` strings or a dict, applied on top of `config`.
+
+    Raises:
+        UsageError (ConfigError): bad config, before anything heavy starts.
+    """
+
+    def __init__(
+        self,
+        config: ConfigLike = None,
+        run_dir: str | Path | None = None,
+        overrides: Mapping[str, Any] | list[str] | None = None,
+    ) -> None:
+        self.config = config if isinstance(config, Config) and not overrides else load_config(config, overrides or ())
+        self.parts = parts = build_rl(self.config, run_dir)
+        self.settings, self.place, self.dist = parts.settings, parts.place, parts.place.dist
+        self.policy, self.envs, self.rollout = parts.policy, parts.envs, parts.rollout
+        self.checkpointer, self.metrics, self.console = parts.checkpointer, parts.metrics, parts.console
+        self.run_dir = parts.run_dir
+        self.seed = self.config.train.seed
+        self.state = LoopState()
+        self.stop = StopRequest()
+        self.figures: EpisodeFigures | None = None
+        """The episode figures of the last logging iteration."""
+        self._since = (time.perf_counter(), 0)
+        """(time, env steps) at the last row: the rate of the next row runs from there."""
+        self.recorder = RunRecorder(parts, self.stop, lambda: self.state, summarize=self._summary)
+
+    # ----------------------------------------------------------------- the loop
+    def fit(self, on_iteration: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Train to rl.total_timesteps (or rl.stop_at_return); return the summary (summary.json).
+
+        Args:
+            on_iteration: called with the iteration's number after each iteration.
+        """
+        s = self.settings
+        with self.recorder.recording() as ending:
+            if not self._start(ending):
+                return ending.summary
+            while ending.status is None:
+                iteration = self.state.global_step + 1
+                clock = time.perf_counter()
+                result, batch = self._iterate(iteration)
+                self.state.global_step = iteration
+                self.state.samples_seen += s.batch_size
+                self.state.train_time_s += time.perf_counter() - clock
+                solved = self._log(iteration, result, batch) if self.metrics.due(iteration) else False
+                self.console.advance(iteration)
+                ends = solved or iteration >= s.num_iterations
+                if ends or iteration % self.parts.checkpoint_every == 0:
+                    self._save()
+                if on_iteration is not None:
+                    on_iteration(iteration)
+                if self.stop.agreed(self.dist, self.place.device, True):
+                    self._interrupted()
+                if ends:
+                    ending.status = "stopped_early" if solved else "completed"
+            self.checkpointer.save_final_weights(self.run_dir / "model.safetensors")
+        if self.figures is not None and self.figures.window_return is not None:
+            last = self.figures.window_size
+            self.console.info(f"episodic return {self.figures.window_return:.2f} (mean of the last {last} episodes)")
+        return ending.summary
+
+    def _iterate(self, iteration: int) -> tuple[UpdateResult, Batch]:
+        """One PPO iteration: rollout, advantages, update; then the schedule's step."""
+        s, parts = self.settings, self.parts
+        collect_rollout(self.policy, self.envs, self.rollout, parts.action_noise)
+        batch = self._advantages()
+        result = ppo_update(
+            parts.update_model, parts.optimizer, parts.precision, batch, self._epochs(iteration), s, self.dist
+        )
+        parts.scheduler.step()
+        return result, batch
+
+    @torch.no_grad()
+    def _advantages(self) -> Batch:
+        """GAE over the rollout (bootstrapping truncated episodes first, where asked), flattened."""
+        s, r = self.settings, self.rollout
+        rewards = r.rewards
+        if s.bootstrap_truncated:
+            final_values = self.policy.value(r.final_obs.flatten(0, 1)).view_as(rewards)
+            rewards = bootstrap_truncations(rewards, final_values, r.truncated_only, s.gamma)
+        next_value = self.policy.value(self.envs.obs)
+        advantages, returns = compute_gae(rewards, r.values, r.dones, next_value, s.gamma, s.gae_lambda)
+        return Batch(
+            obs=r.obs.flatten(0, 1),
+            actions=r.actions.flatten(0, 1),
+            logprobs=r.logprobs.flatten(0, 1),
+            advantages=advantages.flatten(),
+            returns=returns.flatten(),
+            values=r.values.flatten(),
+        )
+
+    def _epochs(self, iteration: int) -> Iterator[list[torch.Tensor]]:
+        s, env = self.settings, self.envs.env
+        first_env = int(env.env_ids[0].item()) if env.num_envs else 0
+        for epoch in range(s.update_epochs):
+            yield epoch_minibatches(
+                self.seed,
+                iteration,
+                epoch,
+                s.num_steps,
+                s.num_envs,
+                s.num_minibatches,
+                first_env,
+                env.num_envs,
+                env.device,
+            )
+
+    # ----------------------------------------------------------------- logging
+    def _log(self, iteration: int, result: UpdateResult, batch: Batch) -> bool:
+        """Write the iteration's row (collective: figures are summed over the ranks); True when
+        rl.stop_at_return is reached by the mean of the last 100 episodes."""
+        s = self.settings
+        figures = self.figures = self.envs.tracker.take_figures()
+        self.state.extra["episodes"] = self.state.extra.get("episodes", 0) + figures.episodes
+        terms = (all_reduce_sum(result.last_sums, self.dist) / s.minibatch_size).tolist()
+        losses = dict(zip(LOSS_TERMS, terms))
+        clipped = all_reduce_sum(result.clipped, self.dist).item()
+        record: dict[str, Any] = {
+            "step": iteration,
+            "env_steps": self.state.samples_seen,
+            "episodic_return": figures.mean_return,
+            "episodic_length": figures.mean_length,
+            "episodes": figures.episodes,
+            "return_last_100": figures.window_return,
+            "lr": self.parts.optimizer.param_groups[0]["lr"],
+            **losses,
+            "loss": losses["policy_loss"] - s.ent_coef * losses["entropy"] + s.vf_coef * losses["value_loss"],
+            "clipfrac": clipped / (result.minibatches * s.minibatch_size),
+            "explained_variance": self._explained_variance(batch),
+            "grad_norm": float(result.grad_norm),
+            **self._rates(iteration),
+        }
+        if s.target_kl is not None:
+            record["minibatches"] = result.minibatches
+        self.metrics.log_record(record)
+        self.console.info(_console_line(record, s.num_iterations))
+        return _reaches(figures, s.stop_at_return)
+
+    def _rates(self, iteration: int) -> dict[str, Any]:
+        """Environment steps per second since the last row (rollout and update: CleanRL's SPS)."""
+        now = time.perf_counter()
+        since_time, since_samples = self._since
+        self._since = (now, self.state.samples_seen)
+        return {"env_steps_per_s": (self.state.samples_seen - since_samples) / max(now - since_time, 1e-9)}
+
+    def _explained_variance(self, batch: Batch) -> float | None:
+        """1 - Var(returns - values) / Var(returns) over the whole rollout (all ranks)."""
+        # in float64: the figure is 1 minus a ratio near 1 early on, which float32 sums would swamp
+        returns = batch.returns.double()
+        residual = returns - batch.values.double()
+        sums = torch.stack((returns.sum(), returns.square().sum(), residual.sum(), residual.square().sum()))
+        total, total_sq, res, res_sq = all_reduce_sum(sums, self.dist).tolist()
+        n = self.settings.batch_size
+        var_y = total_sq / n - (total / n) ** 2
+        var_res = res_sq / n - (res / n) ** 2
+        return None if var_y <= 0 else 1 - var_res / var_y
+
+    # ----------------------------------------------------------------- start, resume, save
+    def _start(self, ending: RunEnding) -> bool:
+        """Resume where a checkpoint says, open the run directory's files, and arm the signals.
+        False when the directory holds a complete run with nothing left to train."""
+        s = self.settings
+        path, verified = self.checkpointer.resume_point()
+        prior = prior_run(self.run_dir)
+        if not continue_run(self.run_dir, prior, self.config.checkpoint.resume, path, s.num_iterations):
+            assert prior is not None and prior.summary is not None
+            self._keep(ending, prior.summary, prior.describe())
+            return False
+        if path is not None:
+            saved = self.checkpointer.load(path, verified)
+            check_env_state(path, saved, self.envs, s.num_envs)
+            self.state = restore_training_state(
+                path, saved, self.parts.scheduler, self.parts.precision, self.dist.rank, self.place.device
+            )
+            self.envs.load_state_dict(saved[ENV_KEY])
+            self.console.info(f"resumed from {path} (iteration {self.state.global_step})")
+            if self._already_solved(prior):
+                assert prior is not None and prior.summary is not None
+                self._keep(ending, prior.summary, prior.describe())
+                return False
+        ending.started = True
+        if self.dist.is_main:
+            write_run_files(self.run_dir, self.config)
+        self.metrics.open(self.state, resumed=path is not None)
+        self._since = (time.perf_counter(), self.state.samples_seen)
+        self.stop.install()
+        self.console.start(s.num_iterations, self.state.global_step)
+        return True
+
+    def _already_solved(self, prior: PriorRun | None) -> bool:
+        """Whether the run resumed from stopped at rl.stop_at_return, at this checkpoint, and still
+        meets it: then it is complete, as a run that reached its last iteration is."""
+        if prior is None or prior.summary is None or prior.summary.get("status") != "stopped_early":
+            return False
+        if prior.summary.get("global_step") != self.state.global_step:
+            return False
+        return _reaches(self.envs.tracker.take_figures(), self.settings.stop_at_return)
+
+    def _keep(self, ending: RunEnding, summary: dict[str, Any], described: str) -> None:
+        ending.kept = ending.summary = summary
+        self.console.info(
+            f"{self.run_dir} holds {described}, complete: nothing to train (its summary: "
+            f"{self.run_dir / 'summary.json'}). Raise rl.total_timesteps to train it longer, or choose "
+            "another --run-dir for a new run"
+        )
+
+    def _save(self) -> Path | None:
+        if not self.checkpointer.enabled:
+            return None
+        state = training_state(self.parts.scheduler, self.parts.precision, self.state, self.place.device, None, None)
+        state[ENV_KEY] = self.envs.state_dict()  # collective: every rank's environments
+        return self.checkpointer.save(self.state.global_step, state)
+
+    def _interrupted(self) -> None:
+        path = self._save()
+        self.checkpointer.wait()
+        where = f"checkpoint saved at {path}; " if path else ""
+        raise Interrupted(
+            f"stopped by {self.stop.requested} at iteration {self.state.global_step}; {where}"
+            f"run again with --run-dir {self.run_dir} to resume"
+        )
+
+    # ----------------------------------------------------------------- the record
+    def _summary(self, status: str, wall_s: float, loss: float | None, ending: RunEnding) -> dict[str, Any]:
+        """summary.json: the Trainer's shape (train speed is environment steps per second), and an
+        "rl" block with the episodes' figures."""
+        s, state, figures = self.settings, self.state, self.figures
+        summary = build_summary(
+            status,
+            wall_s,
+            device=self.place.device,
+            precision=self.place.precision,
+            world_size=self.dist.world_size,
+            state=state,
+            speed=self.parts.speed,
+            train_loss=loss,
+            tokens_per_sample=None,
+            val={},
+            test={},
+            error=ending.error,
+        )
+        summary["rl"] = {
+            "env": s.env,
+            "policy": s.policy,
+            "num_envs": s.num_envs,
+            "iterations": state.global_step,
+            "env_steps": state.samples_seen,
+            "env_steps_per_s": state.samples_seen / state.train_time_s if state.train_time_s > 0 else None,
+            "episodes": state.extra.get("episodes", 0),
+            "episodic_return": figures.window_return if figures else None,
+            "episodic_length": figures.window_length if figures else None,
+            "window_episodes": figures.window_size if figures else 0,
+            "stop_at_return": s.stop_at_return,
+            "solved": status == "stopped_early" if s.stop_at_return is not None else None,
+        }
+        return summary
+
+
+def _reaches(figures: EpisodeFigures, target: float | None) -> bool:
+    """The mean return of a full window of the last 100 episodes is at least `target`."""
+    window = figures.window_return
+    return target is not None and window is not None and figures.window_size >= WINDOW and window >= target
+
+
+def _console_line(record: dict[str, Any], total: int) -> str:
+    def number(key: str, digits: int = 2) -> str:
+        value = record.get(key)
+        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+    return (
+        f"iteration {record['step']}/{total}  env steps {record['env_steps']:,}  "
+        f"return {number('episodic_return', 1)} (last 100: {number('return_last_100', 1)})  "
+        f"length {number('episodic_length', 1)}  {record['env_steps_per_s']:,.0f} steps/s  "
+        f"approx_kl {number('approx_kl', 4)}  clipfrac {number('clipfrac', 3)}"
+    )
