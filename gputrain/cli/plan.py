@@ -1,0 +1,210 @@
+"""`gputrain plan`: will it fit? Bytes per device for each layout, which fit, what auto takes and why.
+
+One training step is measured on fake tensors (shapes only: no memory, no compute), then composed
+into each strategy's bytes per device, with and without activation checkpointing and CPU offload.
+Exit codes: 0 a layout fits; 1 none does (the output says by how much and what would); 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from gputrain.config.docs import fields_help_text
+
+if TYPE_CHECKING:
+    from gputrain.plan.planner import MemoryPlan, PlanTarget
+
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+def parse_size(text: str) -> int:
+    """'80GiB', '80 GB', '512MiB', '4e9'-free plain bytes → bytes; argparse's type for --device-memory."""
+    m = _SIZE.fullmatch(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size; use e.g. 80GiB, 24GB or 512MiB")
+    number, unit = float(m.group(1)), (m.group(2) or "").upper()
+    scale = 1024 ** "KMGT".index(unit[0]) * 1024 if "I" in unit else _UNITS[unit[:1]]
+    size = int(number * scale)
+    if size < 1 << 20 or size > 1 << 50:
+        raise argparse.ArgumentTypeError(f"{text!r}: a device memory is between 1MiB and 1PiB")
+    return size
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE.toml", help="TOML config file (overrides still apply on top)")
+    parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N", help="ranks (one device each)")
+    parser.add_argument(
+        "--device-memory", type=parse_size, metavar="SIZE", help="one device's memory, e.g. 80GiB (default: this one's)"
+    )
+    parser.add_argument("--find-batch", action="store_true", help="also the largest micro-batch that fits")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
+    parser.epilog = fields_help_text()
+
+
+_UNIT = [2**30]
+
+
+def _gib(n: float) -> str:
+    return f"{n / _UNIT[0]:.2f}"
+
+
+def _set_unit(plan: MemoryPlan) -> str:
+    """GiB, or MiB where the whole table is under 1 GiB (set for this rendering)."""
+    big = max(r.layout.total for r in plan.rows)
+    _UNIT[0] = 2**30 if big >= 2**30 else 2**20
+    return "GiB" if _UNIT[0] == 2**30 else "MiB"
+
+
+def build_plan_target(config: Any) -> tuple[PlanTarget, int, str]:
+    """(what a step of this config runs, its micro-batch, the device's name)."""
+    import torch
+
+    from gputrain.data import build_data
+    from gputrain.data.pixels import as_model_sees_it
+    from gputrain.env.device import resolve_device
+    from gputrain.models import build_model
+    from gputrain.plan.targets import build_target, data_parallel_ranks
+    from gputrain.precision import resolve_precision
+    from gputrain.train.tasks import loss_of_batch, resolve_task
+
+    device = resolve_device(config.train.device)[0]
+    precision = resolve_precision(config.train.precision, device)[0]
+    bundle = build_data(config.data, config.train.seed)
+    with torch.device("meta"):  # the plan needs shapes only: a model of any size costs nothing
+        model = build_model(config.model, bundle.spec)
+    x, *rest = bundle.train[0]
+    sample = (as_model_sees_it(x), *rest)
+    loss_of = loss_of_batch(resolve_task(model, bundle.train, spec=bundle.spec, loss_fn=None, step_fn=None), None)
+    target = build_target(config, model, sample, device, precision, loss_of=loss_of)
+    train = config.train
+    micro = 1
+    if isinstance(train.micro_batch_size, int):
+        micro = train.micro_batch_size
+    elif isinstance(train.batch_size, int):
+        micro = max(1, train.batch_size // data_parallel_ranks(config, 1) // target.accum)
+    return target, micro, f"{device.type} ({precision})"
+
+
+def would_fit(target: PlanTarget, plan: MemoryPlan) -> list[str]:
+    """What would make the job fit when no layout does: more devices, offload, a smaller batch."""
+    from gputrain.distributed.auto import format_bytes
+    from gputrain.plan.batch import plan_micro_batch
+    from gputrain.plan.planner import AC_MODES, layout_row
+
+    ideas: list[str] = []
+    for world in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+        if world <= plan.world:
+            continue
+        for ac in AC_MODES:
+            if layout_row(target, plan.micro_batch, world, "fsdp", ac, False, plan.device_bytes)[0].fits:
+                extra = f" parallel.activation_checkpointing={ac}" if ac != "none" else ""
+                ideas.append(f"{world} devices: --nproc-per-node {world} parallel.strategy=fsdp{extra}")
+                break
+        if ideas:
+            break
+    row = layout_row(target, plan.micro_batch, plan.world, "fsdp", "full", True, plan.device_bytes)[0]
+    if row.fits:
+        ideas.append(
+            f"CPU offload: parallel.strategy=fsdp parallel.cpu_offload=true parallel.activation_checkpointing=full "
+            f"({format_bytes(row.layout.total)} per device, {format_bytes(row.layout.host)} in host memory)"
+        )
+    strategy = "none" if plan.world == 1 else "fsdp"
+    micro = plan_micro_batch(target, plan.world, plan.device_bytes, strategy, "full", cap=plan.micro_batch - 1)
+    if micro:
+        ideas.append(f"a smaller batch: train.micro_batch_size={micro} (or less) with activation checkpointing full")
+    return ideas or ["nothing on this plan's list: the model's states alone exceed the device even sharded 1024 ways"]
+
+
+def render(plan: MemoryPlan, device: str, ideas: list[str], found: int | None) -> str:
+    from gputrain.distributed.auto import format_count
+
+    unit = _set_unit(plan)
+    lines = [
+        f"plan: {format_count(plan.num_params)} parameters, micro-batch {plan.micro_batch} per device, "
+        f"{plan.world} rank(s) on {device}; device {_gib(plan.device_bytes)} {unit}, usable {_gib(plan.usable)} {unit}"
+        + ("" if plan.measured else "; activations NOT measured (the model does not run on fake tensors)"),
+        f"{unit} per device   strategy  checkpoint  offload  weights  grads  optim  activ  buffers  workspace"
+        "   total  fits",
+    ]
+    for row in plan.rows:
+        lay = row.layout
+        lines.append(
+            f"{'':17}{lay.strategy:<10}{lay.activation_checkpointing:<12}{'yes' if lay.cpu_offload else 'no':<9}"
+            f"{_gib(lay.weights):>7}{_gib(lay.gradients):>7}{_gib(lay.optimizer):>7}{_gib(lay.activations):>7}"
+            f"{_gib(lay.buffers):>9}{_gib(lay.workspace):>11}{_gib(lay.total):>8}  {'yes' if row.fits else 'no'}"
+        )
+    if plan.world == 1:
+        lines.append("(ddp, fsdp, tp, pp and hybrid need 2 or more ranks: --nproc-per-node N)")
+    if plan.auto is not None:
+        lay = plan.auto.layout
+        lines.append(
+            f"auto picks: {lay.strategy}, activation checkpointing {lay.activation_checkpointing}: the first of "
+            f"auto's layouts (replicas before shards, no recompute before recompute) that fits "
+            f"({_gib(lay.total)} of {_gib(plan.usable)} {unit} usable)"
+        )
+    else:
+        best = min(plan.rows, key=lambda r: r.layout.total)
+        lines.append(
+            f"DOES NOT FIT on {plan.world} device(s) of {_gib(plan.device_bytes)} {unit}: the smallest layout "
+            f"({best.layout.strategy}, checkpointing {best.layout.activation_checkpointing}"
+            f"{', offload' if best.layout.cpu_offload else ''}) needs {_gib(best.layout.total)} {unit}, "
+            f"{_gib(best.layout.total - plan.usable)} {unit} over the {_gib(plan.usable)} {unit} usable. Would fit:"
+        )
+        lines += [f"  - {idea}" for idea in ideas]
+    if found is not None:
+        lines.append(
+            f"largest micro-batch that fits (auto's layout, with headroom): {found}"
+            if found
+            else "largest micro-batch that fits: none (not even 1 sample)"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gputrain.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    from gputrain.distributed.auto import device_memory_bytes
+    from gputrain.plan.batch import plan_micro_batch
+    from gputrain.plan.planner import auto_candidates, make_plan
+
+    if args.nproc_per_node < 1:
+        from gputrain.errors import UsageError
+
+        raise UsageError("--nproc-per-node must be 1 or more")
+    target, micro, device = build_plan_target(config)
+    device_bytes = args.device_memory or device_memory_bytes(target.device)
+    plan = make_plan(target, micro, args.nproc_per_node, device_bytes)
+    ideas = would_fit(target, plan) if plan.auto is None else []
+    found = None
+    if args.find_batch or config.train.batch_size == "auto":
+        strategy, ac = (
+            (plan.auto.layout.strategy, plan.auto.layout.activation_checkpointing)
+            if plan.auto
+            else auto_candidates(plan.world)[-1]
+        )
+        found = plan_micro_batch(target, plan.world, device_bytes, strategy, ac)  # type: ignore[arg-type]
+    if args.json:
+        out = {
+            "micro_batch": plan.micro_batch,
+            "world": plan.world,
+            "device": device,
+            "device_bytes": plan.device_bytes,
+            "usable_bytes": plan.usable,
+            "num_params": plan.num_params,
+            "activations_measured": plan.measured,
+            "rows": [{**asdict(r.layout), "total": r.layout.total, "fits": r.fits} for r in plan.rows],
+            "auto": None if plan.auto is None else {**asdict(plan.auto.layout), "total": plan.auto.layout.total},
+            "would_fit": ideas,
+            "largest_micro_batch": found,
+        }
+        print(json.dumps(out, indent=1))
+    else:
+        print(render(plan, device, ideas, found))
+    return 0 if plan.auto is not None else 1

@@ -1,0 +1,257 @@
+"""`train.batch_size=auto` and `train.micro_batch_size=auto`: the largest micro-batch that fits.
+
+First the plan: the step measured on fake tensors at 1 and 2 samples gives the bytes per sample, a
+guess follows, and fake steps at the guess confirm it (or shrink it) within the plan's usable memory,
+less `HEADROOM`. Then, on CUDA and for layouts where every rank holds the whole model (none, ddp),
+trial steps at that size: an out-of-memory error on any rank shrinks the micro-batch on every rank
+(the verdict is all-reduced), so the ranks never disagree on the batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gputrain.distributed.ac import ACMode
+from gputrain.plan.layouts import usable_bytes
+from gputrain.plan.planner import PlanTarget, layout_row
+
+if TYPE_CHECKING:
+    from gputrain.config.schema import Config
+
+log = logging.getLogger("gputrain")
+HEADROOM = 0.9
+"""Of the plan's usable memory, what the found micro-batch may fill (the rest absorbs what varies:
+sequence lengths, the allocator's fragmentation)."""
+SHRINK = 0.8
+MAX_MICRO_BATCH = 1 << 16
+
+
+def plan_micro_batch(
+    target: PlanTarget,
+    world: int,
+    device_bytes: int,
+    strategy: str,
+    ac: ACMode = "none",
+    cap: int = MAX_MICRO_BATCH,
+) -> int:
+    """The largest micro-batch whose planned bytes fit `HEADROOM` of the usable memory; 0 if even one
+    sample does not."""
+    budget = usable_bytes(device_bytes) * HEADROOM
+
+    def total(micro: int) -> int:
+        return layout_row(target, micro, world, strategy, ac, False, device_bytes)[0].layout.total
+
+    one = total(1)
+    if one > budget:
+        return 0
+    per_sample = total(2) - one
+    if per_sample <= 0:
+        return cap
+    micro = min(cap, 1 + int((budget - one) / per_sample))
+    if micro >= 16:
+        micro -= micro % 8  # whole tiles of 8 for the matmuls
+    for _ in range(8):  # the guess is linear; the measurement decides
+        if micro <= 2 or total(micro) <= budget:
+            return micro
+        micro = max(2, int(micro * SHRINK))
+    return micro
+
+
+def agree(ok: bool) -> bool:
+    """True when every rank's `ok` is (an out-of-memory error on any rank counts for all)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return ok
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    flag = torch.tensor([0 if ok else 1], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item()) == 0
+
+
+def confirm_by_trials(
+    start: int, trial: Callable[[int], bool], agree: Callable[[bool], bool] = agree, max_tries: int = 12
+) -> int:
+    """The largest micro-batch from `start` down (by `SHRINK`) at which `trial` passes on every rank;
+    0 when even 1 fails.
+
+    Args:
+        trial: runs a step at a micro-batch, False on out-of-memory (it frees what it made).
+        agree: combines the ranks' verdicts; every rank must call it the same number of times.
+    """
+    micro = start
+    for _ in range(max_tries):
+        if agree(trial(micro)):
+            return micro
+        if micro == 1:
+            return 0
+        micro = max(1, int(micro * SHRINK))
+    return 0
+
+
+def oom_trial(step: Callable[[int], None]) -> Callable[[int], bool]:
+    """`step(micro)` as a trial: False where it runs out of device memory (the cache is emptied)."""
+
+    def trial(micro: int) -> bool:
+        try:
+            step(micro)
+            return True
+        except torch.OutOfMemoryError:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            return False
+
+    return trial
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+def _cuda_trial(target: PlanTarget, ac: ACMode) -> Callable[[int], bool]:
+    """A real step on the device that changes nothing: forward, backward, and optimizer-state-sized
+    tensors held across it; gradients dropped and buffers (BatchNorm statistics) restored after."""
+    from gputrain.distributed.ac import apply_ac
+    from gputrain.plan.measure import repeat_sample
+
+    # a copy: the run's own model stays as it is (on meta until it is materialised, or unwrapped);
+    # the trial measures memory, for which a meta model's uninitialised values do as well
+    source = target.model
+    if any(p.is_meta for p in source.parameters()):
+        model = copy.deepcopy(source).to_empty(device=target.device)
+    else:
+        model = copy.deepcopy(source).to(target.device)
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    sample = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to(target.device), target.sample)
+    checkpointed = apply_ac(model, ac) if ac != "none" else model
+
+    def step(micro: int) -> None:
+        states = [torch.empty_like(p) for p in model.parameters() for _ in range(target.optimizer_states)]
+        try:
+            with target.autocast():
+                loss = target.loss_of(checkpointed, repeat_sample(sample, micro))
+            loss.backward()
+            torch.cuda.synchronize(target.device)
+        finally:
+            del states
+            for p in model.parameters():
+                p.grad = None
+            with torch.no_grad():
+                for name, b in model.named_buffers():
+                    b.copy_(buffers[name])
+
+    return oom_trial(step)
+
+
+def resolve_auto_batch(
+    config: Config, model: torch.nn.Module, train_data: Any, world: int, device: torch.device, precision: str
+) -> str | None:
+    """Replace `auto` in train.batch_size or train.micro_batch_size by the micro-batch that fits, in
+    `config` itself (so the run directory's config.toml records what ran); returns the line that says so.
+
+    batch_size=auto: the global batch is that micro-batch × data-parallel ranks × grad_accum.
+    micro_batch_size=auto (batch_size fixed): the largest divisor of the per-rank batch that fits;
+    grad_accum makes up the rest.
+
+    Raises:
+        ConfigError: not even one sample fits (with the numbers), or the data has no sample to measure.
+    """
+    from gputrain.data.pixels import as_model_sees_it
+    from gputrain.errors import ConfigError
+    from gputrain.plan.targets import build_target, data_parallel_ranks
+
+    train = config.train
+    if train.batch_size != "auto" and train.micro_batch_size != "auto":
+        return None
+    field = "train.batch_size" if train.batch_size == "auto" else "train.micro_batch_size"
+    sample = _first_sample(train_data)
+    if sample is None:
+        raise ConfigError(field, "auto needs a Dataset of (inputs, targets) to measure a step on", "auto")
+    sample = (as_model_sees_it(sample[0]), *sample[1:])
+    target = build_target(config, model, sample, device, precision, loss_of=_loss_for(model, train_data))
+    dp = data_parallel_ranks(config, world)
+    strategy: str = config.parallel.strategy
+    if strategy == "auto":
+        from gputrain.plan.planner import auto_candidates
+
+        strategy = auto_candidates(world)[0][0]
+    ac: ACMode = config.parallel.activation_checkpointing
+    device_bytes = _device_bytes(device)
+    cap = max(1, min(MAX_MICRO_BATCH, _num_samples(train_data) // dp))
+    if train.batch_size != "auto":
+        cap = max(1, train.batch_size // dp)
+    micro = plan_micro_batch(target, world, device_bytes, strategy, ac, cap)
+    how = "the plan"
+    if micro and device.type == "cuda" and strategy in ("none", "ddp"):
+        micro, how = confirm_by_trials(micro, _cuda_trial(target, ac)), "the plan and trial steps"
+    if micro == 0:
+        one = layout_row(target, 1, world, strategy, ac, False, device_bytes)[0].layout.total
+        raise ConfigError(
+            field,
+            f"auto: not even 1 sample per device fits: {one / 2**30:.2f} GiB planned, "
+            f"{usable_bytes(device_bytes) * HEADROOM / 2**30:.2f} GiB usable",
+            "auto",
+            hint="more ranks with parallel.strategy=fsdp, parallel.activation_checkpointing=full, or a smaller model",
+        )
+    if train.batch_size == "auto":
+        accum = train.grad_accum if isinstance(train.grad_accum, int) else 1
+        train.batch_size, train.grad_accum = micro * dp * accum, accum
+        if train.micro_batch_size is not None:
+            train.micro_batch_size = micro
+        line = (
+            f"train.batch_size=auto: micro-batch {micro} per device (from {how}) "
+            f"× {dp} ranks × {accum} = {train.batch_size}"
+        )
+    else:
+        per_rank = train.batch_size // dp
+        micro = _largest_divisor_at_most(per_rank, micro)
+        train.micro_batch_size, train.grad_accum = micro, per_rank // micro
+        line = (
+            f"train.micro_batch_size=auto: {micro} per device (from {how}); "
+            f"train.grad_accum={train.grad_accum} makes up the batch of {train.batch_size}"
+        )
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(line, flush=True)
+    return line
+
+
+def _num_samples(data: Any) -> int:
+    try:
+        return len(data.dataset if isinstance(data, torch.utils.data.DataLoader) else data)  # type: ignore[arg-type]
+    except TypeError:
+        return MAX_MICRO_BATCH
+
+
+def _first_sample(data: Any) -> tuple[Any, ...] | None:
+    try:
+        sample = data.dataset[0] if isinstance(data, torch.utils.data.DataLoader) else data[0]
+    except Exception:  # noqa: BLE001 - a data set of its own kind: auto cannot measure it
+        return None
+    if isinstance(sample, torch.Tensor):
+        return (sample,)
+    if isinstance(sample, (list, tuple)) and sample and all(isinstance(t, torch.Tensor) for t in sample):
+        return tuple(sample)
+    return None
+
+
+def _loss_for(model: torch.nn.Module, data: Any) -> Any:
+    """The task's loss where the data tells it, else the surrogate (cross-entropy's memory)."""
+    from gputrain.plan.targets import surrogate_loss
+    from gputrain.train.tasks import loss_of_batch, resolve_task
+
+    try:
+        return loss_of_batch(resolve_task(model, data, spec=None, loss_fn=None, step_fn=None), None)
+    except Exception:  # noqa: BLE001 - a task that cannot be told: the surrogate's memory is close
+        return surrogate_loss
+
+
+def _device_bytes(device: torch.device) -> int:
+    from gputrain.distributed.auto import device_memory_bytes
+
+    return device_memory_bytes(device)

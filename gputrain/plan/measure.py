@@ -1,0 +1,179 @@
+"""One training step's memory, measured: two steps (the second is steady state: optimizer state
+exists, gradients were freed by zero_grad) under the live-bytes tracker, on fake tensors for the plan
+(`measure_fake`) or on real ones to check the plan (`measure_real`).
+
+The parts of the peak: weights, buffers, gradients and optimizer state are the tensors of those
+kinds (the tracker files each by where it comes from); what else is live is the activations saved
+for backward (live at the end of the forward pass) and temporary workspace. The forward/backward
+phase and the optimizer phase are measured apart, so a layout that shards some parts and not others
+can be composed from them (see `layouts.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from gputrain.distributed.ac import ACMode, apply_ac
+from gputrain.plan.tracker import LiveBytes
+
+LossOf = Callable[[nn.Module, Any], torch.Tensor]
+MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """Live bytes at the peak of one phase of the step, by kind."""
+
+    peak: int
+    weights: int
+    buffers: int
+    gradients: int
+    optimizer: int
+    other: int
+    """Activations and temporaries."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepMemory:
+    weights: int
+    buffers: int
+    gradients: int
+    optimizer: int
+    activations: int
+    """Saved for backward: the bytes the forward pass leaves live (the loss and outputs included)."""
+    forward_backward: Phase
+    optimizer_step: Phase
+    micro_batch: int
+
+    @property
+    def peak(self) -> int:
+        return max(self.forward_backward.peak, self.optimizer_step.peak)
+
+
+def _phase(tracker: LiveBytes) -> Phase:
+    b = tracker.at_peak
+    return Phase(tracker.peak, b["weights"], b["buffers"], b["gradients"], b["optimizer"], b["other"])
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+
+
+def run_measured_steps(
+    model: nn.Module,
+    batch: Any,
+    loss_of: LossOf,
+    make_optimizer: MakeOptimizer,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    micro_batch: int = 0,
+) -> StepMemory:
+    """Two training steps of `model` on `batch`, the second measured (fake or real tensors alike)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    tracker = LiveBytes()
+    tracker.track(model.parameters(), "weights")
+    tracker.track(model.buffers(), "buffers")
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.track([p.grad], "gradients")) for p in params]
+    optimizer = make_optimizer(params)
+    try:
+        with tracker:
+            for step in range(2):
+                tracker.reset_peak()
+                before = tracker.bytes["other"]
+                with autocast():
+                    loss = loss_of(model, batch)
+                saved = tracker.bytes["other"] - before
+                loss.backward()
+                del loss
+                forward_backward = _phase(tracker)
+                tracker.reset_peak()
+                optimizer.step()
+                tracker.track(_optimizer_tensors(optimizer), "optimizer")
+                optimizer_step = _phase(tracker)
+                optimizer.zero_grad(set_to_none=True)
+                if step == 0:
+                    continue
+                grads = sum(p.numel() * p.element_size() for p in params)
+                return StepMemory(
+                    weights=tracker.bytes["weights"],
+                    buffers=tracker.bytes["buffers"],
+                    gradients=grads,
+                    optimizer=tracker.bytes["optimizer"],
+                    activations=saved,
+                    forward_backward=forward_backward,
+                    optimizer_step=optimizer_step,
+                    micro_batch=micro_batch,
+                )
+    finally:
+        for hook in hooks:
+            hook.remove()
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def fake_mode() -> Iterator[FakeTensorMode]:
+    """Fake tensors: shapes, dtypes and devices, no memory and no compute; models that read tensor
+    values on the host (data-dependent shapes) are allowed to fail, the caller says so."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        yield mode
+
+
+def fake_copy(model: nn.Module, device: torch.device) -> nn.Module:
+    """A copy of `model` whose parameters and buffers are fake tensors on `device` (call inside
+    `fake_mode`); the real model is not touched and nothing of its size is allocated."""
+    memo: dict[int, Any] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        meta = torch.empty(t.shape, dtype=t.dtype, device=device)
+        memo[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
+    return copy.deepcopy(model, memo)
+
+
+def repeat_sample(sample: Any, micro_batch: int) -> Any:
+    """A batch of `micro_batch` copies of one sample (inputs, targets): the shapes are what matter."""
+    return torch.utils._pytree.tree_map_only(
+        torch.Tensor, lambda t: t.unsqueeze(0).expand(micro_batch, *t.shape).contiguous(), sample
+    )
+
+
+def measure_fake(
+    model: nn.Module,
+    sample: Any,
+    micro_batch: int,
+    loss_of: LossOf,
+    make_optimizer: MakeOptimizer,
+    device: torch.device,
+    ac: ACMode = "none",
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> StepMemory | None:
+    """The step's memory at `micro_batch` on fake tensors; None where the model cannot run on them.
+
+    `sample` is one real sample (a tensor or a tuple of them, no batch dimension); the batch is
+    made of fake tensors on `device`, so a large micro-batch costs nothing either."""
+    try:
+        with fake_mode() as mode:
+            fake = apply_ac(fake_copy(model, device), ac)
+            one = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: mode.from_tensor(t).to(device), sample)
+            batch = repeat_sample(one, micro_batch)
+            return run_measured_steps(fake, batch, loss_of, make_optimizer, autocast, micro_batch)
+    except Exception:  # noqa: BLE001 - the model's own code on fake tensors (values read on the host)
+        return None
+
+
+def measure_real(
+    model: nn.Module,
+    batch: Any,
+    loss_of: LossOf,
+    make_optimizer: MakeOptimizer,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    micro_batch: int = 0,
+) -> StepMemory:
+    """The same two steps on real tensors (what the plan is checked against)."""
+    return run_measured_steps(model, batch, loss_of, make_optimizer, autocast, micro_batch)

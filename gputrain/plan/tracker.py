@@ -1,0 +1,81 @@
+"""A live-bytes tracker: every tensor storage an op creates, counted until it is freed.
+
+The same mode runs over fake tensors (the plan: shapes only, nothing allocated or computed) and over
+real ones (the measurement the plan is checked against), so the two are counted the same way. Each
+storage is counted once, by its own size, from the op that created it until Python drops it (a
+weak reference's callback); views share their base's storage and add nothing. Storages made before
+the mode started (the parameters) are registered by `track`, under their category.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+CATEGORIES = ("weights", "buffers", "gradients", "optimizer", "other")
+
+
+def _storage(t: torch.Tensor) -> Any:
+    return t.untyped_storage()
+
+
+class LiveBytes(TorchDispatchMode):
+    """Counts live storage bytes (by category) and their peak; `other` is activations and temporaries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, tuple[str, int]] = {}
+        self.bytes = dict.fromkeys(CATEGORIES, 0)
+        self.total = 0
+        self.peak = 0
+        self.at_peak = dict(self.bytes)
+        self._refs: dict[int, weakref.ref[Any]] = {}
+
+    def _add(self, storage: Any, category: str) -> None:
+        key = id(storage)
+        if key in self.live:
+            return
+        size = int(storage.nbytes())
+        self.live[key] = (category, size)
+        self.bytes[category] += size
+        self.total += size
+        self._refs[key] = weakref.ref(storage, self._on_free(key))
+        if self.total > self.peak:
+            self.peak, self.at_peak = self.total, dict(self.bytes)
+
+    def _on_free(self, key: int) -> Any:
+        return lambda _: self._free(key)
+
+    def _free(self, key: int) -> None:
+        entry = self.live.pop(key, None)
+        self._refs.pop(key, None)
+        if entry is not None:
+            self.bytes[entry[0]] -= entry[1]
+            self.total -= entry[1]
+
+    def track(self, tensors: Iterable[torch.Tensor], category: str) -> None:
+        """Count tensors that already exist (or move them to `category`: a gradient, an optimizer state)."""
+        for t in tensors:
+            storage = _storage(t)
+            entry = self.live.get(id(storage))
+            if entry is not None and entry[0] != category:
+                self.bytes[entry[0]] -= entry[1]
+                self.bytes[category] += entry[1]
+                self.live[id(storage)] = (category, entry[1])
+            elif entry is None:
+                self._add(storage, category)
+
+    def reset_peak(self) -> None:
+        self.peak, self.at_peak = self.total, dict(self.bytes)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self._add(_storage(t), "other")
+        return out
