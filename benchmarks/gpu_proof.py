@@ -1,0 +1,171 @@
+"""The GPU proof in one call: every GPU figure of issue 15 from one command of at most 9 minutes on
+one H100/H200, written as one JSON file and one markdown table.
+
+Parts, in order (each in a process of its own, under its own time cap and the overall deadline; a
+part that fails, hangs or crashes is recorded with its error and the next part runs):
+
+    doctor     `gputrain doctor --json`
+    nccl       single-rank NCCL init and one all-reduce
+    pipeline   the prefetcher's overlap (share of host→device copy time hidden) and syncs per step
+    default_job  `gputrain train` with no arguments, on CUDA
+    gpt2       GPT-2 124M, bf16, T=1024, compile, fused AdamW: gputrain against a hand loop
+    fp8        GPT-2 124M in fp8 against bf16: loss curves within a stated tolerance, tokens/s
+    resnet50   ResNet-50 bf16 channels_last: hand loop, gputrain on synthetic data and on JPEG files
+    tests_gpu  pytest tests/gpu
+    bench      `gputrain bench --json --no-cache`
+
+    python benchmarks/gpu_proof.py OUT_DIR            # on the GPU machine, ≤ 9 minutes
+    python benchmarks/gpu_proof.py OUT_DIR --dry-run  # the same code at tiny sizes on a CPU (CI)
+
+Writes OUT_DIR/gpu_proof.json, OUT_DIR/gpu_proof.md and OUT_DIR/gpu_proof.log (every part's output).
+Exit code 0 when every part ran (goals met or not: the figures are the result), 1 when a part failed.
+
+The parts are forked from a server that has imported torch and gputrain once (multiprocessing's
+forkserver, which never touches CUDA itself), so a part costs no interpreter start; each part's
+process group is killed at its cap, subprocesses included. This driver never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+from proof_report import render_markdown  # noqa: E402
+
+# (name, module, cap in seconds on the GPU machine): the order puts the quick facts first and the
+# parts most likely to run long (the test suite, the full bench) last, where the deadline cuts them.
+PARTS: list[tuple[str, str, int]] = [
+    ("doctor", "proof_parts", 45),
+    ("nccl", "proof_parts", 45),
+    ("pipeline", "proof_pipeline", 60),
+    ("default_job", "proof_parts", 60),
+    ("gpt2", "proof_models", 150),
+    ("fp8", "proof_models", 120),
+    ("resnet50", "proof_models", 150),
+    ("tests_gpu", "proof_parts", 180),
+    ("bench", "proof_parts", 90),
+]
+DEADLINE_S = 525  # 9 minutes less a margin for the start and the report
+DRY_RUN_CAP_S = 60
+
+
+def _child(name: str, module: str, dry_run: bool, budget_s: float, work: str, log_path: str) -> None:
+    """Runs in the forked process: its own process group, its output to the log, its result to JSON."""
+    os.setsid()  # the driver kills the whole group at the cap, pytest and CLI children included
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    for stream in (sys.stdout, sys.stderr):  # a part killed at its cap still leaves its last lines
+        stream.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
+    import importlib
+    import traceback
+
+    from proof_parts import Context
+
+    if dry_run:  # CI's few shared cores: intra-op threads would only contend with each other and the loaders
+        import torch
+
+        torch.set_num_threads(1)
+    ctx = Context(dry_run=dry_run, work=Path(work), budget_s=budget_s)
+    try:
+        result = getattr(importlib.import_module(module), f"part_{name}")(ctx)
+        record: dict[str, Any] = {"status": "ok", "result": result}
+    except Exception as err:  # noqa: BLE001 - recorded; the driver goes on with the next part
+        traceback.print_exc()
+        record = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
+    (Path(work) / f"{name}.json").write_text(json.dumps(record, default=str))
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _tail(path: Path, chars: int = 2000) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return text[-chars:]
+
+
+def run_part(ctx: Any, name: str, module: str, budget_s: float, dry_run: bool, work: Path) -> dict[str, Any]:
+    log_path = work / f"{name}.log"
+    started = time.monotonic()
+    process = ctx.Process(target=_child, args=(name, module, dry_run, budget_s, str(work), str(log_path)))
+    process.start()
+    process.join(budget_s)
+    timed_out = process.is_alive()
+    if timed_out:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # the part and everything it started
+        process.join(10)
+    seconds = round(time.monotonic() - started, 1)
+    result_file = work / f"{name}.json"
+    if timed_out:
+        record = {"status": "timeout", "error": f"stopped at its cap of {budget_s:.0f} s", "log_tail": _tail(log_path)}
+    elif not result_file.exists():
+        record = {"status": "failed", "error": f"the part's process died (exit code {process.exitcode})",
+                  "log_tail": _tail(log_path)}
+    else:
+        record = json.loads(result_file.read_text())
+        if record["status"] != "ok":
+            record["log_tail"] = _tail(log_path)
+    return {"part": name, "seconds": seconds, "budget_s": round(budget_s), **record}
+
+
+def _preload() -> list[str]:
+    """What the fork server imports once for every part (importing CUDA-free modules only)."""
+    return ["torch", "gputrain", "gputrain.train.trainer", "proof_parts"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path, help="where gpu_proof.json, gpu_proof.md and gpu_proof.log go")
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU: the same code path, for CI")
+    parser.add_argument("--only", nargs="*", choices=[p[0] for p in PARTS], help="run these parts only")
+    parser.add_argument("--deadline", type=float, default=DEADLINE_S, help="seconds for all parts together")
+    args = parser.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    started, wall_start = time.monotonic(), time.time()
+    # torch.cuda.is_available() through NVML: even an indirect call while the fork server imports
+    # must not start CUDA there, or no forked part could use the GPU
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_preload())
+    records = []
+    with tempfile.TemporaryDirectory(prefix="gpu-proof-") as tmp:
+        work = Path(tmp)
+        for name, module, cap in PARTS:
+            if args.only and name not in args.only:
+                continue
+            left = args.deadline - (time.monotonic() - started)
+            budget = min(DRY_RUN_CAP_S if args.dry_run else cap, left)
+            if budget < 5:
+                records.append({"part": name, "seconds": 0.0, "budget_s": 0, "status": "not run",
+                                "error": f"the overall deadline of {args.deadline:.0f} s was reached"})
+            else:
+                records.append(run_part(ctx, name, module, budget, args.dry_run, work))
+            print(f"{name:12s} {records[-1]['status']:8s} {records[-1]['seconds']:6.1f} s  "
+                  f"{records[-1].get('result', {}).get('summary') or records[-1].get('error', '')}", flush=True)
+        logs = "".join(f"===== {name} =====\n{(work / f'{name}.log').read_text(errors='replace')}\n"
+                       for name, _, _ in PARTS if (work / f"{name}.log").exists())
+    proof = {"dry_run": args.dry_run, "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall_start)),
+             "wall_s": round(time.monotonic() - started, 1), "parts": records}
+    (args.out_dir / "gpu_proof.json").write_text(json.dumps(proof, indent=2, default=str))
+    (args.out_dir / "gpu_proof.md").write_text(render_markdown(proof))
+    (args.out_dir / "gpu_proof.log").write_text(logs)
+    failed = [r["part"] for r in records if r["status"] != "ok"]
+    print(f"gpu_proof: {len(records) - len(failed)} of {len(records)} parts ran in {proof['wall_s']} s"
+          + (f"; not ok: {', '.join(failed)}" if failed else "") + f" -> {args.out_dir}/gpu_proof.md")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

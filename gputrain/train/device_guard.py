@@ -1,0 +1,218 @@
+"""The non-finite guard with its verdict kept on the device: no host sync on a non-logging step.
+
+nonfinite.py's `NonFiniteGuard` reads one flag per step, which stalls a GPU's host every step so
+it cannot run ahead of the device. Here the flag never leaves the device between logging steps:
+
+- torch's fused optimizers (Adam, AdamW, SGD, Adagrad with `fused=True`) take a `found_inf`
+  tensor and skip the whole update on the device when it is 1: no parameter, no moment and no
+  step count changes (the mechanism GradScaler uses without a sync);
+- `stop` mode keeps that flag *sticky*: once a step is bad, every later update is masked too, so
+  when the host reads the flag on the next logging step (or before a checkpoint or an evaluation)
+  the model is exactly as it was before the first bad step, which the run then names and stops at.
+  The LR schedule stays on the host: every applied step precedes the first bad one, so the host's
+  count of steps is the schedule's position for all of them, and it is set back on the stop;
+- `skip` mode has to keep going with an exact schedule, so the learning rate becomes a device
+  tensor read from a table of the schedule indexed by the device's count of applied steps; the
+  host's scheduler is moved to that count whenever the host reads the flags.
+
+The host reads the flags in `settle()`: one sync, on steps that sync anyway. The guard needs a
+fused optimizer over plain tensors and no GradScaler (`fits`); elsewhere the host guard's one
+sync per step remains, and a profile says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+
+from gputrain.distributed.dtensor import is_dtensor
+from gputrain.observe.own_sync import own_sync
+from gputrain.train.nonfinite import Verdict, amp_check_supports, nonfinite_flags
+
+PENDING = Verdict("pending")
+"""A device-side verdict the host has not read yet (`DeviceGuard.settle` reads it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BadStep:
+    """A step the device did not apply: its number (1-based, as the run counts) and what was bad."""
+
+    step: int
+    verdict: Verdict
+
+
+MAX_TABLE_STEPS = 1_000_000
+"""Skip mode tabulates the schedule, one float per step (4 MB and ~0.5 s to build at this size);
+a longer run keeps the host guard."""
+
+
+def fits(
+    optimizer: torch.optim.Optimizer, scheduler: LRScheduler, mode: str, scaler_active: bool, total_steps: int
+) -> bool:
+    """Whether the device-side guard can run this step: a fused optimizer over plain tensors, no
+    GradScaler (it owns `found_inf` itself), and in `skip` mode a schedule it can tabulate."""
+    if mode not in ("stop", "skip") or scaler_active or not optimizer.defaults.get("fused"):
+        return False
+    if any(is_dtensor(p) for group in optimizer.param_groups for p in group["params"]):
+        return False  # DTensor's fused-kernel rules do not take a plain found_inf tensor
+    return mode == "stop" or (isinstance(scheduler, LambdaLR) and total_steps <= MAX_TABLE_STEPS)
+
+
+class DeviceGuard:
+    """Decides on the device whether each step is applied; the host learns of it in `settle()`.
+
+    Args:
+        mode: "stop" or "skip" (train.on_nonfinite).
+        distributed: take the worst flag over all ranks, so every rank masks (or stops) together.
+        window: the most steps between two `settle()` calls (the logging interval); the loss of
+            each of them is kept on the device to say, later, what was bad.
+        total_steps: the run's length, the extent of skip mode's table of the schedule.
+    """
+
+    def __init__(self, mode: str, *, distributed: bool, window: int, total_steps: int) -> None:
+        self.mode = mode
+        self.total_steps = total_steps
+        self.distributed = distributed
+        self.window = max(1, window)
+        self._pending = 0  # steps since the last settle
+        self._ready = False
+
+    def _setup(self, loss: torch.Tensor, scheduler: LRScheduler) -> None:
+        """Device buffers, made on the first step (after a resume has set the schedule's position)."""
+        device = loss.device
+        self._flag = torch.zeros((), device=device)  # stop: sticky; skip: this step's
+        self._one = torch.ones((), device=device)
+        self._losses = torch.zeros(self.window, device=device)
+        self._flags = torch.zeros(self.window, device=device)  # skip: each pending step's flag
+        self._bad = torch.zeros((), device=device)  # stop: pending steps that ended masked
+        if self.mode == "skip":
+            assert isinstance(scheduler, LambdaLR)
+            positions = range(self.total_steps + 1)
+            self._tables = [
+                torch.tensor([base * fn(s) for s in positions], dtype=torch.float32, device=device)
+                for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+            ]
+            self._applied = torch.tensor(float(scheduler.last_epoch), device=device)
+        self._ready = True
+
+    # ------------------------------------------------------------------ the step (no host sync)
+    def mark(
+        self,
+        loss: torch.Tensor,
+        grads: list[torch.Tensor],
+        grad_norm: torch.Tensor | None,
+        scheduler: LRScheduler,
+    ) -> None:
+        """Record this step's flag on the device: 1 where the loss or a gradient is NaN/Inf."""
+        if not self._ready:
+            self._setup(loss, scheduler)
+        flag = self._flag
+        if self.mode == "skip":
+            flag.zero_()
+        loss = loss.detach()
+        # a norm is NaN/Inf exactly when a gradient is: with one, a single number to check
+        tensors = [(loss + grad_norm).float()] if grad_norm is not None else [*grads, loss]
+        device, dtype = loss.device, tensors[0].dtype
+        if amp_check_supports(device, dtype) and all(t.device == device and t.dtype == dtype for t in tensors):
+            # sets the flag to 1 on a NaN/Inf and never resets it: stop mode's stickiness for free
+            torch._amp_foreach_non_finite_check_and_unscale_(tensors, flag, self._one)
+        else:
+            for found in nonfinite_flags(tensors):
+                flag.add_(found.to(device).reshape(()))
+            flag.clamp_(max=1.0)  # the fused kernels skip on exactly 1
+        if self.distributed:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        slot = self._pending % self.window
+        self._losses[slot].copy_(loss)
+        if self.mode == "skip":
+            self._flags[slot].copy_(flag)
+        else:
+            self._bad.add_(flag)
+        self._pending += 1
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """`optimizer.step()`, skipped on the device where the flag says so."""
+        optimizer.found_inf = self._flag  # type: ignore[attr-defined]
+        if self.mode == "stop":
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.found_inf  # type: ignore[attr-defined]
+            return
+        # skip mode: the LR of the schedule's position, which only applied steps advance
+        index = self._applied.long().reshape(1)  # index_select: `table[index]` would read the index
+        floats = [group["lr"] for group in optimizer.param_groups]
+        for group, table in zip(optimizer.param_groups, self._tables, strict=True):
+            group["lr"] = torch.index_select(table, 0, index).reshape(())
+        try:
+            optimizer.step()
+        finally:
+            for group, lr in zip(optimizer.param_groups, floats, strict=True):
+                group["lr"] = lr
+            del optimizer.found_inf  # type: ignore[attr-defined]
+        self._applied.add_(1.0).sub_(self._flag)
+
+    @property
+    def full(self) -> bool:
+        """Whether `settle()` must run before another step: the window of kept flags is used up."""
+        return self._pending >= self.window
+
+    @property
+    def steps_host_schedules(self) -> bool:
+        """Whether the host steps the LR scheduler after each step (stop mode) or `settle` does."""
+        return self.mode == "stop"
+
+    # ------------------------------------------------------------------ the host's read
+    def settle(self, last_step: int, scheduler: LRScheduler) -> list[BadStep]:
+        """Read the pending steps' flags (one sync): the steps that were not applied, and the
+        schedule's position moved to match. `last_step` is the number of the latest step taken."""
+        pending, self._pending = self._pending, 0
+        if not pending or not self._ready:
+            return []
+        first = last_step - pending + 1
+        with own_sync():
+            if self.mode == "stop":
+                bad = int(self._bad.item())
+                if not bad:
+                    return []
+                offset = pending - bad  # every step from the first bad one on was masked
+                loss = float(self._losses[offset % self.window].item())
+            else:
+                flags = self._flags[: min(pending, self.window)].tolist()
+                losses = self._losses[: min(pending, self.window)].tolist()
+        if self.mode == "stop":
+            scheduler.last_epoch -= pending - offset  # the host stepped it for the masked steps too
+            _set_lrs(scheduler)
+            return [BadStep(first + offset, Verdict("nonfinite", _reason(loss)))]
+        self._flag.zero_()
+        skipped = [BadStep(first + i, Verdict("nonfinite", _reason(losses[i]))) for i, f in enumerate(flags) if f]
+        scheduler.last_epoch += pending - len(skipped)
+        _set_lrs(scheduler)
+        return skipped
+
+    def reset(self) -> None:
+        """Clear a stop-mode flag (the run is being stopped; nothing later should see it)."""
+        if self._ready:
+            self._flag.zero_()
+            self._bad.zero_()
+        self._pending = 0
+
+
+def _set_lrs(scheduler: LRScheduler) -> None:
+    """Put the LR of the scheduler's position into its optimizer's groups, as `step()` would."""
+    if isinstance(scheduler, LambdaLR):
+        position = scheduler.last_epoch
+        lrs = [base * fn(position) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+        for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        scheduler._last_lr = lrs  # what get_last_lr() answers
+
+
+def _reason(loss: float) -> str:
+    if not math.isfinite(loss):
+        return f"loss is {'nan' if math.isnan(loss) else ('inf' if loss > 0 else '-inf')}"
+    return "gradient norm is not finite"
