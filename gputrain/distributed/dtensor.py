@@ -1,0 +1,20 @@
+"""Is this tensor a DTensor? Asked without importing `torch.distributed.tensor`, which takes about
+a second: where that module was never imported, no DTensor can exist, so a one-process run never
+pays for the import."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+
+def is_dtensor(value: Any) -> bool:
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(value, module.DTensor)
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a (possibly sharded) tensor."""
+    return tensor.to_local() if is_dtensor(tensor) else tensor  # type: ignore[attr-defined]

@@ -1,0 +1,128 @@
+"""What the models of outside libraries (timm, torchvision, transformers) share when gputrain builds them.
+
+The libraries are optional (`pip install -e '.[ecosystem]'`): each is imported only when a config
+names one of its models, and a missing or broken one is a usage error that says how to install it.
+Nothing here downloads: models start from random weights, or from local files (`model.weights`,
+or the directory `model.hf_config` names).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+from collections.abc import Iterable
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from gputrain.data.spec import DataSpec
+from gputrain.errors import ConfigError
+
+INSTALL = "pip install -e '.[ecosystem]'"
+"""The extra that installs timm, torchvision and transformers (pyproject.toml)."""
+_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def _matching_torchvision() -> str:
+    """How to install the torchvision built for the installed torch; pip's own choice from PyPI is
+    the newest one, which needs a newer torch and would replace a CPU torch with a CUDA build."""
+    major, minor = (int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    version = f"torchvision==0.{minor + 15}.*" if major == 2 else "torchvision"  # 2.x pairs with 0.(x+15)
+    if torch.version.cuda is None:
+        return f"pip install '{version}' --index-url {_CPU_INDEX}"
+    return f"pip install '{version}'"
+
+
+def import_library(module: str, model_name: str) -> ModuleType:
+    """Import an optional library for `model.name=model_name`.
+
+    Raises:
+        ConfigError: the library is not installed, or installed but cannot be imported with this torch.
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or module).split(".")[0]
+        hint = INSTALL
+        # timm imports torchvision, which must be built for this torch: installed first, it is kept
+        if module in ("timm", "torchvision") and importlib.util.find_spec("torchvision") is None:
+            hint = f"{_matching_torchvision()}, then {INSTALL}"
+        raise ConfigError("model.name", f"needs {missing}, which is not installed", model_name, hint=hint) from exc
+    except Exception as exc:  # a broken install, e.g. a torchvision built for another torch
+        # the usual cause: a torchvision built for a CUDA torch beside a CPU one, whose C++ ops fail to load
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
+        raise ConfigError(
+            "model.name",
+            f"needs {module}, which is installed but cannot be imported with torch {torch.__version__} "
+            f"({type(exc).__name__}: {first_line})",
+            model_name,
+            hint=f"install the torchvision built for this torch: {_matching_torchvision()}",
+        ) from exc
+
+
+def check_known_name(name: str, known: Iterable[str], model_name: str, library: str) -> None:
+    """Refuse a name the library does not have, with the closest one it does have.
+
+    Raises:
+        ConfigError: naming model.name.
+    """
+    names = sorted(known)
+    if name in names:
+        return
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    raise ConfigError(
+        "model.name",
+        f"{library} has no model {name!r} ({len(names)} models)",
+        model_name,
+        hint=f"did you mean {', '.join(repr(f'{library}:{c}') for c in close)}?" if close else None,
+    )
+
+
+def check_image_data(spec: DataSpec, model_name: str) -> int:
+    """The channel count of the data's images, which an image model of a library needs.
+
+    Raises:
+        ConfigError: the data is not images with labels or targets.
+    """
+    if not spec.is_image or spec.task == "lm":
+        raise ConfigError(
+            "model.name",
+            f"{model_name} needs image data (channels, height, width); this data gives "
+            f"{spec.task} samples of shape {list(spec.input_shape)}",
+            model_name,
+            hint="use data.name=digits, mnist or image_folder, or model.name=hf for token sequences",
+        )
+    return spec.input_shape[0]
+
+
+def check_takes_images(model: nn.Module, spec: DataSpec, model_name: str) -> None:
+    """Run two blank images of the data's shape through the model in training mode, so a model that
+    cannot take this size (a ViT's patches larger than the image, too many stride-2 stages) or that
+    returns something else than one row of outputs per image is refused now, naming the sizes,
+    rather than failing at step 1. Parameters are shared, buffers copied and the RNG state kept, so
+    the model is exactly as built afterwards (BatchNorm statistics and dropout draws untouched)."""
+    images = torch.zeros(2, *spec.input_shape)
+    state: dict[str, torch.Tensor] = dict(model.named_parameters())
+    state.update({name: t.clone() for name, t in model.named_buffers()})
+    shape = "×".join(str(n) for n in spec.input_shape)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            out = torch.func.functional_call(model, state, (images,))
+    except Exception as exc:  # the model's own message says why, in its terms
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
+        raise ConfigError(
+            "model.name",
+            f"cannot take this data's {shape} images ({type(exc).__name__}: {first_line[:200]})",
+            model_name,
+            hint="use larger images (data.image_size) or another model",
+        ) from exc
+    expected = (2, spec.num_model_outputs)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+        got = f"a tensor of shape {list(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(
+            "model.name",
+            f"returns {got} for 2 images, not the {expected[1]} outputs per image the data needs",
+            model_name,
+        )
