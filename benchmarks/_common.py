@@ -35,17 +35,32 @@ def require_registered(model: str | None = None, data: str | None = None) -> Non
         raise SystemExit(0)
 
 
+def sync() -> None:
+    """Wait for the GPU, if there is one (gpu_proof.py --dry-run times the same code on a CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def peak_memory(reset: bool = False) -> int:
+    """The CUDA allocator's peak since the last reset (0 on a CPU); `reset` starts a new window."""
+    if not torch.cuda.is_available():
+        return 0
+    if reset:
+        torch.cuda.reset_peak_memory_stats()
+    return int(torch.cuda.max_memory_allocated())
+
+
 def time_windows(step: Callable[[], None], warmup: int, windows: int, per_window: int) -> list[float]:
     """Seconds per step of `windows` windows of `per_window` steps each, after `warmup` steps."""
     for _ in range(warmup):
         step()
-    torch.cuda.synchronize()
+    sync()
     times = []
     for _ in range(windows):
         start = time.perf_counter()
         for _ in range(per_window):
             step()
-        torch.cuda.synchronize()
+        sync()
         times.append((time.perf_counter() - start) / per_window)
     return times
 
@@ -62,5 +77,5 @@ def median(values: list[float]) -> float:
 
 
 def header(device: torch.device) -> str:
-    return (f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-            f"{time.strftime('%Y-%m-%d')}")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type} (dry run)"
+    return f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, {time.strftime('%Y-%m-%d')}"

@@ -1,11 +1,12 @@
 """GPT-2 124M on one GPU: gputrain against a hand-written loop, same kernels and settings.
 
-bf16 autocast, T=1024, torch.compile, fused AdamW, random tokens (vocab padded to 50304), the
-same batch order. Reports tokens/s, MFU by torchtitan's formula (6N + 12·L·H·Q·T per token)
-against the datasheet (or `gputrain bench`) bf16 peak, peak memory, and the ratios. The hand loop
-compiles the whole model, as nanoGPT does; gputrain compiles block by block (so FSDP's hooks stay
-outside the graphs): the ratio includes that choice.
-Goal: >= 45% MFU on one H100/H200.
+bf16 autocast, T=1024, torch.compile, fused AdamW, the same batch order. The tokens follow a
+random sparse bigram chain (1024 token ids in use, 4 successors each: the loss falls from ln 50304
+towards ln 4), so the loss curve says something. Reports tokens/s, MFU by torchtitan's formula
+(6N + 12·L·H·Q·T per token) against the datasheet (or `gputrain bench`) bf16 peak, peak memory,
+and the ratios. The hand loop compiles the whole model, as nanoGPT does; gputrain compiles block by
+block (so FSDP's hooks stay outside the graphs): the ratio includes that choice.
+Goal: >= 45% MFU on one H100/H200. gpu_proof.py calls these functions (also for fp8 against bf16).
 
     python benchmarks/gpu_gpt2.py [--batch 16] [--steps 60]
 """
@@ -13,48 +14,85 @@ Goal: >= 45% MFU on one H100/H200.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from _common import gputrain_step_times, header, median, require_cuda, require_registered, time_windows
+from _common import gputrain_step_times, header, median, peak_memory, require_cuda, require_registered, time_windows
 
 import torch
 import torch.nn.functional as F
 
+GPT2_124M = {"name": "gpt", "preset": "gpt2-124m", "vocab_size": 50304, "dropout": 0.0}
 
-def build(spec, seed: int):  # type: ignore[no-untyped-def]
+
+@dataclasses.dataclass(frozen=True)
+class GptJob:
+    """One measured configuration (gpu_proof.py --dry-run shrinks every size)."""
+
+    device: torch.device
+    batch: int = 16
+    steps: int = 60
+    warmup: int = 20
+    seq_len: int = 1024
+    model: dict = dataclasses.field(default_factory=lambda: dict(GPT2_124M))
+    compile: bool = True
+
+    @property
+    def vocab(self) -> int:
+        return int(self.model["vocab_size"])
+
+
+def bigram_tokens(job: GptJob, num_sequences: int, seed: int = 0):  # type: ignore[no-untyped-def]
+    """Sequences of a random sparse bigram chain over (at most) 1024 token ids, as TensorData."""
+    from gputrain.data.tensors import TensorData
+
+    g = torch.Generator().manual_seed(seed)
+    used = torch.randperm(job.vocab, generator=g)[: min(1024, job.vocab)]
+    successors = torch.randint(0, len(used), (len(used), 4), generator=g)
+    state = torch.randint(0, len(used), (num_sequences,), generator=g)
+    columns = [state]
+    for _ in range(job.seq_len):
+        state = successors[state, torch.randint(0, 4, (num_sequences,), generator=g)]
+        columns.append(state)
+    tokens = used[torch.stack(columns, dim=1)]
+    return TensorData(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+
+
+def spec_of(job: GptJob):  # type: ignore[no-untyped-def]
+    from gputrain.data.spec import DataSpec
+
+    return DataSpec(task="lm", input_shape=(job.seq_len,), vocab_size=job.vocab)
+
+
+def build(job: GptJob, seed: int = 0):  # type: ignore[no-untyped-def]
     from gputrain.config.schema import ModelConfig
     from gputrain.models import build_model
 
     torch.manual_seed(seed)
-    return build_model(ModelConfig(name="gpt", preset="gpt2-124m", vocab_size=50304, dropout=0.0), spec)
+    return build_model(ModelConfig(**job.model), spec_of(job))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=16, help="sequences per step (micro-batch = batch)")
-    parser.add_argument("--steps", type=int, default=60, help="steps per run, the first 20 are warm-up")
-    args = parser.parse_args()
-    device = require_cuda("gpu_gpt2")
-    require_registered(model="gpt")
-    from gputrain import Trainer
-    from gputrain.data.spec import DataSpec
-    from gputrain.data.tensors import TensorData
+def flops_per_step(job: GptJob) -> float:
     from gputrain.observe.flops import gpt_dims, gpt_flops_per_token
-    from gputrain.observe.peak import resolve_peak
+
+    dims = gpt_dims(build(job), job.seq_len)
+    assert dims is not None
+    per_token = gpt_flops_per_token(dims.n_params, dims.n_layer, dims.n_head, dims.head_dim, job.seq_len)
+    return float(per_token * job.batch * job.seq_len)
+
+
+def run_hand_loop(job: GptJob, data: Any) -> dict[str, Any]:
+    """nanoGPT's loop on gputrain's batch order: {"step_s", "peak_memory_bytes"}."""
     from gputrain.train.batches import BatchPlan
 
-    T, V = 1024, 50304
-    spec = DataSpec(task="lm", input_shape=(T,), vocab_size=V)
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, V, (args.batch * 8, T + 1), generator=generator)
-    data = TensorData(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
-
-    # hand-written loop
-    model = build(spec, 0).to(device)
-    step_model = torch.compile(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, fused=True)
-    plan = BatchPlan(num_samples=len(data), global_batch=args.batch, grad_accum=1, seed=0)
+    device, vocab = job.device, job.vocab
+    model = build(job).to(device)
+    step_model = torch.compile(model) if job.compile else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, fused=device.type == "cuda")
+    plan = BatchPlan(num_samples=len(data), global_batch=job.batch, grad_accum=1, seed=0)
     inputs, targets = data.inputs.to(device), data.targets.to(device)
     order = iter(())
 
@@ -67,43 +105,71 @@ def main() -> None:
 
     def hand_step() -> None:
         idx = next_indices()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             logits = step_model(inputs[idx])
-            loss = F.cross_entropy(logits.view(-1, V), targets[idx].view(-1))
+            loss = F.cross_entropy(logits.view(-1, vocab), targets[idx].view(-1))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    torch.cuda.reset_peak_memory_stats()
-    hand = median(time_windows(hand_step, warmup=20, windows=4, per_window=max(1, (args.steps - 20) // 4)))
-    hand_mem = torch.cuda.max_memory_allocated()
-    dims = gpt_dims(model, T)
-    del model, step_model, optimizer
-    torch.cuda.empty_cache()
+    peak_memory(reset=True)
+    per_window = max(1, (job.steps - job.warmup) // 4)
+    seconds = median(time_windows(hand_step, warmup=job.warmup, windows=4, per_window=per_window))
+    return {"step_s": seconds, "peak_memory_bytes": peak_memory()}
 
-    # gputrain
-    torch.cuda.reset_peak_memory_stats()
+
+def run_gputrain(job: GptJob, data: Any, precision: str = "bf16", extra: dict | None = None) -> dict[str, Any]:
+    """The same job through the Trainer: {"step_s", "peak_memory_bytes", "summary", "losses"}."""
+    from gputrain import Trainer
+
+    peak_memory(reset=True)
     with tempfile.TemporaryDirectory() as run_dir:
-        config = {"train.batch_size": args.batch, "train.max_steps": args.steps, "train.epochs": 10**6,
-                  "train.precision": "bf16", "train.compile": True, "optim.lr": 6e-4, "log.every_steps": 5,
-                  "log.progress": "none", "log.tensorboard": False, "checkpoint.enabled": False,
-                  "eval.every_epochs": 0}
-        summary = Trainer(build(spec, 0), data, spec=spec, config=config, run_dir=run_dir).fit()
-        ours = median(gputrain_step_times(Path(run_dir), skip_rows=4))
-    ours_mem = torch.cuda.max_memory_allocated()
+        config = {"train.batch_size": job.batch, "train.max_steps": job.steps, "train.epochs": 10**6,
+                  "train.precision": precision, "train.compile": job.compile, "train.device": str(job.device),
+                  "optim.lr": 6e-4, "log.every_steps": 5, "log.progress": "none", "log.tensorboard": False,
+                  "checkpoint.enabled": False, "eval.every_epochs": 0, **(extra or {})}
+        summary = Trainer(build(job), data, spec=spec_of(job), config=config, run_dir=run_dir).fit()
+        skip = min(job.warmup // 5, max(0, job.steps // 5 - 1))  # compile and warm-up windows
+        seconds = median(gputrain_step_times(Path(run_dir), skip_rows=skip))
+        rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    losses = [(r["step"], r["loss"]) for r in rows if "split" not in r and r.get("loss") is not None]
+    return {"step_s": seconds, "peak_memory_bytes": peak_memory(), "summary": summary, "losses": losses}
 
-    assert dims is not None
-    per_step = gpt_flops_per_token(dims.n_params, dims.n_layer, dims.n_head, dims.head_dim, T) * args.batch * T
-    peak, source = resolve_peak(device, "bf16")
-    print(header(device))
-    print(f"GPT-2 124M, bf16, T={T}, batch {args.batch}, compile, fused AdamW; peak {peak} ({source})")
-    for name, seconds, mem in (("hand loop", hand, hand_mem), ("gputrain", ours, ours_mem)):
-        mfu = per_step / seconds / peak if peak else float("nan")
-        print(f"{name:10s} step {1000 * seconds:7.2f} ms  {args.batch * T / seconds:10,.0f} tokens/s  "
-              f"MFU {100 * mfu:5.1f}%  peak memory {mem / 2**30:.2f} GiB")
-    print(f"gputrain / hand: step time {ours / hand:.3f}, throughput {hand / ours:.3f}, memory {ours_mem / hand_mem:.3f}")
-    print(f"gputrain's own report: mfu {summary['train']['mfu']}, mfu_formula {summary['train']['mfu_formula']}, "
-          f"flops_per_step {summary['train']['flops_per_step']:.4g} (counted) vs {per_step:.4g} (formula)")
+
+def speed(job: GptJob, step_s: float, flops: float, precision: str = "bf16") -> dict[str, Any]:
+    """tokens/s and MFU (None where no peak is known: a CPU without a bench cache)."""
+    from gputrain.observe.peak import resolve_peak
+
+    peak, source = resolve_peak(job.device, precision)
+    return {"tokens_per_s": job.batch * job.seq_len / step_s, "mfu": flops / step_s / peak if peak else None,
+            "peak_flops": peak, "peak_source": source}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=16, help="sequences per step (micro-batch = batch)")
+    parser.add_argument("--steps", type=int, default=60, help="steps per run, the first 20 are warm-up")
+    args = parser.parse_args()
+    job = GptJob(require_cuda("gpu_gpt2"), batch=args.batch, steps=args.steps)
+    require_registered(model="gpt")
+    data = bigram_tokens(job, job.batch * 8)
+    hand = run_hand_loop(job, data)
+    torch.cuda.empty_cache()
+    ours = run_gputrain(job, data)
+    flops = flops_per_step(job)
+    print(header(job.device))
+    print(f"GPT-2 124M, bf16, T={job.seq_len}, batch {job.batch}, compile, fused AdamW; "
+          f"peak {speed(job, 1.0, flops)['peak_flops']} ({speed(job, 1.0, flops)['peak_source']})")
+    for name, run in (("hand loop", hand), ("gputrain", ours)):
+        fig = speed(job, run["step_s"], flops)
+        mfu = 100 * fig["mfu"] if fig["mfu"] is not None else float("nan")
+        print(f"{name:10s} step {1000 * run['step_s']:7.2f} ms  {fig['tokens_per_s']:10,.0f} tokens/s  "
+              f"MFU {mfu:5.1f}%  peak memory {run['peak_memory_bytes'] / 2**30:.2f} GiB")
+    print(f"gputrain / hand: step time {ours['step_s'] / hand['step_s']:.3f}, throughput "
+          f"{hand['step_s'] / ours['step_s']:.3f}, memory {ours['peak_memory_bytes'] / hand['peak_memory_bytes']:.3f}")
+    train = ours["summary"]["train"]
+    print(f"gputrain's own report: mfu {train['mfu']}, mfu_formula {train.get('mfu_formula')}, "
+          f"flops_per_step {train['flops_per_step']:.4g} (counted) vs {flops:.4g} (formula)")
 
 
 if __name__ == "__main__":

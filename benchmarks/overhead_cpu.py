@@ -130,6 +130,33 @@ def measure(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: 
     return result
 
 
+def tensor_dataset_fit(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int) -> None:
+    """What a user writes: their tensors in a torch TensorDataset, handed to the Trainer."""
+    from torch.utils.data import TensorDataset
+
+    gputrain_loop(model, TensorDataset(data.inputs, data.targets), batch, steps, seed)  # type: ignore[arg-type]
+
+
+def measure_whole_fit(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: int, repeats: int) -> dict:
+    """CPU time of a whole call, set-up included: Trainer(model, TensorDataset(...)).fit() against the
+    hand loop, alternating; the median of the paired ratios."""
+    make_model, data = case
+    cpu: dict[str, list[float]] = {"hand": [], "gputrain": []}
+    for r in range(repeats + 1):  # the first round warms up (imports, allocator) and is dropped
+        for label, loop in (("hand", hand_loop), ("gputrain", tensor_dataset_fit)):
+            torch.manual_seed(r)
+            model = make_model()
+            start = time.process_time()
+            loop(model, data, 64, steps, r)
+            if r > 0:
+                cpu[label].append(time.process_time() - start)
+    ratios = [g / h for h, g in zip(cpu["hand"], cpu["gputrain"])]
+    hand, ours = statistics.median(cpu["hand"]), statistics.median(cpu["gputrain"])
+    print(f"{name:12s} whole fit, TensorDataset: hand {hand:7.3f} s  Trainer.fit {ours:7.3f} s CPU  "
+          f"ratio {statistics.median(ratios):.3f} (median of {repeats} paired runs of {steps} steps, set-up included)")
+    return {"case": name, "hand_cpu_s": hand, "gputrain_cpu_s": ours, "ratio": statistics.median(ratios)}
+
+
 def measure_wall(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: int, repeats: int) -> dict:
     """Wall time of the whole call, set-up included: Trainer(...).fit() against the hand loop, alternating."""
     make_model, data = case
@@ -162,6 +189,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"{time.strftime('%Y-%m-%d')}")
     measure("tiny MLP", mlp_case(), args.mlp_steps, args.repeats, guard_off=True)
+    measure_whole_fit("tiny MLP", mlp_case(), args.mlp_steps, args.repeats)
     measure("digits CNN", digits_case(), args.cnn_steps, args.repeats)
     measure_wall("digits CNN", digits_case(), args.wall_steps, args.repeats)
 

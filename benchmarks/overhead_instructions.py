@@ -6,7 +6,7 @@ for N and M steps in separate processes; the difference divided by M - N is the 
 step costs, the loop's set-up cancelled out. Pass a second checkout to compare two versions
 (e.g. before and after a refactor) in one sitting:
 
-    python benchmarks/overhead_instructions.py [--other /path/to/other/checkout] [--guard stop|off]
+    python benchmarks/overhead_instructions.py [--other /path/to/other/checkout] [--guard stop|off] [--hand]
 
 Needs valgrind (Debian: `apt-get install valgrind`); each run takes a minute or two.
 """
@@ -43,13 +43,41 @@ with tempfile.TemporaryDirectory() as run_dir:
 """
 
 
-def instructions(tree: Path, steps: int, guard: str) -> int:
-    """Instructions of a whole process that trains `steps` steps with the gputrain of `tree`."""
+# the same training written by hand, as a user would: AdamW as torch builds it by default, batches
+# indexed from the in-memory tensors in a shuffled order, no check, no logging
+HAND = """
+import sys
+import torch, torch.nn.functional as F
+from torch import nn
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+x, y = torch.randn(4096, 32, generator=g), torch.randint(0, 10, (4096,), generator=g)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+steps, done = int(sys.argv[2]), 0
+while done < steps:
+    order = torch.randperm(4096)
+    for i in range(0, 4096 - 63, 64):
+        idx = order[i:i + 64]
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        done += 1
+        if done == steps:
+            break
+"""
+
+
+def instructions(tree: Path | None, steps: int, guard: str) -> int:
+    """Instructions of a whole process that trains `steps` steps with the gputrain of `tree`, or
+    with the hand-written loop where `tree` is None."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:
-        script.write(RUN)
+        script.write(RUN if tree is not None else HAND)
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}  # the same dict orders every run
     out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-                          script.name, str(tree), str(steps), guard], capture_output=True, text=True, env=env)
+                          script.name, str(tree or ROOT), str(steps), guard], capture_output=True, text=True, env=env)
     os.unlink(script.name)
     found = re.search(r"Collected : (\d+)", out.stderr)
     if found is None:
@@ -57,7 +85,7 @@ def instructions(tree: Path, steps: int, guard: str) -> int:
     return int(found.group(1))
 
 
-def per_step(tree: Path, short: int, long: int, guard: str) -> float:
+def per_step(tree: Path | None, short: int, long: int, guard: str) -> float:
     return (instructions(tree, long, guard) - instructions(tree, short, guard)) / (long - short)
 
 
@@ -66,10 +94,15 @@ def main() -> None:
     parser.add_argument("--other", type=Path, help="a second checkout to compare with this one")
     parser.add_argument("--guard", choices=("stop", "off"), default="stop", help="train.on_nonfinite")
     parser.add_argument("--steps", type=int, nargs=2, default=(20, 420), metavar=("N", "M"))
+    parser.add_argument("--hand", action="store_true", help="also count the hand-written loop's step")
     args = parser.parse_args()
     short, long = args.steps
     ours = per_step(ROOT, short, long, args.guard)
     print(f"this checkout: {ours:,.0f} instructions per step (tiny MLP, guard {args.guard}, steps {short}→{long})")
+    if args.hand:
+        hand = per_step(None, short, long, args.guard)
+        print(f"hand-written loop: {hand:,.0f} instructions per step; gputrain / hand = {ours / hand:.4f}, "
+              f"gputrain adds {ours - hand:,.0f} instructions per step")
     if args.other is not None:
         theirs = per_step(args.other, short, long, args.guard)
         print(f"{args.other}: {theirs:,.0f} instructions per step; this / that = {ours / theirs:.4f}")

@@ -1,3 +1,3 @@
-from gputrain.cli import main
+from gputrain.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -10,14 +10,18 @@ import contextlib
 import torch
 
 from gputrain.errors import ConfigError
+from gputrain.fp8 import check_fp8_supported
 from gputrain.observe.own_sync import own_sync
 
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8: the float8 layers (fp8.py) cast their own inputs; everything around them runs in bf16
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 _NO_AUTOCAST = contextlib.nullcontext()
 
 
 def resolve_precision(requested: str, device: torch.device) -> tuple[str, str]:
     """(precision, reason). auto: bf16 where the GPU supports it, fp16 on older CUDA GPUs, else fp32."""
+    if requested == "fp8":
+        check_fp8_supported(device)
     if requested != "auto":
         if requested in ("fp16", "tf32") and device.type == "cpu":
             raise ConfigError("train.precision", f"{requested} is a GPU mode; on CPU use fp32 or bf16", requested)

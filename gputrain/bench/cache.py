@@ -106,14 +106,15 @@ def _read() -> dict[str, Any]:
     return data
 
 
-def save_results(device_name_: str, mode: str, results: list[dict[str, Any]]) -> Path:
+def save_results(device_name_: str, mode: str, results: list[dict[str, Any]], suspect: str | None = None) -> Path:
     """File these results under this machine's key; a full run's matmul figures also become the
     peak per dtype that MFU is measured against.
 
     Only a full run sets the peak: `--quick` multiplies smaller matrices (4096² on a GPU), which
     do not reach the device's peak, and a peak set too low inflates every MFU. A quick run keeps
-    the peak of an earlier full run. The write is atomic (temp file + rename), so a concurrent
-    reader never sees half a file.
+    the peak of an earlier full run. `suspect` says why the figures may be low (a busy machine):
+    kept with the peaks, so an MFU measured against them says so. The write is atomic (temp file +
+    rename), so a concurrent reader never sees half a file.
     """
     key = machine_key(device_name_)
     data = _read()
@@ -125,8 +126,10 @@ def save_results(device_name_: str, mode: str, results: list[dict[str, Any]]) ->
             if r["bench"] == "matmul" and r["unit"] == "FLOP/s":
                 peaks[r["dtype"]] = max(peaks.get(r["dtype"], 0.0), float(r["value"]))
         peaks_measured_at: str | None = now
+        peaks_suspect = suspect
     else:
         peaks, peaks_measured_at = previous.get("peaks", {}), previous.get("peaks_measured_at")
+        peaks_suspect = previous.get("peaks_suspect")
     data["machines"][key] = {
         "device_name": device_name_,
         "driver": key.split(" | ")[1].removeprefix("driver "),
@@ -135,6 +138,7 @@ def save_results(device_name_: str, mode: str, results: list[dict[str, Any]]) ->
         "measured_at": now,
         "peaks": peaks,
         "peaks_measured_at": peaks_measured_at,
+        "peaks_suspect": peaks_suspect,
         "results": results,
     }
     path = cache_path()
@@ -149,6 +153,17 @@ def save_results(device_name_: str, mode: str, results: list[dict[str, Any]]) ->
 def load_cached(device_name_: str) -> dict[str, Any] | None:
     """This machine's cached entry for `device_name_`, or None."""
     return _read()["machines"].get(machine_key(device_name_))
+
+
+def busy_machine() -> str | None:
+    """Why figures measured now would be low, or None: other processes keep this machine's cores
+    busy (the 1-minute load average, read before a benchmark starts, is over half the cores)."""
+    try:
+        load = os.getloadavg()[0]
+        cores = len(os.sched_getaffinity(0))
+    except (OSError, AttributeError):
+        return None
+    return f"measured under load {load:.1f} on {cores} cores" if load > 0.5 * cores else None
 
 
 def load_cached_peak(device_name: str, dtype: str) -> float | None:

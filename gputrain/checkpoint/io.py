@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import pickle  # only for its exception type: nothing here unpickles
+import re
 import shutil
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -48,6 +49,15 @@ DCP_METADATA = ".metadata"
 
 class CorruptCheckpoint(Exception):
     """A checkpoint failed verification; the message says which file and why."""
+
+
+FileDigest = Mapping[str, Any]
+"""What the manifest records of a file: {"sha256": hex digest, "bytes": size}."""
+
+
+def file_digest(path: Path) -> dict[str, Any]:
+    """A file's manifest entry: its SHA-256 and size."""
+    return {"sha256": _sha256(path), "bytes": path.stat().st_size}
 
 
 def _sha256(path: Path) -> str:
@@ -99,12 +109,18 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, state: dict[str, An
     return commit_checkpoint_dir(tmp, root / step_dir_name(step), step)
 
 
-def commit_checkpoint_dir(tmp: Path, final: Path, step: int, fmt: str | None = None) -> Path:
+def commit_checkpoint_dir(
+    tmp: Path, final: Path, step: int, fmt: str | None = None, known: Mapping[str, FileDigest] | None = None
+) -> Path:
     """Seal a fully written temporary checkpoint directory and move it into place: a manifest of
     every file's size and SHA-256, fsync, the marker last, rename. Shared by the one-process and the
-    sharded (fmt="dcp") savers so both keep the same discipline."""
+    sharded (fmt="dcp") savers so both keep the same discipline.
+
+    `known`: digests the ranks that wrote the files took (a sharded save: each rank hashes its own
+    shards, so rank 0 does not read them all). Each is used only for a file of the recorded size;
+    every other file in the directory is hashed here, so the manifest covers all of them."""
     names = sorted(p.name for p in tmp.iterdir() if p.is_file())
-    files = {name: {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size} for name in names}
+    files = {name: _digest_of(tmp / name, (known or {}).get(name)) for name in names}
     manifest: dict[str, Any] = {"step": step, "files": files}
     if fmt is not None:
         manifest["format"] = fmt
@@ -130,6 +146,14 @@ def commit_checkpoint_dir(tmp: Path, final: Path, step: int, fmt: str | None = N
     return final
 
 
+def _digest_of(file: Path, reported: FileDigest | None) -> dict[str, Any]:
+    """The file's digest as its writer reported it, where that still matches its size; else hashed now."""
+    size = file.stat().st_size
+    if reported is not None and reported.get("bytes") == size and isinstance(reported.get("sha256"), str):
+        return {"sha256": reported["sha256"], "bytes": size}
+    return {"sha256": _sha256(file), "bytes": size}
+
+
 def save_weights(model: nn.Module | dict[str, torch.Tensor], path: Path) -> None:
     """Write final weights (a module, or a gathered state dict) as safetensors via a temporary
     name, so `path` is never half a file."""
@@ -142,13 +166,17 @@ def save_weights(model: nn.Module | dict[str, torch.Tensor], path: Path) -> None
     tmp.replace(path)
 
 
-def verify_checkpoint(path: Path) -> None:
+def verify_checkpoint(path: Path, share: tuple[int, int] = (0, 1)) -> None:
     """Raise CorruptCheckpoint unless every file the loader will read checks out: the marker names this
     step and the manifest's checksum, and the manifest lists each of those files with its size and
     SHA-256 (model.safetensors and state.pt; for a sharded checkpoint state.pt, .metadata, every shard
     file present and every file .metadata refers to). A manifest naming a path outside the checkpoint,
     a file that is a link leading out of it, and a checkpoint directory that is a link leading out of
-    its run directory are refused. Nothing is unpickled (.metadata only through DCP's allow-list)."""
+    its run directory are refused. Nothing is unpickled (.metadata only through DCP's allow-list).
+
+    `share`: (rank, ranks) when the ranks of a job verify one checkpoint together (checkpoint/by_rank.py):
+    every check runs on every rank except the hashing of the large files, each of which only one rank
+    reads (see `hashed_by`); the others check that it is there with its recorded size."""
     _check_location(path)
     if not _inside(path / MARKER, path) or not (path / MARKER).is_file():
         raise CorruptCheckpoint(f"{path}: incomplete (no {MARKER} marker)")
@@ -185,10 +213,14 @@ def verify_checkpoint(path: Path) -> None:
         held = "a sharded (DCP) checkpoint" if sharded else "a one-process checkpoint"
         raise CorruptCheckpoint(f"{path}: {MANIFEST} says {said} but the directory holds {held}")
     needed = [DCP_METADATA, STATE_FILE, *_shard_files(path)] if sharded else [MODEL_FILE, STATE_FILE]
-    for name in dict.fromkeys([*needed, *files]):
+    listed = list(dict.fromkeys([*needed, *files]))
+    rank, ranks = share
+    for name in listed:
         if name not in files:
             raise CorruptCheckpoint(f"{path}: {MANIFEST} does not list {name}, which the loader reads")
-        _verify_file(path, name, files[name])
+        # .metadata on every rank: each reads it next, and only once its bytes check out
+        mine = ranks == 1 or name == DCP_METADATA or hashed_by(name, listed, ranks) == rank
+        _verify_file(path, name, files[name], hash_it=mine)
     if sharded:  # only now, with its bytes verified, is .metadata read (DCP's classes only)
         for name in dcp_referenced_files(path):
             if not _plain_name(name):
@@ -233,14 +265,34 @@ def _shard_files(path: Path) -> list[str]:
     )
 
 
-def _verify_file(path: Path, name: str, expected: Any) -> None:
+_DCP_SHARD = re.compile(r"__(\d+)_\d+\.distcp")
+
+
+def hashed_by(name: str, names: list[str], ranks: int) -> int:
+    """Which of `ranks` ranks hashes file `name` of a checkpoint holding `names` when they verify it
+    together: a DCP shard `__R_*.distcp` rank R (the rank that wrote it, on the same layout); the
+    others (state.pt, a one-process checkpoint's weights, shards of ranks beyond) in turn."""
+    writer = _writer_rank(name, ranks)
+    if writer is not None:
+        return writer
+    others = sorted(n for n in names if n != DCP_METADATA and _writer_rank(n, ranks) is None)
+    return others.index(name) % ranks if name in others else 0
+
+
+def _writer_rank(name: str, ranks: int) -> int | None:
+    """R for a DCP shard `__R_<i>.distcp` when R is one of `ranks`, else None."""
+    shard = _DCP_SHARD.fullmatch(name)
+    return int(shard.group(1)) if shard is not None and int(shard.group(1)) < ranks else None
+
+
+def _verify_file(path: Path, name: str, expected: Any, hash_it: bool = True) -> None:
     file = path / name
     if not _inside(file, path):
         raise CorruptCheckpoint(f"{path}: {name} is a symbolic link leading out of the checkpoint")
     if not file.is_file():
         raise CorruptCheckpoint(f"{path}: {name} is missing")
     expected = expected if isinstance(expected, dict) else {}
-    if file.stat().st_size != expected.get("bytes") or _sha256(file) != expected.get("sha256"):
+    if file.stat().st_size != expected.get("bytes") or (hash_it and _sha256(file) != expected.get("sha256")):
         raise CorruptCheckpoint(f"{path}: {name} does not match its checksum")
 
 
@@ -407,11 +459,16 @@ def _restore_interrupted_swaps(root: Path) -> None:
             old.rename(root / name[0])
 
 
+def resume_candidates(root: Path) -> list[Path]:
+    """The checkpoints to try, newest first, once an interrupted re-save's old copy is put back."""
+    _restore_interrupted_swaps(root)
+    return list_checkpoints(root)
+
+
 def find_resumable(root: Path) -> Path | None:
     """The newest checkpoint that verifies. Damaged ones are skipped with a warning naming them;
     if checkpoints exist but none verifies, stop rather than silently restart from step 0."""
-    _restore_interrupted_swaps(root)
-    candidates = list_checkpoints(root)
+    candidates = resume_candidates(root)
     problems = []
     for path in candidates:
         try:
@@ -421,12 +478,15 @@ def find_resumable(root: Path) -> Path | None:
             log.warning("skipping damaged checkpoint: %s", err)
             problems.append(str(err))
     if candidates:
-        raise RunError(
-            "no valid checkpoint to resume from: "
-            + "; ".join(problems)
-            + " (use checkpoint.resume=never to start over)"
-        )
+        raise no_valid_checkpoint(problems)
     return None
+
+
+def no_valid_checkpoint(problems: list[str]) -> RunError:
+    """The error when checkpoints exist but none verifies: stop rather than restart from step 0."""
+    return RunError(
+        "no valid checkpoint to resume from: " + "; ".join(problems) + " (use checkpoint.resume=never to start over)"
+    )
 
 
 def rotate_checkpoints(root: Path, keep_last: int, keep: Collection[int] = frozenset()) -> None:

@@ -5,8 +5,10 @@ each file holds, so a checkpoint loads onto any world size and strategy: saved f
 it resumes on 1 process or with DDP. Model and optimizer state are keyed by parameter name
 (`get_state_dict`), never by position. The discipline of io.py is kept: written under a temporary
 name, then rank 0 — after every rank has finished — adds state.pt, the manifest of checksums and
-the COMMITTED marker, and renames it into place. With `async_save` the tensors are copied to host
-memory at once and written in the background; the commit happens when the write has finished.
+the COMMITTED marker, and renames it into place. Each rank hashes the shards it wrote and rank 0
+records their digests (by_rank.py), so no rank reads all the shards at a save. With `async_save`
+the tensors are copied to host memory at once and written in the background; the commit happens
+when the write has finished.
 
 Checkpoints must go to a file system every rank sees (the run directory on shared storage).
 """
@@ -38,6 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
+from gputrain.checkpoint.by_rank import DigestingWriter
 from gputrain.checkpoint.fit import (
     CheckpointMismatch,
     LiveParam,
@@ -114,11 +117,13 @@ class ShardedSaver:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         rngs: list[Any] = [None] * self.ctx.world_size
         dist.all_gather_object(rngs, state["rng"])  # every rank's RNG, so each resumes its own stream
-        state = {**state, "rng": rngs}
+        state = {**state, "rng": rngs, "optimizer_groups": _groups_of_every_rank(optim_sd, self.ctx.world_size)}
+
+        writer = DigestingWriter(tmp)  # each rank hashes its own shards; rank 0 gets the digests
 
         def commit() -> None:
             if self.ctx.is_main:
-                _commit(tmp, final, step, state)
+                _commit(tmp, final, step, state, writer.digests)
                 if on_commit is not None:
                     on_commit()
 
@@ -128,10 +133,10 @@ class ShardedSaver:
                 # the background write runs its own collectives: on the training group they would
                 # interleave with the step's and mismatch; and it coordinates over CPU (gloo)
                 self._gloo = dist.new_group(backend="gloo")
-            future = dcp.async_save(payload, checkpoint_id=str(tmp), process_group=self._gloo)
+            future = dcp.async_save(payload, storage_writer=writer, process_group=self._gloo)
             self._pending = (future, commit)  # type: ignore[assignment]
         else:
-            dcp.save(payload, checkpoint_id=str(tmp))
+            dcp.save(payload, storage_writer=writer)
             commit()
             dist.barrier()  # nobody resumes or exits before the commit is on disk
         return final
@@ -146,10 +151,11 @@ class ShardedSaver:
         commit()
 
 
-def _commit(tmp: Path, final: Path, step: int, state: dict[str, Any]) -> None:
-    """Rank 0, after every rank's shards are written: state.pt, then the shared commit protocol."""
+def _commit(tmp: Path, final: Path, step: int, state: dict[str, Any], digests: dict[str, Any]) -> None:
+    """Rank 0, after every rank's shards are written: state.pt, then the shared commit protocol with
+    the digests the ranks took of their own shards (anything unreported is hashed here)."""
     torch.save(state, tmp / STATE_FILE)
-    commit_checkpoint_dir(tmp, final, step, fmt="dcp")
+    commit_checkpoint_dir(tmp, final, step, fmt="dcp", known=digests)
 
 
 def load_portable_checkpoint(
@@ -308,7 +314,7 @@ def _prepare_sharded(
     check_optimizer(
         path,
         optimizer,
-        _sharded_optimizer(path, items, reader, state.get("optimizer_kind")),
+        _sharded_optimizer(path, items, reader, state.get("optimizer_kind"), state.get("optimizer_groups")),
         _live(model, optimizer),
         positional=False,
         live_layout_needed=True,  # DCP loads into the state an initialised optimizer holds
@@ -361,9 +367,23 @@ class _ItemReader:
             raise CorruptCheckpoint(f"{self.path}: a DCP item ({fqn}) is unreadable ({type(err).__name__})") from None
 
 
-def _sharded_optimizer(path: Path, items: dict[str, Any], reader: _ItemReader, kind: Any) -> SavedOptimizer:
+def _groups_of_every_rank(optim_sd: dict[str, Any], world_size: int) -> list[list[str]]:
+    """Each parameter group's parameter names over all ranks. DCP keeps one rank's copy of a plain
+    value such as `optim.param_groups.<i>.params`; under pipeline parallelism each rank lists only
+    its own stage's parameters, so state.pt carries the whole list. Collective."""
+    local = [list(group["params"]) for group in optim_sd["param_groups"]]
+    every: list[Any] = [None] * world_size
+    dist.all_gather_object(every, local)
+    return [list(dict.fromkeys(name for lists in every for name in lists[i])) for i in range(len(local))]
+
+
+def _sharded_optimizer(
+    path: Path, items: dict[str, Any], reader: _ItemReader, kind: Any, every_rank: Any = None
+) -> SavedOptimizer:
     """The optimizer part of a DCP checkpoint's metadata: `optim.param_groups.<i>.<setting>` and
-    `optim.state.<parameter>.<key>` (settings and non-tensor state read from their files)."""
+    `optim.state.<parameter>.<key>` (settings and non-tensor state read from their files). Which
+    group holds which parameter comes from state.pt's `optimizer_groups` (every rank's) where the
+    checkpoint has it, else from the metadata (one rank's list)."""
     groups: dict[int, dict[str, Any]] = {}
     state: dict[Any, dict[str, SavedItem]] = {}
     for key, item in items.items():
@@ -389,8 +409,17 @@ def _sharded_optimizer(path: Path, items: dict[str, Any], reader: _ItemReader, k
         raise CheckpointMismatch(path, f"{DCP_METADATA}: the optimizer's parameter groups are not numbered 0..n-1")
     params = []
     known = True
+    whole = (
+        every_rank
+        if isinstance(every_rank, list)
+        and len(every_rank) == len(groups)
+        and all(isinstance(g, list) for g in every_rank)
+        else None
+    )
     for i in range(len(groups)):
         names = groups[i].pop("params", None)
+        if whole is not None:
+            names = whole[i]
         if names is None:  # stored in a way only DCP reads: which group holds what is not checked
             known, names = False, []
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):

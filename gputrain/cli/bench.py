@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from gputrain.bench.cache import save_results
+    from gputrain.bench.cache import busy_machine, save_results
     from gputrain.bench.dist_run import run_allreduce_benchmark
     from gputrain.bench.render import render_table
     from gputrain.bench.runner import run_benchmarks
@@ -49,9 +49,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         # The first GPU: the one `train.device=auto` picks, and the name the cache files it under.
         device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+        # other processes on the cores make a CPU's figures low (a GPU's matmuls do not share them)
+        suspect = busy_machine() if device.type == "cpu" else None
         report = run_benchmarks(device, quick=args.quick)
+        if suspect:
+            report.notes.append(f"{suspect}: these figures may be low; run `gputrain bench` again on an idle machine")
         if not args.no_cache:
-            path = save_results(report.device["name"], report.device["mode"], [r.to_dict() for r in report.results])
+            results = [r.to_dict() for r in report.results]
+            path = save_results(report.device["name"], report.device["mode"], results, suspect=suspect)
             report.notes.append(f"cached in {path}")
             if report.device["mode"] != "full":
                 report.notes.append(

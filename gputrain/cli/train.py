@@ -28,16 +28,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gputrain.config import load_config
-    from gputrain.train.trainer import Trainer
+    from gputrain.config.paths import check_config_paths
+    from gputrain.train.run_files import check_run_dir
 
     config = load_config(args.config, args.overrides)
+    # every path the config names, and the run directory, before torch loads: a typo answers at once
+    check_config_paths(config)
     if is_launcher(args):
         return _launch(args, config)
+    if args.run_dir is not None:
+        check_run_dir(Path(args.run_dir))
     from gputrain.distributed.context import shutdown_distributed
+    from gputrain.train.signals import StoppedBySignal
+    from gputrain.train.trainer import Trainer
 
     trainer = Trainer.from_config(config, run_dir=args.run_dir)
     try:
         summary = trainer.fit()
+    except StoppedBySignal as err:
+        raise err.for_cli() from None  # the command line's way to resume
     finally:
         shutdown_distributed()
     return 0 if summary["status"] in ("completed", "stopped_early") else 1

@@ -11,11 +11,13 @@ one value follow in each `__post_init__`, and across sections in `validate.py`. 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gputrain.config.names import ENV_ACTIONS
 from gputrain.config.presets import GPTPreset, gpt_size
 from gputrain.errors import ConfigError
 
@@ -31,7 +33,7 @@ InitScheme = Literal[
     "kaiming_normal",
     "orthogonal",
 ]
-Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
+Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16", "fp8"]
 OptimizerName = Literal["sgd", "adam", "adamw", "rmsprop", "adagrad", "adadelta", "adamax", "nadam"]
 ScheduleName = Literal["constant", "step", "multistep", "exponential", "cosine", "warmup_cosine", "linear", "onecycle"]
 Task = Literal["auto", "classification", "regression", "lm"]
@@ -146,6 +148,7 @@ LIMITS: dict[str, Range] = {
     "train.clip_grad_norm": _positive(CLIP_MAX),
     "train.clip_grad_value": _positive(CLIP_MAX),
     "train.seed": _non_negative(SEED_MAX, "numpy seeds are 32-bit"),
+    "train.num_threads": _positive(4096, "threads of one process"),
     # optim
     "optim.lr": _positive(LR_MAX),
     "optim.weight_decay": _non_negative(LR_MAX),
@@ -172,6 +175,26 @@ LIMITS: dict[str, Range] = {
     "parallel.tp": _RANK_DEGREE,
     "parallel.pp": _RANK_DEGREE,
     "parallel.timeout_s": _positive(TIMEOUT_MAX_S, "a week"),
+    # rl
+    "rl.num_envs": _positive(BATCH_MAX),
+    "rl.num_steps": _positive(CONTEXT_MAX),
+    "rl.total_timesteps": _positive(1 << 40, "a trillion environment steps"),
+    "rl.hidden_sizes": _WIDTH,
+    "rl.learning_rate": _positive(LR_MAX),
+    "rl.adam_eps": _positive(1.0),
+    "rl.gamma": Range(0, 1, text="in [0, 1]"),
+    "rl.gae_lambda": Range(0, 1, text="in [0, 1]"),
+    "rl.num_minibatches": _positive(BATCH_MAX),
+    "rl.update_epochs": _positive(10_000),
+    "rl.clip_coef": _positive(CLIP_MAX),
+    "rl.ent_coef": _non_negative(CLIP_MAX),
+    "rl.vf_coef": _non_negative(CLIP_MAX),
+    "rl.max_grad_norm": _positive(CLIP_MAX),
+    "rl.target_kl": _positive(CLIP_MAX),
+    "rl.clip_obs": _positive(CLIP_MAX),
+    "rl.clip_reward": _positive(CLIP_MAX),
+    "rl.max_episode_steps": _positive(COUNT_MAX),
+    "rl.stop_at_return": Range(-1e12, 1e12),
 }
 """The Range of every number field, `section.key` -> Range (for a list field: of each item)."""
 
@@ -240,7 +263,7 @@ def check_values(section: str, values: Any) -> None:
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
     name: str = "cnn"
-    """Model family from the registry (`gputrain config show` lists them): mlp, cnn, ..."""
+    """Model family from the registry (`gputrain config show` lists them): mlp, cnn, ...; or an outside library's model: timm:<name>, torchvision:<name>, or hf (with model.hf_config)."""
     activation: Activation = "auto"
     """Hidden-layer activation: auto (gelu for gpt, relu for the others), relu, leaky_relu, gelu, silu, tanh or sigmoid."""
     init: InitScheme = "default"
@@ -269,6 +292,10 @@ class ModelConfig:
     """gpt: vocabulary size; unset: the data's. Larger is allowed (e.g. 50304 pads GPT-2's 50257 for speed)."""
     bias: bool = True
     """gpt: biases in the linear layers and layer norms (GPT-2 has them)."""
+    weights: str | None = None
+    """Local weights loaded once the model is built: a .safetensors file or a torch state dict (.pt/.pth, read with weights_only=True, so it cannot run code); an output layer sized for other classes stays new. Unset: the model's own init. Nothing is ever downloaded."""
+    hf_config: str | None = None
+    """hf: a local config.json, or a model directory holding one (its weights, if there, are loaded; nothing is downloaded). The data decides the head: a causal LM for data.task=lm, else a sequence classifier."""
 
     def __post_init__(self) -> None:
         check_values("model", self)
@@ -348,18 +375,20 @@ class TrainConfig:
     """Passes over the training data."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (whichever of epochs and max_steps comes first)."""
-    batch_size: int = 64
-    """GLOBAL samples per optimizer step, summed over all devices and accumulation steps."""
+    batch_size: int | Literal["auto"] = 64
+    """GLOBAL samples per optimizer step, summed over all devices and accumulation steps; auto: the largest micro-batch that fits each device (the memory plan, then trial steps on CUDA) × data-parallel ranks × grad_accum."""
     grad_accum: int | Literal["auto"] = 1
     """Micro-batches accumulated per optimizer step; auto: batch_size / micro_batch_size (or 1)."""
-    micro_batch_size: int | None = None
-    """Samples per device per forward pass; used by grad_accum=auto."""
+    micro_batch_size: int | Literal["auto"] | None = None
+    """Samples per device per forward pass; used by grad_accum=auto; auto (with batch_size fixed): the largest that fits each device and divides its share of the batch, grad_accum making up the rest."""
     clip_grad_norm: float | None = None
     """Clip the global gradient L2 norm to this value."""
     clip_grad_value: float | None = None
     """Clamp every gradient element to [-value, value]."""
     precision: Precision = "auto"
-    """auto (bf16 on GPUs that support it, fp16 on older CUDA GPUs, fp32 on CPU), fp32, tf32, bf16, fp16."""
+    """auto (bf16 on GPUs that support it, fp16 on older CUDA GPUs, fp32 on CPU), fp32, tf32, bf16, fp16; fp8: the large Linear layers in float8 through torchao, the rest in bf16 (GPUs of compute capability 8.9+: H100/H200, L4, L40S, RTX 4090; pip install 'gputrain[fp8]')."""
+    fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
+    """precision=fp8: how float8 values are scaled, one scale per tensor (tensorwise: fastest) or per row (rowwise: more accurate, needs larger layers to pay)."""
     compile: bool = False
     """Apply torch.compile to the model."""
     cuda_graphs: bool = False
@@ -370,6 +399,8 @@ class TrainConfig:
     """Seed for the data split, shuffling, init and dropout."""
     deterministic: bool = False
     """Use deterministic algorithms (bitwise reproducible, sometimes slower)."""
+    num_threads: int | Literal["auto"] = "auto"
+    """CPU intra-op threads (torch.set_num_threads); auto: the cores this process may use (affinity, cgroup quota) ÷ local ranks, less those busy with other processes (not with deterministic), at most 4 on a GPU; OMP_NUM_THREADS or MKL_NUM_THREADS set in the environment win over auto."""
     on_nonfinite: Literal["stop", "skip", "off"] = "stop"
     """A NaN/Inf loss or gradient: stop (naming the step; the step is not applied) or skip the step and count it (the LR schedule does not advance); off: no check and no per-step sync, as in a hand-written loop (a NaN step is applied and shows up only in the logged loss)."""
 
@@ -385,6 +416,8 @@ class OptimConfig:
     """Peak learning rate (before linear scaling, see scale_lr)."""
     weight_decay: float = 0.0
     """Weight decay (decoupled for adamw)."""
+    decay: Literal["matrices", "all"] = "matrices"
+    """What weight decay applies to: matrices (weights of 2 or more dimensions; biases, norm scales and other vectors are not decayed, as in nanoGPT, Hugging Face and torchtitan) or all parameters."""
     momentum: float = 0.9
     """sgd and rmsprop momentum."""
     nesterov: bool = False
@@ -501,6 +534,146 @@ class ParallelConfig:
                 raise ConfigError(f"parallel.{name}", f"must be {_RANK_DEGREE.text}", 0)
 
 
+PPO_DEFAULTS: dict[str, dict[str, Any]] = {
+    # CleanRL's ppo.py: CartPole-v1 and the other discrete-action environments
+    "discrete": {
+        "total_timesteps": 500_000,
+        "num_envs": 4,
+        "num_steps": 128,
+        "learning_rate": 2.5e-4,
+        "num_minibatches": 4,
+        "update_epochs": 4,
+        "ent_coef": 0.01,
+        "normalize_obs": False,
+        "normalize_reward": False,
+    },
+    # CleanRL's ppo_continuous_action.py: Box actions, observations and rewards normalised
+    "continuous": {
+        "total_timesteps": 1_000_000,
+        "num_envs": 1,
+        "num_steps": 2048,
+        "learning_rate": 3e-4,
+        "num_minibatches": 32,
+        "update_epochs": 10,
+        "ent_coef": 0.0,
+        "normalize_obs": True,
+        "normalize_reward": True,
+    },
+}
+"""What `auto` means for each field of [rl] that has it, by the environment's kind of action."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RLConfig:
+    env: str = "CartPole-v1"
+    """`gputrain rl`: environment, stepped as tensors on the training device with gymnasium's dynamics: CartPole-v1, Acrobot-v1, MountainCar-v0 (discrete actions) or Pendulum-v1 (continuous)."""
+    policy: Literal["auto", "categorical", "gaussian"] = "auto"
+    """Policy head: categorical (discrete actions), gaussian (continuous: a state-independent log std, as CleanRL's); auto: the one the environment's actions need."""
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    """Widths of the tanh hidden layers of the actor and of the critic (separate networks, as CleanRL's)."""
+    total_timesteps: int | Literal["auto"] = "auto"
+    """Environment steps to train for, summed over all environments; auto: 500000 for discrete actions (CleanRL ppo.py), 1000000 for continuous (ppo_continuous_action.py)."""
+    num_envs: int | Literal["auto"] = "auto"
+    """Environments stepped together, summed over all ranks (each rank steps num_envs / ranks); auto: 4 (ppo.py) or 1 (ppo_continuous_action.py)."""
+    num_steps: int | Literal["auto"] = "auto"
+    """Steps of each environment per rollout (one PPO iteration); auto: 128 (ppo.py) or 2048 (ppo_continuous_action.py)."""
+    learning_rate: float | Literal["auto"] = "auto"
+    """Adam learning rate; auto: 2.5e-4 (ppo.py) or 3e-4 (ppo_continuous_action.py)."""
+    anneal_lr: bool = True
+    """Decay the learning rate linearly to 0 over the iterations."""
+    adam_eps: float = 1e-5
+    """Adam epsilon (CleanRL's 1e-5)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda (Schulman et al. 2016)."""
+    num_minibatches: int | Literal["auto"] = "auto"
+    """Minibatches per epoch over the rollout; must divide num_envs × num_steps; auto: 4 (ppo.py) or 32 (ppo_continuous_action.py)."""
+    update_epochs: int | Literal["auto"] = "auto"
+    """Passes over the rollout per iteration; auto: 4 (ppo.py) or 10 (ppo_continuous_action.py)."""
+    norm_adv: bool = True
+    """Normalise the advantages within each minibatch."""
+    clip_coef: float = 0.2
+    """Surrogate clipping epsilon (also the value clipping range, with clip_vloss)."""
+    clip_vloss: bool = True
+    """Clip the value loss around the rollout's values, as CleanRL does."""
+    ent_coef: float | Literal["auto"] = "auto"
+    """Entropy bonus coefficient; auto: 0.01 (ppo.py) or 0.0 (ppo_continuous_action.py)."""
+    vf_coef: float = 0.5
+    """Value loss coefficient."""
+    max_grad_norm: float = 0.5
+    """Clip the global gradient norm to this value."""
+    target_kl: float | None = None
+    """Stop an iteration's epochs early once the approximate KL exceeds this (unset: never)."""
+    normalize_obs: bool | Literal["auto"] = "auto"
+    """Normalise observations by running statistics over all environments (gymnasium's NormalizeObservation), then clip to ±clip_obs; auto: off for discrete actions, on for continuous."""
+    normalize_reward: bool | Literal["auto"] = "auto"
+    """Scale rewards by the running std of the discounted return (gymnasium's NormalizeReward), then clip to ±clip_reward; auto: off for discrete actions, on for continuous."""
+    clip_obs: float = 10.0
+    """Bound of normalised observations."""
+    clip_reward: float = 10.0
+    """Bound of normalised rewards."""
+    bootstrap_truncated: bool = True
+    """Where the time limit truncates an episode, add gamma × V(last observation) to its last reward, as gymnasium advises; false treats truncation as termination, as CleanRL does."""
+    max_episode_steps: int | None = None
+    """Time limit of an episode; unset: gymnasium's (CartPole 500, Acrobot 500, MountainCar 200, Pendulum 200)."""
+    env_dtype: Literal["auto", "float32", "float64"] = "auto"
+    """Precision of the environments' state: float64 reproduces gymnasium's arithmetic; float32 is faster on GPUs with little float64 throughput; auto: float64 (float32 on MPS, which has no float64)."""
+    stop_at_return: float | None = None
+    """Stop (status stopped_early) once the mean return of the last 100 episodes reaches this, checked on logging iterations; e.g. 475 for CartPole-v1."""
+
+    def __post_init__(self) -> None:
+        check_values("rl", self)
+        if self.env not in ENV_ACTIONS:
+            by_case = {name.lower(): name for name in ENV_ACTIONS}
+            close = difflib.get_close_matches(self.env.lower(), list(by_case), n=1, cutoff=0.5)
+            raise ConfigError(
+                "rl.env",
+                "unknown environment; choose from " + ", ".join(sorted(ENV_ACTIONS)),
+                self.env,
+                hint=f"did you mean {by_case[close[0]]!r}?" if close else None,
+            )
+        kind = ENV_ACTIONS[self.env]
+        needed = "categorical" if kind == "discrete" else "gaussian"
+        if self.policy not in ("auto", needed):
+            raise ConfigError(
+                "rl.policy",
+                f"{self.env} has {kind} actions, which a {self.policy} policy cannot produce",
+                self.policy,
+                hint=f"use rl.policy={needed} or auto",
+            )
+        num_envs, num_steps, minibatches = (self.value(k) for k in ("num_envs", "num_steps", "num_minibatches"))
+        rollout = num_envs * num_steps
+        if rollout % minibatches:
+            raise ConfigError(
+                "rl.num_minibatches",
+                f"must divide the rollout of rl.num_envs × rl.num_steps = {num_envs} × {num_steps} = {rollout} "
+                "transitions",
+                minibatches,
+                hint="choose num_minibatches, num_envs or num_steps so that it does",
+            )
+        if self.norm_adv and rollout // minibatches < 2:
+            raise ConfigError(
+                "rl.num_minibatches",
+                f"leaves {rollout // minibatches} transition per minibatch; normalising advantages (rl.norm_adv) "
+                "needs at least 2",
+                minibatches,
+            )
+        if self.value("total_timesteps") < rollout:
+            raise ConfigError(
+                "rl.total_timesteps",
+                f"is less than one rollout of rl.num_envs × rl.num_steps = {rollout} transitions",
+                self.total_timesteps,
+            )
+
+    def value(self, name: str) -> Any:
+        """The field `name` with `auto` resolved: CleanRL's default for this environment's kind of action."""
+        value = getattr(self, name)
+        if isinstance(value, str) and value == "auto" and name in PPO_DEFAULTS["discrete"]:
+            return PPO_DEFAULTS[ENV_ACTIONS.get(self.env, "discrete")][name]
+        return value
+
+
 @dataclass(kw_only=True, slots=True)
 class Config:
     """The whole run configuration, one field per section."""
@@ -513,6 +686,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
 
 
 SECTIONS: dict[str, type] = {
@@ -524,4 +698,5 @@ SECTIONS: dict[str, type] = {
     "checkpoint": CheckpointConfig,
     "log": LogConfig,
     "parallel": ParallelConfig,
+    "rl": RLConfig,
 }

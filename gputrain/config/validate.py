@@ -5,20 +5,70 @@ from __future__ import annotations
 import difflib
 import re
 
-from gputrain.config.names import choices
-from gputrain.config.schema import Config
+from gputrain.config.names import MODEL_LIBRARIES, choices
+from gputrain.config.schema import Config, ModelConfig
 from gputrain.config.sizes import check_fits_in_memory
 from gputrain.errors import ConfigError
 
 
-def _check_choice(field: str, value: str, choices: list[str]) -> None:
+def _check_choice(field: str, value: str, choices: list[str], default_hint: str | None = None) -> None:
     if value not in choices:
         close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
         raise ConfigError(
             field,
             "unknown choice; choose from " + ", ".join(choices),
             value,
-            hint=f"did you mean {close[0]!r}?" if close else None,
+            hint=f"did you mean {close[0]!r}?" if close else default_hint,
+        )
+
+
+# A library's model name as `model.name=<library>:<name>` takes it: letters, digits, `_`, `-`, `.` (timm's
+# `resnet18.a1_in1k` names a pretrained tag). No `/` or `:`, which would name a hub repository.
+_LIBRARY_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_LIBRARY_FORMS = ", ".join(f"{library}:<name>" for library in MODEL_LIBRARIES)
+
+
+def check_model_name(model: ModelConfig) -> None:
+    """`model.name` is a registered family, or `<library>:<name>` for a library gputrain builds models
+    from; `hf` comes with `model.hf_config`. Whether the library has that name is checked when the
+    model is built (it needs the library imported).
+
+    Raises:
+        ConfigError: naming model.name (or model.hf_config), with the choices or the form to use.
+    """
+    name = model.name
+    library, colon, model_name = name.partition(":")
+    if not colon:
+        _check_choice(
+            "model.name",
+            name,
+            choices("model.name"),
+            default_hint=f"or a library's model: {_LIBRARY_FORMS}, or hf with model.hf_config",
+        )
+        if name == "hf" and not model.hf_config:
+            raise ConfigError(
+                "model.hf_config",
+                "model.name=hf needs a Hugging Face model config: a local config.json or a model directory",
+                None,
+                hint="e.g. model.hf_config=path/to/config.json (nothing is downloaded)",
+            )
+        return
+    if library not in MODEL_LIBRARIES:
+        close = difflib.get_close_matches(library, MODEL_LIBRARIES, n=1, cutoff=0.6)
+        raise ConfigError(
+            "model.name",
+            f"unknown library {library!r}; models from a library are named {_LIBRARY_FORMS}",
+            name,
+            hint=f"did you mean '{close[0]}:{model_name}'?" if close else None,
+        )
+    if not _LIBRARY_MODEL.fullmatch(model_name):
+        downloads = "/" in model_name or ":" in model_name
+        raise ConfigError(
+            "model.name",
+            f"{library}:<name> takes a model name of letters, digits, '_', '-' and '.'"
+            + ("; hub repositories are not downloaded" if downloads else ""),
+            name,
+            hint=f"e.g. {library}:resnet18" + ("; pretrained weights: model.weights=<local file>" if downloads else ""),
         )
 
 
@@ -29,6 +79,8 @@ def resolve_grad_accum(config: Config, dp_degree: int = 1) -> int:
         ConfigError: naming train.batch_size and the field it does not divide by.
     """
     train = config.train
+    if train.batch_size == "auto" or train.micro_batch_size == "auto":
+        return 1  # decided when the run starts (gputrain.plan.batch.resolve_auto_batch)
     per_rank, rem = divmod(train.batch_size, dp_degree)
     if rem:
         raise ConfigError(
@@ -119,7 +171,7 @@ def validate_config(config: Config) -> None:
     Raises:
         ConfigError: naming the field.
     """
-    _check_choice("model.name", config.model.name, choices("model.name"))
+    check_model_name(config.model)
     _check_choice("data.name", config.data.name, choices("data.name"))
     check_device_name(config.train.device)
     resolve_grad_accum(config)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from gputrain.config.paths import check_data_path
 from gputrain.config.schema import DataConfig
 from gputrain.data.registry import DataBundle, register_data
 from gputrain.data.spec import DataSpec
@@ -296,8 +297,7 @@ def load_csv(path: Path, label_column: str | None, task: str) -> tuple[torch.Ten
 def build_csv(config: DataConfig, seed: int) -> DataBundle:
     if config.path is None:
         raise ConfigError("data.path", "data.name=csv needs the path of a .csv file")
+    check_data_path(config)
     path = Path(config.path)
-    if not path.is_file():
-        raise DataError(f"data.path: no such file: {path}")
     inputs, targets, spec = load_csv(path, config.label_column, config.task)
     return split_tensors(inputs, targets, spec, config, seed)

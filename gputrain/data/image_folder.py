@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from gputrain.config.paths import check_data_path
 from gputrain.config.schema import DataConfig
 from gputrain.data.registry import DataBundle, register_data
 from gputrain.data.spec import DataSpec
@@ -300,9 +301,8 @@ def _val_folder(root: Path) -> Path | None:
 def build_image_folder(config: DataConfig, seed: int) -> DataBundle:
     if config.path is None:
         raise ConfigError("data.path", "data.name=image_folder needs a folder with one sub-folder per class")
+    check_data_path(config)
     root = Path(config.path)
-    if not root.is_dir():
-        raise DataError(f"data.path: no such folder: {root}")
     size = (config.image_size, config.image_size) if isinstance(config.image_size, int) else tuple(config.image_size)
     scan = _Scan()
     val: ImageFolderData | None

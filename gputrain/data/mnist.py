@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gputrain.config.paths import check_data_path
 from gputrain.config.schema import DataConfig
 from gputrain.data.registry import DataBundle, register_data
 from gputrain.data.spec import DataSpec
@@ -122,9 +123,8 @@ def load_split(folder: Path, images_key: str, labels_key: str) -> tuple[torch.Te
 def build_mnist(config: DataConfig, seed: int) -> DataBundle:
     if config.path is None:
         raise ConfigError("data.path", "data.name=mnist needs the folder holding the IDX files", hint=_WHERE)
+    check_data_path(config)
     folder = Path(config.path)
-    if not folder.is_dir():
-        raise DataError(f"data.path: no such folder: {folder}")
     inputs, targets = load_split(folder, "train_images", "train_labels")
     test_inputs, test_targets = load_split(folder, "test_images", "test_labels")
     if test_inputs.shape[1:] != inputs.shape[1:]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from gputrain.config.schema import DataConfig
 from gputrain.data.registry import DataBundle
@@ -40,6 +42,23 @@ class TensorData(Dataset):
     @property
     def nbytes(self) -> int:
         return self.inputs.nbytes + self.targets.nbytes
+
+
+def as_tensor_data(data: Any) -> Any:
+    """`data` as TensorData where its samples are rows of tensors held in memory: a TensorDataset
+    of (inputs, targets), or a Subset of one. Batches are then gathered by one index operation
+    each, with no worker processes and no per-sample collate; the samples and their order are the
+    same. Any other data set (or a DataLoader) is returned as it is."""
+    if isinstance(data, TensorData):
+        return data
+    if isinstance(data, TensorDataset) and len(data.tensors) == 2:
+        return TensorData(*data.tensors)
+    if isinstance(data, Subset):
+        inner = as_tensor_data(data.dataset)
+        if isinstance(inner, TensorData):
+            index = torch.as_tensor(list(data.indices), dtype=torch.long)
+            return TensorData(inner.inputs[index], inner.targets[index])
+    return data
 
 
 def _gather_pinned(source: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

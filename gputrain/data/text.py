@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from gputrain.config.paths import check_data_path
 from gputrain.config.schema import DataConfig
 from gputrain.data.registry import DataBundle, register_data
 from gputrain.data.spec import DataSpec
@@ -63,9 +64,8 @@ def char_windows(text: str, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, l
 def build_text(config: DataConfig, seed: int) -> DataBundle:
     if config.path is None:
         raise ConfigError("data.path", "data.name=text needs the path of a UTF-8 .txt file")
+    check_data_path(config)
     path = Path(config.path)
-    if not path.is_file():
-        raise DataError(f"data.path: no such file: {path}")
     if config.task not in ("auto", "lm"):
         raise ConfigError("data.task", "text data is for language modelling (lm)", config.task)
     x, y, vocab = char_windows(read_text(path), config.seq_len)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from gputrain.config.paths import TOKEN_FILE_HINT
 from gputrain.config.schema import DataConfig
 from gputrain.data.registry import DataBundle, register_data
 from gputrain.data.spec import DataSpec
@@ -82,9 +83,7 @@ def count_tokens(path: Path, seq_len: int) -> int:
         DataError: naming the file.
     """
     if not path.is_file():
-        raise DataError(
-            f"{path}: no such token file (flat uint16 ids, e.g. nanoGPT's prepare.py writes train.bin and val.bin)"
-        )
+        raise DataError(f"{path}: {TOKEN_FILE_HINT}")
     size = path.stat().st_size
     if size % 2:
         raise DataError(f"{path}: odd byte count ({size}): not a flat array of uint16 token ids")

@@ -13,22 +13,25 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from gputrain.distributed.ac import ACMode
 from gputrain.distributed.parallel_dims import Strategy
+from gputrain.optim.states import optimizer_states_per_param
 
 if TYPE_CHECKING:
     from gputrain.config.schema import Config
 
 USABLE_FRACTION = 0.85
+CLEAR_FIT = 0.25
+"""auto: a replicated layout whose quick estimate needs at most this share of the usable memory
+is chosen without measuring the plan's fake training steps."""
 # Share of the activations still held with checkpointing: selective keeps the matmul outputs (about
 # half of a transformer block's saved bytes); full keeps only each block's input.
 _AC_KEEP = {"none": 1.0, "selective": 0.5, "full": 0.15}
-_OPTIM_STATES = {"adam": 2, "adamw": 2, "nadam": 2, "adamax": 2, "adadelta": 2, "adagrad": 1, "rmsprop": 1, "sgd": 0}
 GIB = 1024**3
 
 
@@ -56,12 +59,6 @@ def choose_strategy(
     return choose_auto(config, model, world_size, device, sample)
 
 
-def optimizer_states_per_param(name: str, momentum: float = 0.0) -> int:
-    """fp32 tensors of optimizer state per parameter."""
-    extra = 1 if name in ("sgd", "rmsprop") and momentum > 0 else 0
-    return _OPTIM_STATES.get(name, 2) + extra
-
-
 @dataclass(frozen=True, slots=True)
 class MemoryEstimate:
     num_params: int
@@ -71,6 +68,8 @@ class MemoryEstimate:
     activation_bytes: int
     """Saved for backward at one micro-batch, on one rank, without checkpointing."""
     micro_batch: int
+    activations_measured: bool = True
+    """False where the model could not run on the meta device: activation_bytes is then 0."""
 
     @property
     def state_bytes(self) -> int:
@@ -81,8 +80,10 @@ class MemoryEstimate:
         return states + self.activation_bytes * _AC_KEEP[ac]
 
 
-def activation_bytes(model: nn.Module, sample: torch.Tensor, micro_batch: int) -> int:
-    """Bytes the forward pass saves for backward at `micro_batch`, measured on the meta device.
+def activation_bytes(model: nn.Module, sample: torch.Tensor, micro_batch: int) -> int | None:
+    """Bytes the forward pass saves for backward at `micro_batch`, measured on the meta device;
+    None for a model that cannot run there (its Python code reads tensor values, as some Hugging
+    Face models' input checks do).
 
     The model's parameters are swapped for meta tensors with `functional_call`, so nothing is
     copied or computed; parameters saved by matmuls are not counted (they are the weights)."""
@@ -103,8 +104,11 @@ def activation_bytes(model: nn.Module, sample: torch.Tensor, micro_batch: int) -
         return t
 
     batch = torch.empty((micro_batch, *sample.shape), dtype=sample.dtype, device="meta")
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        torch.func.functional_call(model, meta, (batch,))
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            torch.func.functional_call(model, meta, (batch,))
+    except Exception:  # noqa: BLE001 - any failure of the model's own code on meta tensors
+        return None
     return total
 
 
@@ -118,7 +122,8 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """Weights, gradients, optimizer state and activations of `model` at `micro_batch` samples."""
     n = sum(p.numel() for p in model.parameters())
-    acts = activation_bytes(model, sample, micro_batch) if sample is not None else 0
+    measured = activation_bytes(model, sample, micro_batch) if sample is not None else None
+    acts = measured or 0  # unknown activations: the estimate holds the states only (explain() says so)
     if precision in ("bf16", "fp16"):
         acts //= 2  # autocast saves most activations in half precision
     return MemoryEstimate(
@@ -128,6 +133,7 @@ def estimate_memory(
         optimizer_bytes=4 * n * optimizer_states_per_param(optimizer, momentum),
         activation_bytes=acts,
         micro_batch=micro_batch,
+        activations_measured=measured is not None,
     )
 
 
@@ -167,8 +173,12 @@ def explain(
     line = (
         f"auto: {format_count(est.num_params)} parameters; per rank: weights {gib(est.weights_bytes)}, gradients "
         f"{gib(est.grads_bytes)}, {optimizer} state {gib(est.optimizer_bytes)}{shard}, activations "
-        f"{gib(est.activation_bytes * _AC_KEEP[ac])} at micro-batch {est.micro_batch}"
-        f"{f' with {ac} checkpointing' if ac != 'none' else ''} = "
+        + (
+            f"{gib(est.activation_bytes * _AC_KEEP[ac])} at micro-batch {est.micro_batch}"
+            if est.activations_measured
+            else "not measured (the model does not run on the meta device)"
+        )
+        + f"{f' with {ac} checkpointing' if ac != 'none' else ''} = "
         f"{gib(est.per_rank(strategy, world_size, ac))} of {gib(device_bytes * USABLE_FRACTION)} usable "
         f"({gib(device_bytes)} device)"
     )
@@ -193,16 +203,61 @@ def device_memory_bytes(device: torch.device) -> int:
 def choose_auto(
     config: Config, model: nn.Module, world_size: int, device: torch.device, sample: torch.Tensor | None
 ) -> StrategyChoice:
-    """Resolve parallel.strategy=auto for this model, job and device."""
-    per_rank_batch = max(1, config.train.batch_size // world_size)
+    """Resolve parallel.strategy=auto for this model, job and device, from the memory plan (one step
+    measured on fake tensors, `gputrain.plan`); the states-only estimate where the model cannot run
+    on fake tensors or there is no sample."""
+    from gputrain.plan.planner import pick_layout
+    from gputrain.plan.targets import build_target
+
+    per_rank_batch = max(1, int(config.train.batch_size) // world_size)
     accum = config.train.grad_accum if isinstance(config.train.grad_accum, int) else 1
-    micro = config.train.micro_batch_size or max(1, per_rank_batch // accum)
+    given_micro = config.train.micro_batch_size
+    micro = given_micro if isinstance(given_micro, int) else max(1, per_rank_batch // accum)
     precision = (
         config.train.precision if config.train.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32")
     )
-    est = estimate_memory(model, sample, micro, config.optim.name, config.optim.momentum, precision)
     device_bytes = device_memory_bytes(device)
+    est = estimate_memory(model, sample, micro, config.optim.name, config.optim.momentum, precision)
     strategy, ac, fits = decide(est, world_size, device_bytes)
     if config.parallel.activation_checkpointing != "none":  # an explicit setting wins
         ac = config.parallel.activation_checkpointing
-    return StrategyChoice(strategy, ac, explain(est, world_size, device_bytes, strategy, ac, fits, config.optim.name))
+    quick = StrategyChoice(strategy, ac, explain(est, world_size, device_bytes, strategy, ac, fits, config.optim.name))
+    if (
+        est.activations_measured
+        and strategy in ("none", "ddp")
+        and est.per_rank(strategy, world_size, ac) <= CLEAR_FIT * USABLE_FRACTION * device_bytes
+    ):
+        # far from the limit, the states plus a meta forward's activations settle it: the plan's
+        # fake training steps (seconds) would only confirm what every run would pay for at start
+        return quick
+    if sample is not None:
+        target = build_target(config, model, (sample,), device, precision)
+        row, measured = pick_layout(target, micro, world_size, device_bytes)
+        if measured:
+            layout = row.layout
+            given = config.parallel.activation_checkpointing
+            chosen = given if given != "none" else layout.activation_checkpointing  # an explicit setting wins
+            return StrategyChoice(
+                layout.strategy,  # type: ignore[arg-type]
+                chosen,  # type: ignore[arg-type]
+                explain_layout(row, micro, device_bytes),
+            )
+    return quick
+
+
+def explain_layout(row: Any, micro: int, device_bytes: int) -> str:
+    """The planned bytes behind auto's choice, in one line."""
+    lay = row.layout
+    ac = f" with {lay.activation_checkpointing} checkpointing" if lay.activation_checkpointing != "none" else ""
+    line = (
+        f"auto: {lay.strategy}{ac} (memory plan, micro-batch {micro}, per rank): weights {format_bytes(lay.weights)}, "
+        f"gradients {format_bytes(lay.gradients)}, optimizer {format_bytes(lay.optimizer)}, activations "
+        f"{format_bytes(lay.activations)}, workspace {format_bytes(lay.workspace)} = {format_bytes(lay.total)} of "
+        f"{format_bytes(device_bytes * USABLE_FRACTION)} usable ({format_bytes(device_bytes)} device)"
+    )
+    if not row.fits:
+        line += (
+            "; DOES NOT FIT even so: use more ranks, a smaller train.micro_batch_size, "
+            "parallel.cpu_offload=true or train.precision=bf16 (gputrain plan shows every layout)"
+        )
+    return line

@@ -16,7 +16,7 @@ from torch.distributed.fsdp import (
 
 from gputrain.distributed.blocks import find_blocks
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}  # fp8: the layers around float8
 
 
 def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
+from gputrain.distributed.dtensor import is_dtensor, local_tensor
 
-def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a (possibly sharded) tensor."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+__all__ = ["grad_norm_and_clip", "local_tensor"]
 
 
 def _plain_norm(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -28,12 +26,12 @@ def grad_norm_and_clip(
     """L2 norm of all gradients (a device tensor, no host sync); clip to `max_norm` when given."""
     with_grad = [p for p in params if p.grad is not None]
     # sharded (DTensor) and plain gradients cannot meet in one kernel: norm each kind, then combine
-    sharded = [p for p in with_grad if isinstance(p.grad, DTensor)]
-    plain = [p for p in with_grad if not isinstance(p.grad, DTensor)]
+    sharded = [p for p in with_grad if is_dtensor(p.grad)]
+    plain = [p for p in with_grad if not is_dtensor(p.grad)]
     norms = []
     if sharded:  # FSDP/TP: each rank holds a partial norm of its shards
         partial = torch.nn.utils.get_total_norm([p.grad for p in sharded if p.grad is not None])
-        norms.append(partial.full_tensor() if isinstance(partial, DTensor) else partial)
+        norms.append(partial.full_tensor() if is_dtensor(partial) else partial)  # type: ignore[attr-defined]
     if plain or not sharded:
         norms.append(_plain_norm([p.grad for p in plain if p.grad is not None]))
     norm = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))

@@ -19,6 +19,10 @@ from pathlib import Path
 from gputrain.distributed.orphans import LAUNCHER_ENV
 from gputrain.errors import Interrupted, RunError, UsageError
 
+LAUNCHER_SHARE_ENV = "GPUTRAIN_LAUNCHER_OMP_NUM_THREADS"
+"""Set by `launch` to the OMP_NUM_THREADS it chose for the ranks: a default, not the user's, so each
+rank still chooses its thread count (train/threads.py)."""
+
 
 @dataclass(slots=True)
 class LaunchOptions:
@@ -112,8 +116,12 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     from gputrain.train.signals import leave_130_on_further_signals
 
     opts.check()
-    # CPU threads per rank: share the cores (torchrun would set 1 and print a warning banner)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // opts.nproc_per_node)))
+    # CPU threads per rank: share the cores (torchrun would set 1 and print a warning banner). A share
+    # set here is marked as gputrain's, so each rank still chooses from its cores and their load
+    # (train/threads.py); an OMP_NUM_THREADS of the user's wins there.
+    if "OMP_NUM_THREADS" not in os.environ:
+        share = str(max(1, (os.cpu_count() or 1) // opts.nproc_per_node))
+        os.environ["OMP_NUM_THREADS"] = os.environ[LAUNCHER_SHARE_ENV] = share
     args = get_args_parser().parse_args(torchrun_args(opts, child_argv))
     os.environ[LAUNCHER_ENV] = str(os.getpid())  # the ranks die with this process (distributed/orphans.py)
     started = time.time() - 1.0  # file-system timestamps may be coarse

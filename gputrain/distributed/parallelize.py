@@ -3,7 +3,9 @@
 Order (torchtitan's): tensor parallel → activation checkpointing → compile → FSDP/DDP. TP first
 because it rewrites the parameters into DTensors the others then wrap; AC before compile so the
 compiler sees the recomputation; data parallelism last so it shards/replicates what is finally run.
-Pipeline parallelism cuts the model into this rank's stage before any of them.
+Pipeline parallelism cuts the model into this rank's stage before any of them. A model built on
+the meta device goes through all of it there and is materialised (this rank's part only,
+models/meta.py) after FSDP and before DDP, which broadcasts real values.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel import ParallelStyle
 
 from gputrain.config.schema import Config
 from gputrain.distributed.auto import StrategyChoice
@@ -24,10 +25,13 @@ from gputrain.distributed.parallel_dims import ParallelDims, dims_for_strategy
 from gputrain.errors import ConfigError
 
 if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
+
     from gputrain.distributed.pp import PipelineRunner
+    from gputrain.models.meta import MetaInit
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-TPPlan = Callable[[nn.Module, int], Mapping[str, ParallelStyle]]
+TPPlan = Callable[[nn.Module, int], "Mapping[str, ParallelStyle]"]
 """(module, tp degree) -> {module name: how it splits}; see distributed/tp.py."""
 
 
@@ -72,16 +76,20 @@ def parallelize(
     grad_accum: int = 1,
     tp_plan: TPPlan | None = None,
     loss_fn: LossFn | None = None,
+    meta_init: MetaInit | None = None,
 ) -> Parallelized:
     """Apply the chosen parallelisms in the fixed order; unchanged on one process with strategy none.
 
-    With pipeline parallelism each of this rank's stage modules goes through the same order.
+    With pipeline parallelism each of this rank's stage modules goes through the same order. A model
+    built on the meta device (`meta_init` given) is cut, split and sharded there, then this rank's
+    part is materialised on `device` (models/meta.py), before DDP, which broadcasts real values.
 
     Args:
         tp_plan: how the model's modules split for tensor parallelism, as a function of the module
             (the whole model, or one pipeline stage's chunk) and the tp degree (see tp.py).
         loss_fn: the loss of one micro-batch's outputs against its targets, which a pipeline
             schedule computes on the last stage.
+        meta_init: how to materialise `model`, which is on the meta device.
 
     Raises:
         ConfigError: tensor parallelism without a plan, or pipeline parallelism without a loss_fn.
@@ -108,9 +116,20 @@ def parallelize(
                 config.parallel.strategy,
             )
         model, pipeline = apply_pp(model, mesh["pp"], config, device, grad_accum, loss_fn)  # type: ignore[index]
+    # module names as built, before activation checkpointing wraps the blocks: materialising finds them so
+    targets = dict(model.named_modules()) if meta_init is not None else {}
     chunks = pipeline.chunks if pipeline is not None else [model]
     for i, chunk in enumerate(chunks):
-        chunks[i] = _apply_in_order(chunk, dims, mesh, choice, config, device, precision, tp_plan)
+        chunks[i] = _shard_in_order(chunk, dims, mesh, choice, config, device, precision, tp_plan)
+    if meta_init is not None:
+        meta_init.materialize(list(chunks), targets, device)
+    if pipeline is not None:
+        pipeline.restore_ties()
+    if dims is not None and dims.ddp_enabled and not dims.fsdp_enabled:
+        from gputrain.distributed.ddp import apply_ddp
+
+        assert mesh is not None  # dims come with a mesh when the job is distributed
+        chunks = [apply_ddp(chunk, mesh["dp_replicate"], device) for chunk in chunks]
     if pipeline is not None:
         from gputrain.distributed.pp import PipelineForward
 
@@ -119,7 +138,7 @@ def parallelize(
     return Parallelized(model=model, step_model=chunks[0])
 
 
-def _apply_in_order(
+def _shard_in_order(
     model: nn.Module,
     dims: ParallelDims | None,
     mesh: Any,
@@ -129,7 +148,8 @@ def _apply_in_order(
     precision: str,
     tp_plan: TPPlan | None,
 ) -> nn.Module:
-    """TP → activation checkpointing → compile → FSDP/DDP on one module; returns what to call."""
+    """TP → activation checkpointing → compile → FSDP on one module; returns what to call (DDP,
+    which needs real values, comes after materialising)."""
     if dims is not None and dims.tp_enabled and tp_plan is not None:
         from gputrain.distributed.tp import apply_tp
 
@@ -146,10 +166,6 @@ def _apply_in_order(
 
         dp_mesh = mesh["dp_replicate", "dp_shard"] if dims.dp_replicate > 1 else mesh["dp_shard"]
         apply_fsdp(model, dp_mesh, precision, config.parallel.cpu_offload)
-    elif dims is not None and dims.ddp_enabled:
-        from gputrain.distributed.ddp import apply_ddp
-
-        return apply_ddp(model, mesh["dp_replicate"], device)
     return model
 
 

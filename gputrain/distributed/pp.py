@@ -3,9 +3,16 @@ each pp rank holds its stage(s), and a schedule (gpipe, 1f1b, interleaved_1f1b) 
 micro-batches of one optimizer step through them. The micro-batches are the accumulation:
 `train.grad_accum` of them per step, so the optimisation is the same as without pipelining.
 
-Models: an nn.Sequential (the mlp, or a user's), cut between its parameter-holding layers. Each rank keeps a
-copy of the model in which the layers it does not own are replaced by nn.Identity: parameter
-names stay those of the whole model, so checkpoints move between pipelined and other layouts.
+Models: an nn.Sequential (the mlp, or a user's), cut between its parameter-holding layers; and the
+block-stack families whose cut lives beside them (models/plans.py: the gpt, by ranges of blocks).
+Each rank keeps a copy of the model in which the layers it does not own are replaced by
+nn.Identity: parameter names stay those of the whole model, so checkpoints move between pipelined
+and other layouts.
+
+A matrix the first and the last stage both use (a GPT's tied embedding and head) is held by both
+ranks: after the backward pass the last stage's gradient is added into the first's and dropped, so
+the gradient norm counts it once and only the first stage's optimizer updates it; after each
+optimizer step the first stage sends the updated matrix to the last (`sync_tied`).
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ from torch.distributed.pipelining import (
 )
 
 from gputrain.config.schema import Config
+from gputrain.distributed.dtensor import is_dtensor, local_tensor
 from gputrain.errors import ConfigError
+from gputrain.models.plans import pipeline_cut_for
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
@@ -75,6 +84,7 @@ class PipelineRunner:
         n_microbatches: int,
         device: torch.device,
         loss_fn: LossFn,
+        tied: str | None = None,
     ) -> None:
         self.holder = holder
         self.chunks = chunks
@@ -89,7 +99,22 @@ class PipelineRunner:
         self.device = device
         self.loss_fn = loss_fn
         """Loss of one micro-batch's outputs against its targets (computed on the last stage)."""
+        self.tied = tied if not (self.has_first and self.has_last) else None
+        """The name of this rank's copy of a parameter the first and last stages share, where they
+        are on different ranks."""
         self._schedule: Any = None
+        self._ties = _shared_parameters(holder)
+
+    def restore_ties(self) -> None:
+        """Point every name of a shared parameter in the holder at the tensor its stage runs with:
+        sharding (TP/FSDP) and materialising replace the parameters of the stage modules only."""
+        for names, original in self._ties:
+            current = next(
+                (getattr(m, n) for m, n in names if getattr(m, n) is not original),
+                original,
+            )
+            for module, name in names:
+                setattr(module, name, current)
 
     @property
     def has_first(self) -> bool:
@@ -115,6 +140,42 @@ class PipelineRunner:
     def _last_rank(self) -> int:
         return dist.get_global_rank(self.group, (self.num_stages - 1) % self.pp_size)
 
+    def _first_rank(self) -> int:
+        return dist.get_global_rank(self.group, 0)
+
+    def _add_tied_grads(self) -> None:
+        """The last stage's gradient of the shared matrix into the first stage's; dropped on the last."""
+        if self.tied is None:
+            return
+        param = self.holder.get_parameter(self.tied)
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        elif is_dtensor(param.grad) and param.grad.placements != param.placements:  # type: ignore[attr-defined]
+            # a tensor-parallel embedding's gradient comes back replicated: shard it as the weight
+            # is, so both stages exchange the same rows
+            param.grad = param.grad.redistribute(param.device_mesh, param.placements)  # type: ignore[attr-defined]
+        grad = local_tensor(param.grad)
+        if self.has_first:
+            received = torch.empty_like(grad)
+            dist.recv(received, src=self._last_rank(), group=self.group)
+            grad.add_(received)
+        else:
+            dist.send(grad.contiguous(), dst=self._first_rank(), group=self.group)
+            param.grad = None  # not counted twice in the norm, not stepped twice: sync_tied copies the update
+
+    @torch.no_grad()
+    def sync_tied(self) -> None:
+        """After an optimizer step: the first stage's updated shared matrix to the last stage's copy."""
+        if self.tied is None:
+            return
+        value = local_tensor(self.holder.get_parameter(self.tied))
+        if self.has_first:
+            dist.send(value.contiguous(), dst=self._last_rank(), group=self.group)
+        else:
+            received = torch.empty_like(value)
+            dist.recv(received, src=self._first_rank(), group=self.group)
+            value.copy_(received)
+
     def step(self, micro_batches: list[Any]) -> torch.Tensor:
         """Forward and backward all micro-batches; returns the mean loss (the same on every pp rank)."""
         inputs = torch.cat([b[0] for b in micro_batches])
@@ -127,6 +188,7 @@ class PipelineRunner:
         else:
             self._schedule.step(*args)
             loss = torch.zeros((), device=self.device)
+        self._add_tied_grads()
         # the loss exists on the last stage only; share it so logging and summaries see it everywhere
         dist.broadcast(loss, src=self._last_rank(), group=self.group)
         return loss
@@ -153,6 +215,16 @@ class PipelineRunner:
         return out
 
 
+def _shared_parameters(model: nn.Module) -> list[tuple[list[tuple[nn.Module, str]], nn.Parameter]]:
+    """([(module, name), ...], the parameter) of each parameter reachable by several names."""
+    found: dict[int, tuple[list[tuple[nn.Module, str]], nn.Parameter]] = {}
+    for _, module in model.named_modules(remove_duplicate=False):
+        for name, param in module._parameters.items():
+            if param is not None:
+                found.setdefault(id(param), ([], param))[0].append((module, name))
+    return [entry for entry in found.values() if len(entry[0]) > 1]
+
+
 class PipelineForward(nn.Module):
     """Makes the pipeline callable like a model, for evaluation."""
 
@@ -175,21 +247,24 @@ def apply_pp(
             more micro-batches.
     """
     pp, schedule = mesh.size(), config.parallel.pp_schedule
-    if not isinstance(model, nn.Sequential):
+    cut = pipeline_cut_for(model)
+    if cut is None and not isinstance(model, nn.Sequential):
         raise ConfigError(
             "parallel.pp",
             f"pipeline parallelism cuts nn.Sequential models (the mlp, or a Sequential of your own) between "
-            f"layers; {type(model).__name__} is not one",
+            f"layers, and the gpt between blocks; {type(model).__name__} is neither",
             pp,
             hint="use parallel.strategy=fsdp or tp for this model",
         )
     virtual = 2 if schedule == "interleaved_1f1b" else 1
     num_stages = pp * virtual
-    units = layer_units(model)
-    if len(units) < num_stages:
+    units = layer_units(model) if cut is None else []  # type: ignore[arg-type]
+    num_units = len(units) if cut is None else cut[0]
+    if num_units < num_stages:
+        what = "layers with parameters" if cut is None else "blocks"
         raise ConfigError(
             "parallel.pp",
-            f"the model has {len(units)} layers with parameters, fewer than the "
+            f"the model has {num_units} {what}, fewer than the "
             f"{num_stages} pipeline stages ({pp} ranks × {virtual} with {schedule})",
             pp,
         )
@@ -207,13 +282,26 @@ def apply_pp(
             n_microbatches,
         )
     holder = copy.deepcopy(model)
-    ranges = split_units(len(units), num_stages)
+    ranges = split_units(num_units, num_stages)
     pp_rank = mesh.get_local_rank()
     stage_ids = [s for s in range(num_stages) if s % pp == pp_rank]  # interleaved: stages r, r+pp, ...
+    if cut is not None:
+        chunks, tied = cut[1](holder, ranges, stage_ids)
+    else:
+        chunks, tied = _cut_sequential(holder, units, ranges, stage_ids), None  # type: ignore[arg-type]
+    runner = PipelineRunner(
+        holder, chunks, stage_ids, num_stages, mesh, schedule, n_microbatches, device, loss_fn, tied=tied
+    )
+    return holder, runner
+
+
+def _cut_sequential(
+    holder: nn.Sequential, units: list[list[int]], ranges: list[range], stage_ids: list[int]
+) -> list[nn.Module]:
+    """This rank's stages of a Sequential, each a Sequential of its units' layers; the others' layers
+    become nn.Identity in `holder`."""
     owned = {i for s in stage_ids for u in ranges[s] for i in units[u]}
     for i in range(len(holder)):
         if i not in owned:
             holder[i] = nn.Identity()  # keeps the numbering, hence the parameter names
-    chunks: list[nn.Module] = [nn.Sequential(*(holder[i] for u in ranges[s] for i in units[u])) for s in stage_ids]
-    runner = PipelineRunner(holder, chunks, stage_ids, num_stages, mesh, schedule, n_microbatches, device, loss_fn)
-    return holder, runner
+    return [nn.Sequential(*(holder[i] for u in ranges[s] for i in units[u])) for s in stage_ids]

@@ -1,7 +1,8 @@
 """Datasheet peak dense FLOP/s per GPU model and dtype: the denominator of MFU.
 
 Figures are dense (NVIDIA quotes tensor-core figures "with sparsity"; those are halved here) and
-for matrix multiply with FP32 accumulation, which is what torch uses for fp16 and bf16. "fp32" is
+for matrix multiply with FP32 accumulation, which is what torch uses for fp16 and bf16 (and torchao's
+float8 matmuls for "fp8", a figure only GPUs of compute capability 8.9+ have). "fp32" is
 the non-tensor-core FP32 rate; "tf32" is FP32 matmul on tensor cores. A dtype a GPU cannot run
 on tensor cores (bf16 and tf32 before Ampere) has no entry.
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 __all__ = ["DTYPES", "PEAKS", "GpuPeak", "datasheet_peak_flops", "match_gpu_model"]
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16")
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 T = 1e12
 
 
@@ -39,49 +40,49 @@ PEAKS: tuple[GpuPeak, ...] = (
     GpuPeak(
         "B200",
         r"^B200\b",
-        {"fp32": 80 * T, "tf32": 1100 * T, "bf16": 2250 * T, "fp16": 2250 * T},
+        {"fp32": 80 * T, "tf32": 1100 * T, "bf16": 2250 * T, "fp16": 2250 * T, "fp8": 4500 * T},
         "NVIDIA HGX B200 datasheet (per GPU, 1000 W; sparse figures halved)",
         sms=148,
     ),
     GpuPeak(
         "GH200",
         r"^GH200\b",
-        {"fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989.5 * T, "fp16": 989.5 * T},
+        {"fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989.5 * T, "fp16": 989.5 * T, "fp8": 1979 * T},
         "NVIDIA GH200 Grace Hopper Superchip datasheet (sparse figures halved)",
         sms=132,
     ),
     GpuPeak(
         "H200 NVL",
         r"^H200 NVL",
-        {"fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835.5 * T, "fp16": 835.5 * T},
+        {"fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835.5 * T, "fp16": 835.5 * T, "fp8": 1670.5 * T},
         "NVIDIA H200 NVL datasheet (sparse figures halved)",
         sms=132,
     ),
     GpuPeak(
         "H200 SXM",
         r"^H200\b",
-        {"fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989.5 * T, "fp16": 989.5 * T},
+        {"fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989.5 * T, "fp16": 989.5 * T, "fp8": 1979 * T},
         "NVIDIA H200 SXM datasheet (sparse figures halved)",
         sms=132,
     ),
     GpuPeak(
         "H100 NVL",
         r"^H100 NVL",
-        {"fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835.5 * T, "fp16": 835.5 * T},
+        {"fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835.5 * T, "fp16": 835.5 * T, "fp8": 1670.5 * T},
         "NVIDIA H100 NVL datasheet (sparse figures halved)",
         sms=132,
     ),
     GpuPeak(
         "H100 PCIe",
         r"^H100 PCIE",
-        {"fp32": 51 * T, "tf32": 378 * T, "bf16": 756.5 * T, "fp16": 756.5 * T},
+        {"fp32": 51 * T, "tf32": 378 * T, "bf16": 756.5 * T, "fp16": 756.5 * T, "fp8": 1513 * T},
         "NVIDIA H100 PCIe datasheet (sparse figures halved)",
         sms=114,
     ),
     GpuPeak(
         "H100 SXM",
         r"^H100\b",
-        {"fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989.5 * T, "fp16": 989.5 * T},
+        {"fp32": 67 * T, "tf32": 494.5 * T, "bf16": 989.5 * T, "fp16": 989.5 * T, "fp8": 1979 * T},
         "NVIDIA H100 SXM5 datasheet (sparse figures halved)",
         sms=132,
     ),
@@ -102,14 +103,14 @@ PEAKS: tuple[GpuPeak, ...] = (
     GpuPeak(
         "L40S",
         r"^L40S\b",
-        {"fp32": 91.6 * T, "tf32": 183 * T, "bf16": 362.05 * T, "fp16": 362.05 * T},
+        {"fp32": 91.6 * T, "tf32": 183 * T, "bf16": 362.05 * T, "fp16": 362.05 * T, "fp8": 733 * T},
         "NVIDIA L40S datasheet (sparse figures halved)",
         sms=142,
     ),
     GpuPeak(
         "L4",
         r"^L4$",
-        {"fp32": 30.3 * T, "tf32": 60 * T, "bf16": 121 * T, "fp16": 121 * T},
+        {"fp32": 30.3 * T, "tf32": 60 * T, "bf16": 121 * T, "fp16": 121 * T, "fp8": 242.5 * T},
         "NVIDIA L4 Tensor Core GPU datasheet (sparse figures halved)",
         sms=58,
     ),
@@ -145,7 +146,7 @@ PEAKS: tuple[GpuPeak, ...] = (
     GpuPeak(
         "RTX 4090",
         r"^GEFORCE RTX 4090$",
-        {"fp32": 82.6 * T, "tf32": 82.6 * T, "bf16": 165.2 * T, "fp16": 165.2 * T},
+        {"fp32": 82.6 * T, "tf32": 82.6 * T, "bf16": 165.2 * T, "fp16": 165.2 * T, "fp8": 330.3 * T},
         "NVIDIA Ada Lovelace GPU architecture whitepaper, RTX 4090 (FP32 accumulate, dense)",
         sms=128,
     ),
@@ -181,7 +182,7 @@ def datasheet_peak_flops(device_name: str, dtype: str, sm_count: int | None = No
 
     Args:
         device_name: as `torch.cuda.get_device_name()` gives it.
-        dtype: "fp32", "tf32", "bf16" or "fp16".
+        dtype: "fp32", "tf32", "bf16", "fp16" or "fp8".
         sm_count: the device's streaming multiprocessors (`multi_processor_count`); fewer than the
             product has (a MIG slice) scales the figure down. A MIG slice of unknown size has no
             figure.

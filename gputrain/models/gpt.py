@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,7 @@ from gputrain.config.schema import ModelConfig
 from gputrain.data.spec import DataSpec
 from gputrain.errors import ConfigError
 from gputrain.models.layers import make_activation
+from gputrain.models.meta import InitStep, run_init_steps
 from gputrain.models.registry import register_model
 
 
@@ -51,12 +53,40 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(shape.d_model, shape.d_model, bias=shape.bias)
         self.resid_dropout = nn.Dropout(shape.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of `x` [B, T, C], each [B, heads, T, head_dim]."""
         B, T, _ = x.shape
         qkv = self.c_attn(x).view(B, T, -1, 3, self.head_dim)  # -1: the heads this rank holds
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))  # [B, heads, T, head_dim]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))
+        return q, k, v
+
+    def _merge(self, y: torch.Tensor) -> torch.Tensor:
+        """[B, heads, T, head_dim] back to [B, T, C], projected."""
+        B, _, T, _ = y.shape
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, -1)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._heads(x)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        return self._merge(y)
+
+    def forward_cached(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+        """Attention of the new tokens `x` [B, T, C], at positions start..start+T-1, over themselves
+        and the `start` tokens whose keys and values `keys`/`values` [B, heads, max_len, head_dim]
+        already hold; this layer's keys and values of the new tokens are written into them."""
+        q, k, v = self._heads(x)
+        T, end = q.shape[2], start + q.shape[2]
+        keys[:, :, start:end] = k
+        values[:, :, start:end] = v
+        k, v = keys[:, :, :end].to(q.dtype), values[:, :, :end].to(q.dtype)
+        if start == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif T == 1:  # the newest token sees every earlier one: no mask
+            y = F.scaled_dot_product_attention(q, k, v)
+        else:  # new token i (position start+i) sees positions 0..start+i
+            mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self._merge(y)
 
 
 class MLP(nn.Module):
@@ -86,6 +116,20 @@ class Block(nn.Module):
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
+    def forward_cached(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+        x = x + self.attn.forward_cached(self.ln_1(x), keys, values, start)
+        return x + self.mlp(self.ln_2(x))
+
+
+def _normal_weight(module: nn.Module, std: float) -> None:
+    nn.init.normal_(module.weight, mean=0.0, std=std)  # type: ignore[arg-type]
+
+
+def _gpt2_init(module: nn.Module) -> None:
+    _normal_weight(module, 0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
 
 class GPT(nn.Module):
     """Token ids [B, T] -> next-token logits [B, T, vocab_size]."""
@@ -100,22 +144,19 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(shape.d_model, bias=shape.bias)
         self.lm_head = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one matrix embeds and un-embeds
-        self._init_gpt2()
+        run_init_steps(self, self.init_steps())
 
-    @torch.no_grad()
-    def _init_gpt2(self) -> None:
-        """GPT-2's init: N(0, 0.02) weights, zero biases, residual projections scaled by 1/sqrt(2·n_layer)
-        so the residual stream's variance does not grow with depth."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
-                if isinstance(module, nn.Linear) and module.bias is not None:
-                    nn.init.zeros_(module.bias)
-        residual_std = 0.02 / math.sqrt(2 * self.shape.n_layer)
-        for block in self.blocks:
-            assert isinstance(block, Block)
-            nn.init.normal_(block.attn.c_proj.weight, mean=0.0, std=residual_std)
-            nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=residual_std)
+    def init_steps(self) -> list[InitStep]:
+        """GPT-2's init as init steps (models/meta.py replays them on a model built on meta): N(0, 0.02)
+        weights, zero biases, then the residual projections again at std 0.02/sqrt(2·n_layer) so the
+        residual stream's variance does not grow with depth."""
+        steps: list[InitStep] = [
+            (name, _gpt2_init) for name, module in self.named_modules() if isinstance(module, (nn.Linear, nn.Embedding))
+        ]
+        residual = partial(_normal_weight, std=0.02 / math.sqrt(2 * self.shape.n_layer))
+        for i in range(len(self.blocks)):
+            steps += [(f"blocks.{i}.attn.c_proj", residual), (f"blocks.{i}.mlp.c_proj", residual)]
+        return steps
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         T = idx.shape[1]
@@ -126,6 +167,52 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.ln_f(x))
+
+    def forward_cached(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits [B, T, vocab_size] of the new tokens `idx` [B, T], which follow the `cache.length`
+        tokens the cache holds; their keys and values are added to it. The same logits as `forward`
+        on the whole sequence gives at these positions, without recomputing the earlier tokens.
+
+        Raises:
+            ValueError: the sequence would outgrow the model's context or the cache.
+        """
+        start, T = cache.length, idx.shape[1]
+        if start + T > min(self.shape.seq_len, cache.max_len):
+            raise ValueError(
+                f"{start} cached + {T} new tokens exceed the context ({self.shape.seq_len}) "
+                f"or the cache ({cache.max_len})"
+            )
+        positions = torch.arange(start, start + T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(positions))
+        for layer, block in enumerate(self.blocks):
+            assert isinstance(block, Block)
+            x = block.forward_cached(x, cache.keys[layer], cache.values[layer], start)
+        cache.length = start + T
+        return self.lm_head(self.ln_f(x))
+
+
+class KVCache:
+    """Every layer's attention keys and values of the tokens a GPT has read, so that generating a
+    token costs one token's forward pass instead of the whole sequence's.
+
+    Allocated once for `max_len` positions ([n_layer, B, n_head, max_len, head_dim] each) and filled
+    in place: no tensor grows or is reallocated while generating. Learned positions tie each cached
+    key to its position, so a sequence that outgrows the context cannot slide over the cache: the
+    caller starts again from an empty one (`reset`) with the window it keeps.
+    """
+
+    def __init__(self, model: GPT, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> None:
+        shape = model.shape
+        self.max_len = min(max_len or shape.seq_len, shape.seq_len)
+        weight = model.wte.weight
+        size = (shape.n_layer, batch, shape.n_head, self.max_len, shape.d_model // shape.n_head)
+        self.keys = torch.zeros(size, dtype=dtype or weight.dtype, device=weight.device)
+        self.values = torch.zeros_like(self.keys)
+        self.length = 0
+        """Positions filled so far."""
+
+    def reset(self) -> None:
+        self.length = 0  # the stale entries are overwritten before they are read again
 
 
 def resolve_gpt_shape(config: ModelConfig, spec: DataSpec) -> GPTShape:

@@ -8,6 +8,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from gputrain.models.meta import InitStep, run_init_steps
+
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "auto": nn.ReLU,  # model.activation=auto: relu for the convolutional/MLP families (gpt picks gelu itself)
     "relu": nn.ReLU,
@@ -55,20 +57,31 @@ def _init_weight(weight: torch.Tensor, scheme: str, activation: str) -> None:
         raise ValueError(scheme)
 
 
-@torch.no_grad()
-def apply_init(model: nn.Module, scheme: str, activation: str) -> None:
-    """Re-initialise Linear/Conv weights (biases to zero); `default` keeps torch's own init.
+def init_scheme_steps(model: nn.Module, scheme: str, activation: str) -> list[InitStep]:
+    """`model.init` as init steps (models/meta.py): Linear/Conv weights by the scheme, biases zero;
+    none for `default`, which keeps the layers' own init.
 
     `constant` fills 0.01, `normal`/`trunc_normal` use std 0.02 (GPT-2's choice), the others
     scale by the gain of the model's activation.
     """
     if scheme == "default":
-        return
-    for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-            _init_weight(module.weight, scheme, activation)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
+        return []
+
+    def fill(module: nn.Module) -> None:
+        _init_weight(module.weight, scheme, activation)  # type: ignore[arg-type]
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)  # type: ignore[arg-type]
+
+    return [
+        (name, fill)
+        for name, module in model.named_modules()
+        if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
+    ]
+
+
+def apply_init(model: nn.Module, scheme: str, activation: str) -> None:
+    """Re-initialise Linear/Conv weights (biases to zero) by `scheme`; `default` keeps torch's own init."""
+    run_init_steps(model, init_scheme_steps(model, scheme, activation))
 
 
 def num_features(shape: tuple[int, ...]) -> int:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
-from torch.distributed.tensor import Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from gputrain.config.schema import ModelConfig
 from gputrain.data.spec import DataSpec
 from gputrain.errors import ConfigError
 from gputrain.models.layers import make_activation, num_features
 from gputrain.models.registry import register_model
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 
 class MLP(nn.Sequential):
@@ -50,6 +53,9 @@ def mlp_tp_plan(model: nn.Module, tp_degree: int) -> dict[str, ParallelStyle]:
     so each pair costs one all-reduce; an odd last Linear is column-wise with its output gathered.
     Only element-wise layers (activations, dropout) sit between them, so they run on the shards."""
     linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    from torch.distributed.tensor import Replicate  # only for tensor parallelism: ~1 s to import
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
     plan: dict[str, ParallelStyle] = {}
     for i, name in enumerate(linears):
         if i % 2 == 0:

@@ -15,6 +15,7 @@ from gputrain.config.schema import ModelConfig
 from gputrain.data.spec import DataSpec
 from gputrain.errors import ConfigError
 from gputrain.models.layers import make_activation
+from gputrain.models.meta import InitStep, run_init_steps
 from gputrain.models.registry import register_model
 
 # Images smaller than this (shorter side) use the small stem.
@@ -72,6 +73,15 @@ def _shortcut(in_ch: int, out_ch: int, stride: int) -> nn.Module | None:
     return nn.Sequential(nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch))
 
 
+def _conv_init(module: nn.Module) -> None:
+    nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")  # type: ignore[arg-type]
+
+
+def _bn_init(module: nn.Module) -> None:
+    nn.init.ones_(module.weight)  # type: ignore[arg-type]
+    nn.init.zeros_(module.bias)  # type: ignore[arg-type]
+
+
 class ResNet(nn.Module):
     def __init__(
         self,
@@ -113,17 +123,16 @@ class ResNet(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.fc = nn.Linear(ch, num_outputs)
-        self._init_weights()
+        run_init_steps(self, self.init_steps())
 
-    @torch.no_grad()
-    def _init_weights(self) -> None:
-        # torchvision's init: He (fan_out) for convolutions, BN scale 1 and shift 0
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+    def init_steps(self) -> list[InitStep]:
+        """torchvision's init as init steps (models/meta.py): He (fan_out) for convolutions, BN scale 1
+        and shift 0."""
+        return [
+            (name, _conv_init if isinstance(m, nn.Conv2d) else _bn_init)
+            for name, m in self.named_modules()
+            if isinstance(m, (nn.Conv2d, nn.BatchNorm2d))
+        ]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stages(self.stem(x))

@@ -59,7 +59,9 @@ class RunFacts:
     fp32_matmul_share: float | None = None
     """Share of device time in matmul/conv kernels that ran in fp32."""
     syncs_per_step: float | None = None
-    """Host-device syncs per step (`.item()`, `.cpu()`, `.tolist()`, printing a tensor ...)."""
+    """The user's host-device syncs per step (`.item()`, `.cpu()`, `.tolist()`, printing a tensor ...)."""
+    own_syncs_per_step: float | None = None
+    """gputrain's own syncs per step: logging steps' reads, and the host-side non-finite guard's flag."""
     device_utilisation: float | None = None
     """Share of the step's wall time the device is busy with kernels."""
     conv_net: bool = False
@@ -129,6 +131,20 @@ def check_host_syncs(f: RunFacts) -> Finding | None:
     )
 
 
+def check_own_syncs(f: RunFacts) -> Finding | None:
+    """gputrain's own reads belong to logging steps; one every step is the host-side guard's."""
+    if f.device_type != "cuda" or f.own_syncs_per_step is None or f.own_syncs_per_step < 1:
+        return None
+    return Finding(
+        "gputrain syncs every step",
+        f"{f.own_syncs_per_step:.1f} of gputrain's own host-device syncs per step: the non-finite guard reads its "
+        "flag on the host because the optimizer cannot skip an update on the device (no fused kernel, sharded or "
+        "pipelined parameters, or an fp16 GradScaler), or log.every_steps is 1",
+        "optim.name=adamw, adam or sgd (fused), bf16 rather than fp16, a larger log.every_steps, "
+        "or train.on_nonfinite=off to drop the check",
+    )
+
+
 def check_utilisation(f: RunFacts) -> Finding | None:
     if f.device_type != "cuda" or f.device_utilisation is None or f.device_utilisation >= LOW_UTILISATION:
         return None
@@ -177,6 +193,7 @@ RULES: tuple[Callable[[RunFacts], Finding | None], ...] = (
     check_launch_bound,
     check_fp32_matmuls,
     check_host_syncs,
+    check_own_syncs,
     check_utilisation,
     check_channels_last,
 )

@@ -32,6 +32,11 @@ from torch.autograd import Variable
 CATEGORIES = ("data", "h2d", "forward_backward", "optimizer", "comm", "other")
 
 
+EARLY_STEPS = (2, 3)
+"""Sampled besides every `every`-th step, so a run shorter than `every` steps still reports its
+split; used only where no regular sample exists (step 1 counts FLOPs and warms up: never)."""
+
+
 class StepTimer:
     """Times sampled steps. `begin(step)` before fetching step `step`'s batch (1-based),
     `mark(category)` at each boundary, `end()` after the loop body."""
@@ -42,9 +47,12 @@ class StepTimer:
         self.active = False
         self._cuda = device.type == "cuda"
         self._marks: list[tuple[str, Any]] = []
-        self._pending: list[list[tuple[str, Any]]] = []
+        self._pending: list[tuple[bool, list[tuple[str, Any]]]] = []
+        self._early = False
         self.totals_s = dict.fromkeys(CATEGORIES, 0.0)
         self.sampled_steps = 0
+        self._early_totals_s = dict.fromkeys(CATEGORIES, 0.0)
+        self._early_steps = 0
 
     def _now(self) -> Any:
         if self._cuda:  # on the run's device, whichever device is current
@@ -54,7 +62,10 @@ class StepTimer:
         return time.perf_counter()
 
     def begin(self, step: int) -> None:
-        self.active = self.every > 0 and step % self.every == 0
+        regular = self.every > 0 and step % self.every == 0
+        # early samples only where a regular one would come later than they do
+        self._early = self.every > EARLY_STEPS[-1] and step in EARLY_STEPS
+        self.active = regular or self._early
         if self.active:
             self._marks = [("start", self._now())]
 
@@ -79,7 +90,7 @@ class StepTimer:
         if not self.active:
             return
         self._marks.append(("other", self._now()))
-        self._pending.append(self._marks)
+        self._pending.append((self._early, self._marks))
         self._marks = []
         self.active = False
 
@@ -91,23 +102,33 @@ class StepTimer:
     def resolve(self) -> None:
         """Turn finished samples into seconds. Waits for the device only for events not yet done,
         so call it where the loop syncs anyway (logging steps, the end)."""
-        for marks in self._pending:
+        for early, marks in self._pending:
             if self._cuda:
                 marks[-1][1].synchronize()
-            step: dict[str, float] = dict.fromkeys(CATEGORIES, 0.0)
+            totals = self._early_totals_s if early else self.totals_s
             for (_, earlier), (category, later) in itertools.pairwise(marks):
-                step[category] += self._elapsed(earlier, later)
-            for category, seconds in step.items():
-                self.totals_s[category] += seconds
-            self.sampled_steps += 1
+                totals[category] += self._elapsed(earlier, later)
+            if early:
+                self._early_steps += 1
+            else:
+                self.sampled_steps += 1
         self._pending.clear()
 
     def mean_seconds(self) -> dict[str, float] | None:
-        """Mean seconds per sampled step for each category, or None before any sample."""
+        """Mean seconds per sampled step for each category (from the early samples where the run
+        had no regular one), or None before any sample."""
         self.resolve()
-        if not self.sampled_steps:
-            return None
-        return {c: s / self.sampled_steps for c, s in self.totals_s.items()}
+        if self.sampled_steps:
+            return {c: s / self.sampled_steps for c, s in self.totals_s.items()}
+        if self._early_steps:
+            return {c: s / self._early_steps for c, s in self._early_totals_s.items()}
+        return None
+
+    @property
+    def steps_behind_mean(self) -> int:
+        """How many steps the mean is of: the regular samples, else the early ones."""
+        self.resolve()
+        return self.sampled_steps or self._early_steps
 
     def fractions(self) -> dict[str, float] | None:
         """Share of a sampled step's time in each category (they sum to 1)."""

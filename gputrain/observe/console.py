@@ -3,7 +3,9 @@ per-epoch validation metrics and the final table."""
 
 from __future__ import annotations
 
+import shlex
 import sys
+import time
 from typing import Any
 
 from rich.console import Console
@@ -61,6 +63,12 @@ def speed_rows(train: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+BAR_REFRESH_S = 0.25
+"""How often the bar is redrawn, and at most how often its step count is updated: a bar redrawn
+10 times a second (rich's default) and told every step costs a small model's run a few percent of
+its time, for changes faster than the eye follows."""
+
+
 class RunConsole:
     """Rank 0's terminal output. `mode`: bar, plain, none, or auto (bar in a terminal)."""
 
@@ -71,6 +79,15 @@ class RunConsole:
         self.mode = mode if enabled else "none"
         self._progress: Progress | None = None
         self._task: Any = None
+        self._step = 0  # the last step advanced to; the bar shows it within BAR_REFRESH_S
+        self._shown = 0
+        self._next_update = 0.0
+
+    def _line(self, text: str) -> None:
+        """A plain line as it is: rich's print (markup, wrapping at 80 columns off a terminal) costs
+        ~0.5 ms a line, and a log line should stay one line whatever its length."""
+        self.console.file.write(text + "\n")
+        self.console.file.flush()
 
     def info(self, text: str) -> None:
         if self.mode != "none":
@@ -88,21 +105,35 @@ class RunConsole:
             TimeRemainingColumn(),
             console=self.console,
             transient=False,
+            refresh_per_second=1 / BAR_REFRESH_S,
         )
         self._progress.start()
         self._task = self._progress.add_task("train", total=total_steps, completed=done, status="")
+        self._step = self._shown = done
 
     def advance(self, step: int) -> None:
+        """Step `step` is done. The bar's count is updated at most every BAR_REFRESH_S (it is
+        redrawn no more often), and always before anything else is printed and at the end."""
+        self._step = step
         if self._progress is not None:
-            self._progress.update(self._task, completed=step)
+            now = time.monotonic()
+            if now >= self._next_update:
+                self._next_update = now + BAR_REFRESH_S
+                self._show_step()
+
+    def _show_step(self) -> None:
+        if self._progress is not None and self._shown != self._step:
+            self._progress.update(self._task, completed=self._step)
+            self._shown = self._step
 
     def logged(self, record: dict[str, Any], total_steps: int) -> None:
         status = f"epoch {record['epoch']} loss {_fmt(record['loss'])}"
         if self._progress is not None:
+            self._show_step()
             self._progress.update(self._task, status=status)
         elif self.mode == "plain":
             speed = record.get("samples_per_s")
-            self.console.print(
+            self._line(
                 f"step {record['step']}/{total_steps} {status} lr {_fmt(record['lr'])}"
                 + (f" grad_norm {_fmt(record['grad_norm'])}" if record.get("grad_norm") is not None else "")
                 + (f" {speed:,.0f} samples/s" if speed else "")
@@ -118,12 +149,16 @@ class RunConsole:
             where += f" (partial, at step {partial_at})"
         text = f"{where}: " + "  ".join(f"{k} {_fmt(v)}" for k, v in metrics.items())
         if self._progress is not None:
+            self._show_step()
             self._progress.console.print(text)
+        elif self.mode == "plain":
+            self._line(text)
         else:
             self.info(text)
 
     def stop(self) -> None:
         if self._progress is not None:
+            self._show_step()
             self._progress.stop()
             self._progress = None
 
@@ -152,3 +187,5 @@ class RunConsole:
         table.add_row("device", f"{summary['device']} ({summary['precision']})")
         self.console.print(table)
         self.console.print(f"run directory: {run_dir}")
+        # one unwrapped line, so a long path can be copied as the command it is
+        self.console.print(f"see it: gputrain report {shlex.quote(run_dir)}", markup=False, soft_wrap=True)

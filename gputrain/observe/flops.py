@@ -5,10 +5,17 @@ its micro-batches, forward and backward). It counts the matmul-like ops torch kn
 addmm, convolutions, attention); element-wise ops and the optimizer are not counted, which is the
 usual convention for MFU. A model whose ops torch cannot count just gets a lower figure.
 
+Two of torch's counts are replaced. Convolution backward: torch counts the weight gradient of a
+grouped convolution as if it were dense, `groups` times too many (64× for a 64-channel depthwise
+convolution, which made MobileNets' MFU read 7 to 12 times too high); here each gradient costs what
+the forward does. CPU attention: torch's counter leaves its flash kernels out; they are counted
+like the GPU ones.
+
 For GPT-like models the analytic count of torchtitan (6·N + 12·L·H·Q·T per token) is given
-beside it. A model is GPT-like when it (or its `config`, `cfg` or `shape` attribute) has the
-integer attributes `n_layer`, `n_head`, `d_model` and `seq_len` (gputrain's own GPT keeps them
-in `model.shape`).
+beside it. A model is GPT-like when it (or its `config`, `cfg` or `shape` attribute) states its
+layers, heads and width under one of the common names (`_DIM_NAMES`: gputrain's and nanoGPT's
+`n_layer`/`n_head`/`d_model`, Hugging Face GPT-2's `n_embd`/`n_positions`, LLaMA-style
+`num_hidden_layers`/`num_attention_heads`/`hidden_size`/`max_position_embeddings`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,38 @@ import torch
 from torch import nn
 
 log = logging.getLogger("gputrain")
+
+
+def _convolution_backward_flops(
+    grad_out: Any,
+    x: Any,
+    weight: Any,
+    bias: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+    output_mask: list[bool],
+    *args: Any,
+    out_shape: Any = None,
+    **kwargs: Any,
+) -> int:
+    """Each gradient of a convolution costs exactly its forward: every multiply-add of the forward,
+    x[i]·w[j] into out[k], has one twin in the input gradient (grad_out[k]·w[j] into grad_x[i]) and
+    one in the weight gradient (x[i]·grad_out[k] into grad_w[j]), whatever the groups, stride,
+    padding or dilation. torch's own formula rebuilds the weight gradient as a dense convolution
+    over the batch and so multiplies it by `groups`."""
+    from torch.utils import flop_counter
+
+    forward = flop_counter.conv_flop_count(list(x), list(weight), list(grad_out), transposed=bool(transposed))
+    return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
+
+
+def _corrected_flops() -> dict[Any, Any]:
+    """The counts that replace or add to torch's table (see the module docstring)."""
+    return {torch.ops.aten.convolution_backward: _convolution_backward_flops, **_cpu_attention_flops()}
 
 
 def _cpu_attention_flops() -> dict[Any, Any]:
@@ -63,7 +102,7 @@ class StepFlopCounter:
         try:
             from torch.utils.flop_counter import FlopCounterMode
 
-            mode = FlopCounterMode(display=False, custom_mapping=_cpu_attention_flops())
+            mode = FlopCounterMode(display=False, custom_mapping=_corrected_flops())
             with warnings.catch_warnings():
                 # the counter's global module hooks make torch.compile warn once; harmless here
                 warnings.simplefilter("ignore")
@@ -107,11 +146,27 @@ class GptDims:
     seq_len: int
 
 
-def _attr(model: nn.Module, name: str) -> int | None:
-    for holder in (model, *(getattr(model, name, None) for name in ("config", "cfg", "shape"))):
-        value = getattr(holder, name, None) if holder is not None else None
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+# The names under which common configs state each size: gputrain's GPT and nanoGPT (`block_size`),
+# Hugging Face GPT-2 (`n_embd`, `n_positions`) and LLaMA-style configs (`hidden_size`, ...). A
+# transformers model keeps them on `model.config`; HF configs also answer to the other family's
+# names through their attribute_map, so the first name that gives an integer wins.
+_DIM_NAMES: dict[str, tuple[str, ...]] = {
+    "n_layer": ("n_layer", "num_hidden_layers"),
+    "n_head": ("n_head", "num_attention_heads"),
+    "d_model": ("d_model", "n_embd", "hidden_size"),
+    "head_dim": ("head_dim",),
+    "seq_len": ("seq_len", "n_positions", "max_position_embeddings", "block_size"),
+}
+
+
+def _attr(model: nn.Module, dim: str) -> int | None:
+    """The size `dim` stated by the model or its `config` / `cfg` / `shape`, under any of its names."""
+    holders = (model, *(getattr(model, holder, None) for holder in ("config", "cfg", "shape")))
+    for holder in holders:
+        for name in _DIM_NAMES[dim]:
+            value = getattr(holder, name, None) if holder is not None else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
     return None
 
 
@@ -119,9 +174,9 @@ def gpt_dims(model: nn.Module, seq_len: int | None = None) -> GptDims | None:
     """The sizes the GPT formula needs, or None for a model that is not GPT-like.
 
     Args:
-        model: the unwrapped model; read are `n_layer`, `n_head`, `d_model` and `seq_len` on it or
-            on its `config` / `cfg` / `shape` attribute.
-        seq_len: tokens per training sample, when the data says so (else the model's `seq_len`).
+        model: the unwrapped model; its layers, heads, width and context are read from it or from
+            its `config` / `cfg` / `shape` attribute, under any name in `_DIM_NAMES`.
+        seq_len: tokens per training sample, when the data says so (else the model's context).
     """
     n_layer, n_head, d_model = _attr(model, "n_layer"), _attr(model, "n_head"), _attr(model, "d_model")
     seq_len = seq_len or _attr(model, "seq_len")
@@ -137,4 +192,6 @@ def gpt_dims(model: nn.Module, seq_len: int | None = None) -> GptDims | None:
         if id(p) not in linear_weights
     )
     n_params = sum(p.numel() for p in model.parameters()) - embedding
-    return GptDims(n_params=n_params, n_layer=n_layer, n_head=n_head, head_dim=d_model // n_head, seq_len=seq_len)
+    # LLaMA-style configs may state a head width other than d_model / n_head
+    head_dim = _attr(model, "head_dim") or d_model // n_head
+    return GptDims(n_params=n_params, n_layer=n_layer, n_head=n_head, head_dim=head_dim, seq_len=seq_len)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from gputrain.bench.cache import device_name, load_cached_peak
+from gputrain.bench.cache import device_name, load_cached, load_cached_peak
 from gputrain.env.peaks import datasheet_peak_flops
 
 # train.precision -> the dtype the matmuls run in. fp32 on CUDA really is fp32: the trainer turns
 # TF32 off for it (see precision.py).
-_MATMUL_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16"}
+# fp8 is measured against the float8 peak, although only its large Linear layers run in float8.
+_MATMUL_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
 
 
 def resolve_peak(device: torch.device, precision: str) -> tuple[float | None, str | None]:
@@ -26,7 +27,8 @@ def resolve_peak(device: torch.device, precision: str) -> tuple[float | None, st
     name = device_name(device)
     measured = load_cached_peak(name, dtype)
     if measured:
-        return float(measured), "bench"
+        suspect = (load_cached(name) or {}).get("peaks_suspect")
+        return float(measured), f"bench ({suspect}: it may be too low)" if suspect else "bench"
     if device.type != "cuda":
         return None, None
     found = datasheet_peak_flops(name, dtype, sm_count=_sm_count(device))

@@ -90,17 +90,25 @@ def _top_ops(prof: Any, key: str, limit: int) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r[key], reverse=True)[:limit]
 
 
-def _user_syncs(events: Any, device_type: str) -> int:
-    """Syncs outside the ranges of `_NOT_THE_USERS`. Containment is judged by time on the same
-    thread, not by the event tree: the profiler's step ranges (stepped from inside the optimizer's
-    range) overlap the optimizer's without nesting, which leaves the tree's parents wrong there."""
+def _syncs(events: Any, device_type: str) -> tuple[int, int]:
+    """(the user's syncs, gputrain's own): a sync inside an `OWN_SYNC` range is ours, one inside an
+    optimizer's step is neither (a CPU kernel reading its CPU step counter). Containment is judged
+    by time on the same thread, not by the event tree: the profiler's step ranges (stepped from
+    inside the optimizer's range) overlap the optimizer's without nesting, which leaves the tree's
+    parents wrong there."""
     names = _SYNC_EVENTS.get(device_type, _SYNC_EVENTS["cpu"])
-    ours = [(e.thread, e.time_range.start, e.time_range.end) for e in events if e.name.startswith(_NOT_THE_USERS)]
-    return sum(
-        1
-        for e in events
-        if e.name in names and not any(t == e.thread and start <= e.time_range.start <= end for t, start, end in ours)
-    )
+    ranges = [
+        (e.thread, e.time_range.start, e.time_range.end, e.name) for e in events if e.name.startswith(_NOT_THE_USERS)
+    ]
+    user = own = 0
+    for e in events:
+        if e.name in names:
+            inside = [name for t, start, end, name in ranges if t == e.thread and start <= e.time_range.start <= end]
+            if not inside:
+                user += 1
+            elif any(name == OWN_SYNC for name in inside):
+                own += 1
+    return user, own
 
 
 def _device_kernels(events: Any) -> list[tuple[str, float]]:
@@ -128,6 +136,7 @@ def collect_facts(target: ProfileTarget, prof: Any, active_steps: int, summary: 
     steps = len(step_events) or active_steps
     conv_net, channels_last = _model_layout(target.model)
     breakdown = summary["train"].get("time_breakdown") or {}
+    user_syncs, own_syncs = _syncs(events, target.device.type)
     facts = RunFacts(
         device_type=target.device.type,
         precision=target.precision,
@@ -140,7 +149,8 @@ def collect_facts(target: ProfileTarget, prof: Any, active_steps: int, summary: 
         compiled=target.compiled,
         conv_net=conv_net,
         channels_last=channels_last,
-        syncs_per_step=_user_syncs(events, target.device.type) / steps,
+        syncs_per_step=user_syncs / steps,
+        own_syncs_per_step=own_syncs / steps,
         comm_fraction=breakdown.get("comm"),
         strategy=target.strategy,
         grad_accum=target.grad_accum,

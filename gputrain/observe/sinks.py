@@ -85,17 +85,24 @@ class TensorBoardSink:
     """Scalars under `train/…`, `val/…`, `test/…`. Imported lazily: tensorboard is slow to import."""
 
     def __init__(self, log_dir: Path, resume_step: int | None = None) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
         from torch.utils.tensorboard import SummaryWriter
 
         self._writer = SummaryWriter(str(log_dir), purge_step=None if resume_step is None else resume_step + 1)
+        self._summary = Summary
 
     def write(self, record: dict[str, Any]) -> None:
+        # One event holds all of a row's scalars: `add_scalar` per figure costs ~60 µs each and
+        # wakes the writer thread each time (~0.6 ms a row, more than a small model's step).
+        # TensorBoard reads the values of one event as it reads separate scalar events.
         split = record.get("split", "train")
-        step = record["step"]
-        for key, value in record.items():
-            if key in ("step", "split", "epoch") or not isinstance(value, (int, float)) or isinstance(value, bool):
-                continue
-            self._writer.add_scalar(f"{split}/{key}", value, step)
+        values = [
+            self._summary.Value(tag=f"{split}/{key}", simple_value=float(value))
+            for key, value in record.items()
+            if key not in ("step", "split", "epoch") and isinstance(value, (int, float)) and not isinstance(value, bool)
+        ]
+        if values:
+            self._writer._get_file_writer().add_summary(self._summary(value=values), record["step"])
 
     def close(self) -> None:
         self._writer.close()

@@ -22,6 +22,7 @@ from gputrain.observe.peak import resolve_peak
 
 _NO_COUNT = contextlib.nullcontext()
 log = logging.getLogger("gputrain")
+_mfu_hint_given = False
 
 
 def host_peak_rss_bytes() -> int:
@@ -134,7 +135,22 @@ class SpeedMeter:
                 "MFU is %.0f%% of the %s peak, so that peak is too low%s",
                 100 * rates["mfu"],
                 source,
-                " (it was measured on a busy machine? run `gputrain bench` again)" if source == "bench" else "",
+                " (it was measured on a busy machine? run `gputrain bench` again)"
+                if source is not None and source.startswith("bench")
+                else "",
+            )
+        global _mfu_hint_given
+        if (
+            rates["mfu"] is None
+            and rates["achieved_flops"]
+            and source is None
+            and self.device.type == "cpu"
+            and not _mfu_hint_given
+        ):
+            _mfu_hint_given = True  # once per process: a program that trains many models hears it once
+            log.info(
+                "MFU on a CPU needs a measured peak (CPUs have no datasheet figure): run `gputrain bench` once "
+                "on this machine, on an idle moment; later runs report MFU against it"
             )
         return {
             "flops_per_step": self.flops_per_step,
@@ -146,5 +162,5 @@ class SpeedMeter:
             "host_peak_rss_bytes": host_peak_rss_bytes(),
             "time_breakdown": self._breakdown(self.timer.fractions()),
             "time_breakdown_s": self._breakdown(self.timer.mean_seconds()),
-            "time_breakdown_steps": self.timer.sampled_steps,
+            "time_breakdown_steps": self.timer.steps_behind_mean,
         }

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from gputrain.config.schema import OptimConfig
+from gputrain.distributed.dtensor import is_dtensor
 
 _CLASSES: dict[str, type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
@@ -45,6 +46,8 @@ def _dtensor_has_rule(op_name: str) -> bool:
     if op_name in _SHARDED_FUSED_KNOWN:
         return True
     packet = getattr(torch.ops.aten, op_name, None)
+    from torch.distributed.tensor import DTensor  # only asked about sharded parameters: already imported
+
     try:
         propagator = DTensor._op_dispatcher.sharding_propagator
         tables = [
@@ -65,14 +68,16 @@ def fused_kernel_fits(cls: type[torch.optim.Optimizer], params: Sequence[torch.T
     op_name = _FUSED_OPS.get(cls)
     if op_name is None or "fused" not in inspect.signature(cls.__init__).parameters:
         return False
-    return not any(isinstance(p, DTensor) for p in params) or _dtensor_has_rule(op_name)
+    return not any(is_dtensor(p) for p in params) or _dtensor_has_rule(op_name)
 
 
 def kernel_flags(
     cls: type[torch.optim.Optimizer], params: Sequence[torch.Tensor], device: torch.device
 ) -> dict[str, bool]:
-    """fused on CUDA where the kernel fits the parameters (one kernel for all of them), else foreach."""
-    if device.type == "cuda" and fused_kernel_fits(cls, params):
+    """fused where the kernel fits the parameters, else foreach on a GPU. Fused is one kernel for all
+    the parameters, vectorised on a CPU too, and it can skip an update on the device (`found_inf`),
+    which lets the non-finite guard work without a host sync (train/device_guard.py)."""
+    if device.type in ("cuda", "cpu") and fused_kernel_fits(cls, params):
         return {"fused": True}
     if "foreach" in inspect.signature(cls.__init__).parameters and device.type != "cpu":
         return {"foreach": True}
@@ -85,7 +90,7 @@ def build_optimizer(
     params = list(params)
     cls = _CLASSES[config.name]
     lr = effective_lr(config, batch_size)
-    kwargs: dict[str, object] = {"lr": lr, "weight_decay": config.weight_decay}
+    kwargs: dict[str, object] = {"lr": lr}
     if config.name == "sgd":
         kwargs.update(momentum=config.momentum, nesterov=config.nesterov)
     elif config.name == "rmsprop":
@@ -95,4 +100,16 @@ def build_optimizer(
     elif config.name in ("adagrad", "adadelta"):
         kwargs.update(eps=config.eps)
     kwargs.update(kernel_flags(cls, params, device))
-    return cls(params, **kwargs)  # type: ignore[arg-type]
+    return cls(decay_groups(params, config), **kwargs)  # type: ignore[arg-type]
+
+
+def decay_groups(params: list[torch.nn.Parameter], config: OptimConfig) -> list[dict[str, Any]]:
+    """The parameter groups and their weight decay. With optim.decay=matrices only weights of 2 or
+    more dimensions decay: pulling a bias or a LayerNorm scale towards 0 regularises nothing and
+    can hurt. Two groups always (one may be empty), so a checkpoint's layout does not depend on
+    the model."""
+    if config.decay == "all":
+        return [{"params": params, "weight_decay": config.weight_decay}]
+    matrices = [p for p in params if p.dim() >= 2]
+    vectors = [p for p in params if p.dim() < 2]
+    return [{"params": matrices, "weight_decay": config.weight_decay}, {"params": vectors, "weight_decay": 0.0}]

@@ -13,11 +13,10 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel import ParallelStyle
 from torch.utils.data import DataLoader, Dataset
 
 from gputrain.config import Config, resolve_grad_accum
@@ -25,6 +24,7 @@ from gputrain.config.validate import check_cuda_graphs, check_pipeline_precision
 from gputrain.data.augment import apply_channels_last, build_batch_transform
 from gputrain.data.pixels import as_model_sees_it, pixel_scaler_for
 from gputrain.data.spec import DataSpec, example_input
+from gputrain.data.tensors import as_tensor_data
 from gputrain.distributed.auto import StrategyChoice, choose_strategy
 from gputrain.distributed.context import DistContext, agree_on_path, init_distributed, rank_device
 from gputrain.distributed.faults import install_test_fault
@@ -32,25 +32,34 @@ from gputrain.distributed.parallel_dims import ParallelDims
 from gputrain.distributed.parallelize import TPPlan, describe_choice, parallelize, pp_group, setup_parallel
 from gputrain.env.device import resolve_device
 from gputrain.errors import ConfigError
+from gputrain.fp8 import apply_fp8
+from gputrain.models.meta import MetaInit, build_on_meta, is_meta, prepare_meta_init
 from gputrain.models.plans import tp_plan_for
 from gputrain.observe.console import RunConsole
 from gputrain.observe.logger import setup_logging
 from gputrain.observe.profiler import ProfileTarget
 from gputrain.observe.speed import SpeedMeter
 from gputrain.optim import build_optimizer, build_schedule
+from gputrain.plan.batch import resolve_auto_batch
 from gputrain.precision import Precision, resolve_precision
 from gputrain.switches import apply_process_switches
+from gputrain.train import device_guard
 from gputrain.train.batches import BatchPlan
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
-from gputrain.train.evaluate import EarlyStopping, Evaluator, resolve_metrics
+from gputrain.train.device_guard import DeviceGuard
+from gputrain.train.evaluate import EarlyStopping, Evaluator, check_metrics_stack, resolve_metrics
 from gputrain.train.feed import BatchFeed
 from gputrain.train.metrics import MetricsLogger
 from gputrain.train.nonfinite import NonFiniteGuard
 from gputrain.train.run_files import check_run_dir, default_run_dir
 from gputrain.train.step import StepParts
 from gputrain.train.tasks import ComputeLoss, LossFn, Task, loss_of_batch, resolve_task
+from gputrain.train.threads import apply_threads, local_ranks
 
-UserTPPlan = Mapping[str, ParallelStyle] | TPPlan
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+UserTPPlan = Union["Mapping[str, ParallelStyle]", TPPlan]
 log = logging.getLogger("gputrain")
 
 
@@ -60,7 +69,7 @@ class Placement:
 
     device: torch.device
     precision: str
-    """train.precision resolved: fp32, tf32, bf16 or fp16."""
+    """train.precision resolved: fp32, tf32, bf16, fp16 or fp8."""
     dist: DistContext
     dims: ParallelDims
     choice: StrategyChoice
@@ -70,16 +79,23 @@ class Placement:
     """What the console says about it first: the device line, the layout line."""
 
 
-def place_run(config: Config, model: nn.Module, train_data: Any) -> Placement:
+def place_run(
+    config: Config, model: nn.Module, train_data: Any, precision_choice: tuple[str, str] | None = None
+) -> Placement:
     """Choose the device and precision, join the job, set the process-wide switches and lay out
-    the ranks. Raises ConfigError for a device, precision or layout that cannot work."""
+    the ranks. Raises ConfigError for a device, precision or layout that cannot work.
+
+    `precision_choice`: (precision, reason) decided by the caller instead of train.precision (the RL
+    loop trains in fp32 where train.precision is auto: autocast does not pay on its small networks)."""
     cfg = config
     device, device_reason = resolve_device(cfg.train.device)
-    precision, precision_reason = resolve_precision(cfg.train.precision, device)
+    precision, precision_reason = precision_choice or resolve_precision(cfg.train.precision, device)
     dist = init_distributed(device, cfg.parallel.timeout_s, cpu_collectives=cfg.parallel.cpu_offload)
+    resolve_auto_batch(cfg, model, train_data, dist.world_size, device, precision)  # batch_size=auto, in place
     if dist.enabled and device.type == "cuda":
         device = rank_device(dist.local_rank)  # one GPU per rank
     switches = apply_process_switches(device, precision, cfg.train.deterministic)
+    threads = apply_threads(cfg.train.num_threads, device, cfg.train.deterministic, local_ranks(dist.world_size))
     sample = as_model_sees_it(example_input(train_data)) if cfg.parallel.strategy == "auto" else None
     choice = choose_strategy(cfg, model, dist.world_size, device, sample)
     check_cuda_graphs(
@@ -89,8 +105,10 @@ def place_run(config: Config, model: nn.Module, train_data: Any) -> Placement:
     check_pipeline_precision(precision, dims.pp_enabled)  # auto may have chosen fp16
     setup_logging(dist.rank, dist.world_size)
     set_by_us = switches.describe(device)
-    device_line = f"device: {device} ({device_reason}); precision {precision} ({precision_reason})" + (
-        f"; {set_by_us}" if set_by_us else ""
+    device_line = (
+        f"device: {device} ({device_reason}); precision {precision} ({precision_reason})"
+        + (f"; {set_by_us}" if set_by_us else "")
+        + f"; {threads.describe()}"
     )
     return Placement(
         device,
@@ -130,11 +148,13 @@ class TrainingParts:
 
 def build_training(
     config: Config,
-    model: nn.Module,
+    model: nn.Module | Callable[[], nn.Module],
     train_data: Dataset | DataLoader,
     *,
     loss_fn: LossFn | None = None,
     step_fn: ComputeLoss | None = None,
+    eval_fn: ComputeLoss | None = None,
+    evaluates: bool = True,
     spec: DataSpec | None = None,
     run_dir: str | Path | None = None,
     names: tuple[str, str] | None = None,
@@ -142,10 +162,15 @@ def build_training(
 ) -> TrainingParts:
     """All the parts of a training run of `model` on `train_data` under `config`.
 
+    `model` may be on the meta device (or a zero-argument function, called on meta): it is then
+    parallelised there and only this rank's part materialised on the device (models/meta.py).
+
     Raises:
         UsageError (ConfigError, DataError): bad config or input, before anything heavy starts.
     """
     cfg = config
+    model, meta_init = _on_meta(model)
+    train_data = as_tensor_data(train_data)  # a TensorDataset takes the in-memory path
     check_resume_setting(cfg.checkpoint)
     place = place_run(cfg, model, train_data)
     device, dist, dims = place.device, place.dist, place.dims
@@ -155,13 +180,16 @@ def build_training(
     task = resolve_task(model, train_data, spec=spec, loss_fn=loss_fn, step_fn=step_fn)
     metric_names = resolve_metrics(cfg.eval.metrics, task.kind)
     early_stopping = EarlyStopping(cfg.eval, metric_names)
+    if evaluates:
+        check_metrics_stack(metric_names)
     model_name, data_name = names or (type(model).__name__.lower(), type(train_data).__name__.lower())
     run_path = agree_on_path(Path(run_dir) if run_dir is not None else default_run_dir(model_name, data_name), dist)
     install_test_fault(model, dist.rank)  # no-op unless GPUTRAIN_TEST_FAULT is set (tests only)
 
     plan, global_batch = _batch_plan(cfg, train_data, place)
     check_run_dir(run_path, keep=True)  # the last check before anything heavy
-    model = model.to(device)
+    if meta_init is None:
+        model = model.to(device)  # else materialised, this rank's part only, once parallelised
     channels_last = apply_channels_last(model, device, sharded=dims.fsdp_enabled, pipelined=dims.pp_enabled)
     # data-parallel gradient traffic is timed apart from backward; a pipeline runs its own backward
     time_comm = (dims.ddp_enabled or dims.fsdp_enabled) and not dims.pp_enabled
@@ -201,6 +229,8 @@ def build_training(
         log.info("FLOPs are not counted under pipeline parallelism: MFU stays null for this run")
 
     precision = Precision(place.precision, device)
+    if place.precision == "fp8":  # a model converter: before compile and data parallelism wrap the layers
+        console.info(apply_fp8(model, cfg.train.fp8_recipe).describe())
     # parallelize before the optimizer: FSDP/TP replace the parameters, PP keeps only this rank's stage
     par = parallelize(
         model,
@@ -212,16 +242,14 @@ def build_training(
         place.grad_accum,
         tp_plan=_tp_plan(tp_plan, model, dims),
         loss_fn=task.loss_fn if step_fn is None else None,
+        meta_init=meta_init,
     )
     optimizer = build_optimizer(par.model.parameters(), cfg.optim, global_batch, device)
+    pipeline = par.pipeline
+    if pipeline is not None and pipeline.tied is not None:  # the last stage's copy of a tied matrix follows the first's
+        optimizer.register_step_post_hook(lambda *_: pipeline.sync_tied())
     scheduler = build_schedule(optimizer, cfg.optim, total_steps)
-    guard = (
-        None
-        if cfg.train.on_nonfinite == "off"
-        else NonFiniteGuard(
-            cfg.train.on_nonfinite, distributed=dist.enabled, scaler_active=precision.scaler is not None
-        )
-    )
+    guard = _guard(cfg, optimizer, scheduler, precision, dist.enabled, par.pipeline is not None, total_steps)
     step = StepParts(
         model=par.step_model,
         optimizer=optimizer,
@@ -238,8 +266,10 @@ def build_training(
         params=list(par.step_model.parameters()),
         persistent_grads=cuda_graphs,
     )
-    # plain DDP: every rank holds the whole model, so evaluation can be split between them
+    # plain DDP: every rank holds the whole model, so evaluation can be split between them; FSDP,
+    # hybrid and TP beside data parallelism split it too, each data-parallel rank in lockstep
     replicated = dist.enabled and dims.ddp_enabled and dims.dp_replicate == dist.world_size and not dims.pp_enabled
+    sharded = dist.enabled and not replicated and dims.dp_size > 1 and not dims.pp_enabled
     evaluator = Evaluator(
         par.step_model,
         par.model,
@@ -250,9 +280,10 @@ def build_training(
         replicated,
         device,
         precision.autocast,
-        step_fn=step_fn,
+        step_fn=eval_fn or step_fn,
         batch_transform=pixels,
         on_error=cfg.data.on_error,
+        sharded=sharded,
     )
     checkpointer = Checkpointer(cfg.checkpoint, run_path, dist, par.model, optimizer, pipelined=dims.pp_enabled)
     metrics = MetricsLogger(
@@ -279,24 +310,32 @@ def build_training(
     )
 
 
+def _on_meta(model: nn.Module | Callable[[], nn.Module]) -> tuple[nn.Module, MetaInit | None]:
+    """The model, and how to materialise it where it is on the meta device (a zero-argument
+    function is called there); None for a model with real tensors."""
+    if not isinstance(model, nn.Module):
+        return build_on_meta(model)
+    return (model, prepare_meta_init(model)) if is_meta(model) else (model, None)
+
+
 def _batch_plan(cfg: Config, train_data: Any, place: Placement) -> tuple[BatchPlan | None, int]:
     """(which samples each step takes, the global batch). A DataLoader's batches are micro-batches."""
     dist = place.dist
+    batch_size = cfg.train.batch_size
+    assert isinstance(batch_size, int)  # auto was resolved by place_run
     if isinstance(train_data, DataLoader):
         return None, (train_data.batch_size or 1) * place.grad_accum * dist.dp_size
     plan = BatchPlan(
         num_samples=len(train_data),
-        global_batch=cfg.train.batch_size,
+        global_batch=batch_size,
         grad_accum=place.grad_accum,
         dp_rank=dist.dp_rank,
         dp_size=dist.dp_size,
         seed=cfg.train.seed,
     )
     if plan.steps_per_epoch == 0:
-        raise ConfigError(
-            "train.batch_size", f"is larger than the {len(train_data)} training samples", cfg.train.batch_size
-        )
-    return plan, cfg.train.batch_size
+        raise ConfigError("train.batch_size", f"is larger than the {len(train_data)} training samples", batch_size)
+    return plan, batch_size
 
 
 def _tp_plan(given: UserTPPlan | None, model: nn.Module, dims: ParallelDims) -> TPPlan | None:
@@ -340,3 +379,23 @@ def profile_target(
         pin_memory=bool(loader.pin_memory) if loader is not None else False,
         loader_applies=parts.feed.tensors is None,
     )
+
+
+def _guard(
+    cfg: Config,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    precision: Precision,
+    distributed: bool,
+    pipelined: bool,
+    total_steps: int,
+) -> NonFiniteGuard | DeviceGuard | None:
+    """The non-finite guard: on the device where the optimizer can skip an update itself (no host
+    sync per step), else on the host (one small sync per step); None with train.on_nonfinite=off."""
+    mode = cfg.train.on_nonfinite
+    if mode == "off":
+        return None
+    scaler_active = precision.scaler is not None
+    if not pipelined and device_guard.fits(optimizer, scheduler, mode, scaler_active, total_steps):
+        return DeviceGuard(mode, distributed=distributed, window=cfg.log.every_steps, total_steps=total_steps)
+    return NonFiniteGuard(mode, distributed=distributed, scaler_active=scaler_active)

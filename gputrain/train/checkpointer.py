@@ -15,27 +15,12 @@ from torch import nn
 
 from gputrain.checkpoint import CorruptCheckpoint, find_resumable, rotate_checkpoints, save_checkpoint
 from gputrain.checkpoint.async_save import AsyncSaver
-from gputrain.checkpoint.io import checkpoint_step, prepare_checkpoint_load
-from gputrain.checkpoint.sharded import (
-    ShardedSaver,
-    is_sharded_checkpoint,
-    prepare_portable_load,
-    save_final_weights,
-)
+from gputrain.checkpoint.io import DCP_METADATA, checkpoint_step, prepare_checkpoint_load, save_weights
+from gputrain.config.paths import check_resume_setting
 from gputrain.config.schema import CheckpointConfig
 from gputrain.distributed.context import DistContext
-from gputrain.errors import ConfigError, RunError
+from gputrain.errors import RunError
 from gputrain.train.state import CheckedCheckpoint
-
-
-def check_resume_setting(config: CheckpointConfig) -> None:
-    """checkpoint.resume names auto, never or an existing checkpoint directory."""
-    if config.resume not in ("auto", "never") and not Path(config.resume).is_dir():
-        raise ConfigError(
-            "checkpoint.resume",
-            "no such checkpoint directory; use auto, never or a path like runs/NAME/checkpoints/step-100",
-            config.resume,
-        )
 
 
 class Checkpointer:
@@ -64,7 +49,11 @@ class Checkpointer:
         self.model = model
         self.optimizer = optimizer
         self.pipelined = pipelined
-        self._sharded = ShardedSaver(dist, config.async_save) if dist.enabled else None
+        self._sharded: Any = None  # the sharded back-end: torch.distributed.checkpoint, ~1 s to import
+        if dist.enabled:
+            from gputrain.checkpoint.sharded import ShardedSaver
+
+            self._sharded = ShardedSaver(dist, config.async_save)
         self._background = AsyncSaver() if not dist.enabled and config.async_save else None
 
     @property
@@ -72,11 +61,17 @@ class Checkpointer:
         return self.config.enabled
 
     def resume_point(self) -> tuple[Path | None, bool]:
-        """(checkpoint to resume from or None, whether its bytes have been verified already)."""
+        """(checkpoint to resume from or None, whether its bytes have been verified already).
+        Collective when several ranks run: they verify the candidates together, each hashing its
+        share of the files (checkpoint/by_rank.py), and all get the same answer."""
         resume = self.config.resume
         if resume == "never":
             return None, False
         if resume == "auto":
+            if self.dist.enabled:
+                from gputrain.checkpoint.by_rank import find_resumable_together
+
+                return find_resumable_together(self.root, self.dist), True
             return find_resumable(self.root), True
         return Path(resume), False
 
@@ -91,9 +86,16 @@ class Checkpointer:
             CheckpointMismatch: the checkpoint is not this run's (a UsageError: exit code 2).
             RunError: a damaged or hostile checkpoint.
         """
-        portable = self.dist.enabled or is_sharded_checkpoint(path)  # any format onto any layout, by name
+        portable = self.dist.enabled or (path / DCP_METADATA).is_file()  # any format onto any layout, by name
         try:
+            if self.dist.enabled and not verified:  # together: no rank reads every file
+                from gputrain.checkpoint.by_rank import verify_together
+
+                verify_together(path, self.dist)
+                verified = True
             if portable:
+                from gputrain.checkpoint.sharded import prepare_portable_load
+
                 saved, apply = prepare_portable_load(path, self.model, self.optimizer, verified=verified)
             else:
                 saved, apply = prepare_checkpoint_load(path, self.model, self.optimizer, verified=verified)
@@ -130,8 +132,9 @@ class Checkpointer:
         state = {
             **state,
             "optimizer": self.optimizer.state_dict(),
-            # parameter names let a multi-rank job resume a one-process checkpoint
-            "param_names": [name for name, _ in self.model.named_parameters()],
+            # parameter names, in the order the optimizer's state numbers them (group by group), let a
+            # multi-rank job resume a one-process checkpoint
+            "param_names": optimizer_param_names(self.model, self.optimizer),
         }
         if self._background is not None:  # rotation runs once the background save has committed
             return self._background.save(self.root, step, self.model, state, after=rotate)
@@ -148,4 +151,16 @@ class Checkpointer:
     def save_final_weights(self, path: Path) -> None:
         """model.safetensors with the whole model (gathered from shards and stages; rank 0 writes)."""
         self.wait()
+        if not self.dist.enabled:
+            save_weights(self.model, path)
+            return
+        from gputrain.checkpoint.sharded import save_final_weights
+
         save_final_weights(path, self.model, self.dist, self.pipelined)
+
+
+def optimizer_param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The name of each parameter in the order of the optimizer's state dict: group by group (the
+    weight-decay groups put matrices first), not the model's order."""
+    name_of = {id(p): name for name, p in model.named_parameters()}
+    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]

@@ -45,6 +45,9 @@ class BadStep:
     verdict: Verdict
 
 
+MAX_WINDOW = 256
+"""The most steps between two reads of the flags, whatever log.every_steps is: a read every 256
+steps costs nothing, and the per-step buffers stay small."""
 MAX_TABLE_STEPS = 1_000_000
 """Skip mode tabulates the schedule, one float per step (4 MB and ~0.5 s to build at this size);
 a longer run keeps the host guard."""
@@ -68,8 +71,8 @@ class DeviceGuard:
     Args:
         mode: "stop" or "skip" (train.on_nonfinite).
         distributed: take the worst flag over all ranks, so every rank masks (or stops) together.
-        window: the most steps between two `settle()` calls (the logging interval); the loss of
-            each of them is kept on the device to say, later, what was bad.
+        window: the most steps between two `settle()` calls (the logging interval, at most
+            MAX_WINDOW); the loss of each of them is kept on the device to say what was bad.
         total_steps: the run's length, the extent of skip mode's table of the schedule.
     """
 
@@ -77,9 +80,10 @@ class DeviceGuard:
         self.mode = mode
         self.total_steps = total_steps
         self.distributed = distributed
-        self.window = max(1, window)
+        self.window = max(1, min(window, MAX_WINDOW))
         self._pending = 0  # steps since the last settle
         self._ready = False
+        self._layout: tuple[int, bool] | None = None
 
     def _setup(self, loss: torch.Tensor, scheduler: LRScheduler) -> None:
         """Device buffers, made on the first step (after a resume has set the schedule's position)."""
@@ -88,6 +92,8 @@ class DeviceGuard:
         self._one = torch.ones((), device=device)
         self._losses = torch.zeros(self.window, device=device)
         self._flags = torch.zeros(self.window, device=device)  # skip: each pending step's flag
+        # views made once: indexing a tensor every step is one more dispatch than copying into a view
+        self._loss_slots, self._flag_slots = self._losses.unbind(), self._flags.unbind()
         self._bad = torch.zeros((), device=device)  # stop: pending steps that ended masked
         if self.mode == "skip":
             assert isinstance(scheduler, LambdaLR)
@@ -113,26 +119,39 @@ class DeviceGuard:
         flag = self._flag
         if self.mode == "skip":
             flag.zero_()
-        loss = loss.detach()
-        # a norm is NaN/Inf exactly when a gradient is: with one, a single number to check
-        tensors = [(loss + grad_norm).float()] if grad_norm is not None else [*grads, loss]
-        device, dtype = loss.device, tensors[0].dtype
-        if amp_check_supports(device, dtype) and all(t.device == device and t.dtype == dtype for t in tensors):
+        if loss.requires_grad:
+            loss = loss.detach()
+        if grad_norm is not None:  # a norm is NaN/Inf exactly when a gradient is: one number to check
+            tensors = [(loss + grad_norm).float()]
+            uniform = amp_check_supports(loss.device, torch.float32)
+        else:
+            tensors = [*grads, loss]
+            uniform = self._uniform(tensors)
+        if uniform:
             # sets the flag to 1 on a NaN/Inf and never resets it: stop mode's stickiness for free
             torch._amp_foreach_non_finite_check_and_unscale_(tensors, flag, self._one)
         else:
             for found in nonfinite_flags(tensors):
-                flag.add_(found.to(device).reshape(()))
+                flag.add_(found.to(flag.device).reshape(()))
             flag.clamp_(max=1.0)  # the fused kernels skip on exactly 1
         if self.distributed:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         slot = self._pending % self.window
-        self._losses[slot].copy_(loss)
+        self._loss_slots[slot].copy_(loss)
         if self.mode == "skip":
-            self._flags[slot].copy_(flag)
+            self._flag_slots[slot].copy_(flag)
         else:
             self._bad.add_(flag)
         self._pending += 1
+
+    def _uniform(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether the one fused check fits `tensors` (one device and dtype it has a kernel for): a
+        property of the model, so decided once per number of tensors, not every step."""
+        if self._layout is None or self._layout[0] != len(tensors):
+            device, dtype = tensors[-1].device, tensors[0].dtype
+            fits = amp_check_supports(device, dtype) and all(t.device == device and t.dtype == dtype for t in tensors)
+            self._layout = (len(tensors), fits)
+        return self._layout[1]
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         """`optimizer.step()`, skipped on the device where the flag says so."""

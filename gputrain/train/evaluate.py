@@ -5,23 +5,29 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 
 from gputrain.config.schema import EvalConfig
 from gputrain.data.guard import BadSample
-from gputrain.data.tensors import TensorData
 from gputrain.distributed.context import DistContext
-from gputrain.errors import ConfigError
+from gputrain.errors import ConfigError, UsageError
+from gputrain.train.eval_shares import (
+    Lockstep,
+    dp_group,
+    gather_scores,
+    lockstep_steps,
+    shard_for_eval,
+)
 from gputrain.train.feed import EvalBatches
-from gputrain.train.scores import KEEPS_SCORES, ScoreKeeper, Scores, merge
+from gputrain.train.scores import KEEPS_SCORES, ScoreKeeper, Scores
 from gputrain.train.state import LoopState
-from gputrain.train.tasks import DEFAULT_METRICS, LossFn, Task, metric_mode
+from gputrain.train.tasks import DEFAULT_METRICS, LossFn, Task, dict_batch_loss, metric_mode, model_logits
 
 log = logging.getLogger("gputrain")
 
@@ -49,16 +55,34 @@ def resolve_metrics(requested: list[str] | str, task: str | None) -> list[str]:
     return list(requested)
 
 
-def shard_for_eval(data: Dataset, rank: int, world_size: int) -> Dataset:
-    """This rank's share of an evaluation split: every world_size-th sample from `rank` on.
-    Shares differ by at most one sample; none is seen twice and none is padded in."""
-    if isinstance(data, TensorData):
-        return TensorData(data.inputs[rank::world_size], data.targets[rank::world_size])
-    return Subset(data, range(rank, len(data), world_size))  # type: ignore[arg-type]
+def check_metrics_stack(names: list[str]) -> None:
+    """Import what computing `names` needs, now rather than after an epoch of training: torchmetrics,
+    and with it torchvision where installed (a torchvision built for another torch breaks it).
+
+    Raises:
+        UsageError: naming the package that fails and the fix.
+    """
+    if not set(names) - {"loss", "perplexity"}:
+        return
+    try:
+        import torchmetrics.classification
+        import torchmetrics.regression  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - any import failure is the same answer for the user
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        hint = (
+            "; torchvision does not match the installed torch: `pip uninstall torchvision`, or install the "
+            "torchvision release made for this torch"
+            if "torchvision" in str(err)
+            else "; reinstall it: pip install --force-reinstall torchmetrics"
+        )
+        raise UsageError(
+            f"evaluation ({', '.join(names)}) needs torchmetrics, whose import fails here: {first}{hint}; or set "
+            'eval.metrics=["loss"] to evaluate the loss only'
+        ) from None
 
 
 def _build_metrics(
-    names: list[str], task: str, num_classes: int | None, device: torch.device, across_ranks: bool
+    names: list[str], task: str, num_classes: int | None, device: torch.device, across_ranks: bool, group: Any = None
 ) -> dict[str, Any]:
     if not set(names) - {"loss", "perplexity"}:
         return {}  # computed here without torchmetrics, whose import alone takes seconds
@@ -78,10 +102,14 @@ def _build_metrics(
         }
     elif task == "regression":
         builders = {"mse": R.MeanSquaredError, "mae": R.MeanAbsoluteError}
-    # across_ranks: each rank saw its own share, and compute() gathers the states of all ranks.
-    # Otherwise every rank evaluated the whole split (FSDP/TP/PP need all ranks in each forward),
-    # and syncing would only gather duplicates.
-    return {name: builders[name](sync_on_compute=across_ranks).to(device) for name in names if name in builders}
+    # across_ranks: each rank saw its own share, and compute() gathers the states of the ranks of
+    # `group` (the data-parallel ones: TP peers saw the same samples). Otherwise every rank evaluated
+    # the whole split, and syncing would only gather duplicates.
+    return {
+        name: builders[name](sync_on_compute=across_ranks, process_group=group).to(device)
+        for name in names
+        if name in builders
+    }
 
 
 @torch.no_grad()
@@ -133,10 +161,18 @@ def evaluate_split(
     split: str | None = None,
     count_skipped: Callable[[], int] | None = None,
     keeper: ScoreKeeper | None = None,
+    metrics: dict[str, Any] | None = None,
+    lockstep: int | None = None,
+    group: Any = None,
 ) -> tuple[dict[str, float], int]:
     """`evaluate`, plus the samples the reader left out as unreadable (`count_skipped`, asked once
     the batches are read: an `EvalBatches`'s count in data.on_error=skip mode), summed over the
-    ranks when they shared the split.
+    ranks when they shared the split. `metrics`: the torchmetrics objects of `_build_metrics`, built
+    once by the caller and reset here (building them costs more than a small model's evaluation).
+
+    lockstep: the model's forward is collective (FSDP, TP): every rank makes exactly this many
+    forward passes, padding past the end of its share (see eval_shares.Lockstep).
+    group: the process group the shares are combined over (None: all ranks).
 
     Raises:
         BadSample: a sample could not be read (fail mode), or none could (skip mode). When the
@@ -145,12 +181,18 @@ def evaluate_split(
     """
     was_training = model.training
     model.eval()
-    metrics = _build_metrics(metric_names, task, num_classes, device, across_ranks)
+    if metrics is None:
+        metrics = _build_metrics(metric_names, task, num_classes, device, across_ranks, group)
+    for metric in metrics.values():
+        metric.reset()
+    updates = _MetricUpdates(metrics, task, num_classes)
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     count = 0
     unreadable: BadSample | None = None
+    steps = Lockstep(batches, lockstep, group, device) if lockstep is not None else None
+    paired: Iterable[tuple[Any, bool]] = steps if steps is not None else ((b, True) for b in batches)
     try:
-        for batch in batches:
+        for batch, real in paired:
             with autocast():
                 outputs: torch.Tensor | None
                 loss: torch.Tensor | None
@@ -159,9 +201,11 @@ def evaluate_split(
                     outputs = targets = None
                 else:
                     inputs, targets = batch[0], batch[1]
-                    outputs = model(inputs)
-                    loss = loss_fn(outputs, targets) if loss_fn is not None else None
-            size = len(batch[0]) if isinstance(batch, (list, tuple)) else 1
+                    outputs = model_logits(model(inputs))
+                    loss = loss_fn(outputs, targets) if loss_fn is not None and real else None
+            if not real:
+                continue  # a pad batch: its forward kept the collectives in step; it is not counted
+            size = _batch_size(batch)
             if loss is not None:
                 loss_sum += loss.detach().double() * size
             count += size
@@ -170,24 +214,20 @@ def evaluate_split(
             outputs = outputs.float()
             if keeper is not None:
                 keeper.add(outputs, targets)
-            for name, metric in metrics.items():
-                if name == "auroc":
-                    metric.update(outputs.softmax(dim=-1), targets)
-                elif task == "regression":
-                    metric.update(outputs.view_as(targets) if outputs.numel() == targets.numel() else outputs, targets)
-                else:
-                    metric.update(outputs, targets)
+            updates.add(outputs, targets)
     except BadSample as err:
         if not across_ranks:
             raise
         unreadable = err  # raised after the gathering below, which the other ranks are waiting in
     finally:
         model.train(was_training)
+    if steps is not None and steps.unreadable is not None:
+        unreadable = steps.unreadable
     skipped = count_skipped() if count_skipped is not None else 0
     if across_ranks:
         local = [float(count), float(skipped), float(unreadable is not None)]
         totals = torch.cat([loss_sum.view(1), torch.tensor(local, device=device, dtype=torch.float64)])
-        dist.all_reduce(totals)
+        dist.all_reduce(totals, group=group)
         loss_total, count_total, skipped_total, failed_ranks = totals.tolist()  # the one host sync
         count, skipped = int(count_total), int(skipped_total)
         if unreadable is not None:
@@ -200,6 +240,7 @@ def evaluate_split(
     if count == 0 and skipped:
         where = f"{split} split: " if split else ""
         raise BadSample(f"{where}all {skipped} samples are unreadable (data.on_error=skip): nothing to evaluate")
+    updates.flush()
     results: dict[str, float] = {name: float(metric.compute()) for name, metric in metrics.items()}
     if count and ("loss" in metric_names or "perplexity" in metric_names):
         mean_loss = loss_total / count
@@ -208,6 +249,76 @@ def evaluate_split(
         if "perplexity" in metric_names:
             results["perplexity"] = math.exp(min(mean_loss, 700.0))
     return {name: results[name] for name in metric_names if name in results}, skipped
+
+
+_FLUSH_EVERY = 32
+"""Batches held back before the metrics are updated with all of them at once."""
+
+
+class _MetricUpdates:
+    """Feeds the torchmetrics objects a few large updates instead of one per batch and metric: an
+    update costs ~0.1 ms of Python and argument checks whatever its size, five of them per batch
+    cost a small model's evaluation several times over.
+
+    Classification metrics count integers (and AUROC keeps every score until `compute`), so one
+    update with the labels of many batches gives exactly the figures of per-batch updates. The
+    labels are the argmax torchmetrics would take; a batch whose outputs it would refuse is passed
+    to it as it is, so its error is the same. Regression metrics sum floats, which would round
+    differently in other groupings: they are updated per batch, as before.
+    """
+
+    def __init__(self, metrics: dict[str, Any], task: str, num_classes: int | None) -> None:
+        self.metrics = metrics
+        self.per_batch = task != "classification"
+        self.num_classes = num_classes
+        self.counted = [metric for name, metric in metrics.items() if name != "auroc"]
+        self.auroc = metrics.get("auroc")
+        self.labels: list[torch.Tensor] = []
+        self.scores: list[torch.Tensor] = []
+        self.targets: list[torch.Tensor] = []
+
+    def add(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+        if not self.metrics:
+            return
+        if self.per_batch:
+            for metric in self.metrics.values():
+                metric.update(outputs.view_as(targets) if outputs.numel() == targets.numel() else outputs, targets)
+            return
+        if not (
+            outputs.ndim == targets.ndim + 1
+            and outputs.shape[1] == self.num_classes
+            and outputs.shape[2:] == targets.shape[1:]
+        ):  # not (N, C, ...) logits for (N, ...) targets: torchmetrics judges it (and raises)
+            self.flush()
+            for name, metric in self.metrics.items():
+                metric.update(outputs.softmax(dim=-1) if name == "auroc" else outputs, targets)
+            return
+        if self.counted:
+            self.labels.append(outputs.argmax(dim=1))
+        if self.auroc is not None:
+            self.scores.append(outputs.softmax(dim=-1))
+        self.targets.append(targets)
+        if len(self.targets) >= _FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        """Update the metrics with the batches held back."""
+        if not self.targets:
+            return
+        targets = torch.cat(self.targets)
+        if self.labels:
+            labels = torch.cat(self.labels)
+            for metric in self.counted:
+                metric.update(labels, targets)
+        if self.scores and self.auroc is not None:
+            self.auroc.update(torch.cat(self.scores), targets)
+        self.labels, self.scores, self.targets = [], [], []
+
+
+def _batch_size(batch: Any) -> int:
+    """Samples in a batch: the length of its first tensor, wherever it sits (tuple, list, dict)."""
+    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else [batch]
+    return next((len(t) for t in items if isinstance(t, torch.Tensor) and t.dim() > 0), 1)
 
 
 class Evaluator:
@@ -221,10 +332,13 @@ class Evaluator:
         batch_size: samples per evaluation batch on one rank.
         dist: this rank's place in the job.
         replicated: every rank holds the whole model (plain DDP): each evaluates its share of a
-            split and the figures are combined. Sharded layouts (FSDP, TP, PP) need every rank in
-            every forward pass and evaluate the whole split.
+            split with the plain module and the figures are combined.
+        sharded: the forward is collective (FSDP, hybrid, TP with data-parallel ranks beside): each
+            data-parallel rank evaluates its share in lockstep with the others (eval_shares.py) and
+            the figures are combined over the data-parallel ranks. With neither (PP, one process, a
+            DataLoader split), every rank evaluates the whole split.
         device, autocast: where and in what precision.
-        step_fn: the user's step_fn, whose loss is then the one evaluated.
+        step_fn: the user's eval_fn or step_fn, whose loss is then the one evaluated (no grad, eval mode).
         batch_transform: applied to each batch on the device first (uint8 images to floats).
         on_error: data.on_error for samples that cannot be read: fail (a `BadSample` naming the
             split and the sample) or skip (left out of the figures and counted in `skipped`).
@@ -244,6 +358,8 @@ class Evaluator:
         step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
         batch_transform: Callable[[Any], Any] | None = None,
         on_error: str = "fail",
+        *,
+        sharded: bool = False,
     ) -> None:
         self.step_model = step_model
         self.model = model
@@ -252,9 +368,13 @@ class Evaluator:
         self.batch_size = batch_size
         self.dist = dist
         self.replicated = replicated
+        self.sharded = sharded and not replicated and dist.dp_size > 1
+        self._group = dp_group(dist) if self.sharded else None
         self.device = device
         self.autocast = autocast
-        self.step_fn = step_fn
+        # the loss of a batch evaluation cannot read from outputs: the user's function, or a dict
+        # batch's `.loss`
+        self.step_fn = step_fn if step_fn is not None else dict_batch_loss if task.dict_batches else None
         self.batch_transform = batch_transform
         self.on_error = on_error
         self.skipped: dict[str, int] = {}
@@ -262,7 +382,8 @@ class Evaluator:
         over all ranks; every split evaluated so far has an entry (0 when none was skipped)."""
         self.scores: dict[str, Scores] = {}
         """Per split evaluated with `keep_scores`: what the model said about each sample (scores.py),
-        on every rank (shares gathered under DDP)."""
+        on every rank (shares gathered when the ranks shared the split)."""
+        self._metrics: dict[bool, dict[str, Any]] = {}  # built once per layout, reset per evaluation
 
     def evaluate(self, data: Dataset | DataLoader, split: str, keep_scores: bool = False) -> dict[str, float]:
         """The split's metrics (the same figures on every rank); with `keep_scores`, also each
@@ -274,13 +395,20 @@ class Evaluator:
         """
         if self.task.kind is None:
             return {}
-        model, batch, shared = self.step_model, self.batch_size, False
-        world = self.dist.world_size
-        if self.replicated and not isinstance(data, DataLoader) and len(data) >= world:  # type: ignore[arg-type]
+        model, batch, shared, steps = self.step_model, self.batch_size, False, None
+        world, total = self.dist.world_size, 0 if isinstance(data, DataLoader) else len(data)  # type: ignore[arg-type]
+        if self.replicated and not isinstance(data, DataLoader) and total >= world:
             # each rank evaluates its share with the plain module (no collective in its forward) and
             # the sums are combined; a rank with no sample would skip the gathering its peers wait in
             data, model, shared = shard_for_eval(data, self.dist.rank, world), self.model, True
             batch = max(1, batch // world)
+        elif self.sharded and not isinstance(data, DataLoader) and total >= self.dist.dp_size:
+            # every rank of a replica runs each forward (FSDP gathers, TP exchanges): each
+            # data-parallel rank its own share, all in lockstep, TP peers on the same share
+            shares = self.dist.dp_size
+            data, shared = shard_for_eval(data, self.dist.dp_rank, shares), True
+            batch = max(1, batch // shares)
+            steps = lockstep_steps(total, batch, shares)
         reader = EvalBatches(data, batch, self.device, self.on_error, split)
         batches: Iterable[Any] = reader if self.batch_transform is None else map(self.batch_transform, reader)
         keeper = ScoreKeeper(self.task.kind) if keep_scores and self.task.kind in KEEPS_SCORES else None
@@ -298,13 +426,14 @@ class Evaluator:
             split=split,
             count_skipped=lambda: reader.skipped,
             keeper=keeper,
+            metrics=self._metrics_for(shared),
+            lockstep=steps,
+            group=self._group if shared else None,
         )
         if keeper is not None:
             kept = keeper.result()
             if shared:  # each rank scored its share: every rank gets the whole split's
-                parts: list[Scores | None] = [None] * world
-                dist.all_gather_object(parts, kept)
-                kept = merge(parts)
+                kept = gather_scores(kept, self._group, total)
             if kept is not None:
                 self.scores[split] = kept
         if skipped and not self.skipped.get(split):
@@ -312,6 +441,17 @@ class Evaluator:
             log.warning("%s split: left out %d unreadable samples (data.on_error=skip)%s", split, skipped, example)
         self.skipped[split] = skipped
         return metrics
+
+    def _metrics_for(self, across_ranks: bool) -> dict[str, Any]:
+        """The torchmetrics objects, built at the first evaluation and reused (reset) after."""
+        if across_ranks not in self._metrics:
+            kind, classes = self.task.kind, self.task.num_classes
+            assert kind is not None
+            group = self._group if across_ranks else None
+            self._metrics[across_ranks] = _build_metrics(
+                self.metric_names, kind, classes, self.device, across_ranks, group
+            )
+        return self._metrics[across_ranks]
 
 
 class EarlyStopping:

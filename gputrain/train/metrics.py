@@ -116,6 +116,15 @@ class MetricsLogger:
         self.console.logged(record, self.total_steps)
         self._since = (time.perf_counter(), state.samples_seen, state.global_step)
 
+    def log_record(self, record: dict[str, Any]) -> None:
+        """Write a row another loop built (the RL loop's iteration rows: their own `step` and
+        figures) to metrics.jsonl and TensorBoard; rank 0 writes, the other ranks have no sinks.
+        A `loss` in the row becomes the loss summary.json reports."""
+        self._sinks.write(record)
+        self.last_logged_step = record["step"]
+        if isinstance(record.get("loss"), float):
+            self.last_loss = record["loss"]
+
     def log_eval(self, split: str, state: LoopState, metrics: dict[str, float]) -> None:
         """A row for an evaluation of `split` ("val" after each epoch, "test" at the end)."""
         if metrics:

@@ -1,18 +1,16 @@
 """Never apply a step whose loss or gradients are NaN/Inf: stop (default) or skip and count it.
 
-Design: the decision has to be made before `optimizer.step()`, and the LR scheduler (a host-side
-object) must not advance on a skipped step, so the host has to know the answer every step. We
-therefore pay exactly ONE host-device sync per step: a single number computed on the device. On
-steps that compute the gradient norm anyway (clipping by norm, logging steps) it is the loss plus
-that norm; on the others it is the flag of torch's fused AMP finiteness check over the gradients
-and the loss (`_amp_foreach_non_finite_check_and_unscale_` with a scale of 1, one kernel per
-device and dtype, three times cheaper than a norm on a small model). The alternative, applying
-the update conditionally on the device, only works for fused optimizers (their `found_inf`
-argument), cannot keep a host-side scheduler exact without a sync anyway, and needs a copy of
-every parameter and optimizer state for the others. On CPU the sync is free; on a GPU it stalls
-kernel launch for the optimizer's few (fused/foreach) kernels — the same price torch's GradScaler
-already pays every fp16 step. Measured cost: docs/reliability.md and benchmarks/RESULTS.md.
-`train.on_nonfinite=off` drops the check and its sync (a hand-written loop's behaviour).
+This is the guard on the host, for where the device cannot skip an update itself (an optimizer
+without a fused kernel, sharded parameters, pipeline stages, an fp16 GradScaler); elsewhere
+device_guard.py keeps the same flag on the device. Here the decision has to be made before
+`optimizer.step()`, and the LR scheduler (a host-side object) must not advance on a skipped step,
+so the host reads ONE number per step, computed on the device. On steps that compute the gradient
+norm anyway (clipping by norm, logging steps) it is the loss plus that norm; on the others it is
+the flag of torch's fused AMP finiteness check over the gradients and the loss
+(`_amp_foreach_non_finite_check_and_unscale_` with a scale of 1, one kernel per device and dtype,
+three times cheaper than a norm on a small model). On CPU the read is free; on a GPU it stalls
+kernel launch for the optimizer's kernels, the price torch's GradScaler pays every fp16 step.
+`train.on_nonfinite=off` drops the check (a hand-written loop's behaviour).
 
 fp16 with a GradScaler is different: Inf gradients there are routine (the loss scale is too high).
 The scaler skips the update and lowers the scale itself; we only keep the LR schedule still. A
@@ -27,19 +25,19 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
-from gputrain.distributed.grad_norm import local_tensor
+from gputrain.distributed.dtensor import is_dtensor, local_tensor
 from gputrain.errors import RunError
 from gputrain.observe.own_sync import own_sync
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """Whether a step may be applied: "apply", "nonfinite" (NaN/Inf; `reason` says what and where)
-    or "overflow" (an fp16 loss-scale overflow, which the GradScaler handles itself)."""
+    """Whether a step may be applied: "apply", "nonfinite" (NaN/Inf; `reason` says what and where),
+    "overflow" (an fp16 loss-scale overflow, which the GradScaler handles itself) or "pending" (the
+    device decided; the host reads it later, device_guard.py)."""
 
-    kind: Literal["apply", "nonfinite", "overflow"]
+    kind: Literal["apply", "nonfinite", "overflow", "pending"]
     reason: str = ""
 
 
@@ -103,7 +101,7 @@ class NonFiniteGuard:
             # which kernel path fits is a property of the model, so it is decided once, not per step
             device, dtype = loss.device, loss.dtype
             uniform = amp_check_supports(device, dtype) and all(
-                t.device == device and t.dtype == dtype and not isinstance(t, DTensor) for t in tensors
+                t.device == device and t.dtype == dtype and not is_dtensor(t) for t in tensors
             )
             self._layout = (len(tensors), uniform)
             self._found = torch.zeros(1, device=device)  # kept: the kernel only sets it; a bad step resets it
@@ -112,7 +110,7 @@ class NonFiniteGuard:
         if self._layout[1]:
             torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, self._one)
         else:  # several dtypes or devices, or sharded gradients (their local shards are checked)
-            for flag in _nonfinite_flags([local_tensor(t) for t in tensors]):
+            for flag in nonfinite_flags([local_tensor(t) for t in tensors]):
                 found += flag.to(found.device)
         if self.distributed:
             dist.all_reduce(found, op=dist.ReduceOp.SUM)
@@ -168,7 +166,7 @@ def amp_check_supports(device: torch.device, dtype: torch.dtype) -> bool:
     return dtype in _AMP_CHECK_DTYPES.get(device.type, set())
 
 
-def _nonfinite_flags(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+def nonfinite_flags(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """One float flag per device and dtype: 1 where any element of `tensors` is NaN/Inf.
 
     The AMP kernel also multiplies every element by its scale; a scale of exactly 1 leaves each

@@ -13,7 +13,8 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from gputrain.errors import GputrainError, Interrupted, RunError
 from gputrain.train.run_files import write_json, write_text
@@ -23,7 +24,10 @@ from gputrain.train.step import StepResult
 from gputrain.train.summary import build_summary
 
 if TYPE_CHECKING:
-    from gputrain.train.build import TrainingParts
+    from gputrain.observe.console import RunConsole
+    from gputrain.train.build import Placement, TrainingParts
+    from gputrain.train.checkpointer import Checkpointer
+    from gputrain.train.metrics import MetricsLogger
 
 
 @dataclass(slots=True)
@@ -47,17 +51,46 @@ class RunEnding:
     """What the run is doing outside its steps (an evaluation), for a failure's message; None: a step."""
 
 
+class RecordedParts(Protocol):
+    """What RunRecorder reads of a run's parts: TrainingParts has them, and so do the parts of
+    another loop (gputrain/rl/) that brings its own summary (`summarize`)."""
+
+    @property
+    def place(self) -> Placement: ...
+    @property
+    def run_dir(self) -> Path: ...
+    @property
+    def console(self) -> RunConsole: ...
+    @property
+    def metrics(self) -> MetricsLogger: ...
+    @property
+    def checkpointer(self) -> Checkpointer: ...
+
+
+Summarize = Callable[[str, float, "float | None", RunEnding], dict[str, Any]]
+"""(status, wall seconds, train loss, ending) -> the summary.json dict."""
+
+
 class RunRecorder:
     """Args:
     parts: the run's parts (where the files go, the job, the console, the metrics, the speed).
     stop: the signal handler, disarmed when the run ends.
     state: the loop's current state (a resume replaces it).
+    summarize: builds summary.json for a loop other than the Trainer's; by default the Trainer's
+        summary from TrainingParts' figures (speed, task, evaluator).
     """
 
-    def __init__(self, parts: TrainingParts, stop: StopRequest, state: Callable[[], LoopState]) -> None:
+    def __init__(
+        self,
+        parts: RecordedParts,
+        stop: StopRequest,
+        state: Callable[[], LoopState],
+        summarize: Summarize | None = None,
+    ) -> None:
         self.parts = parts
         self.stop = stop
         self.state = state
+        self.summarize = summarize or self._training_summary
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[RunEnding]:
@@ -101,13 +134,24 @@ class RunRecorder:
         unlogged = ending.last is not None and metrics.last_logged_step != state.global_step
         loss = float(ending.last.loss) if unlogged and ending.last is not None else metrics.last_loss
         place = parts.place
-        ending.summary = build_summary(
-            ending.status or "failed",
+        ending.summary = self.summarize(ending.status or "failed", wall_s, loss, ending)
+        if place.dist.is_main:
+            if self._may_write(ending):
+                with contextlib.suppress(OSError):
+                    parts.run_dir.mkdir(parents=True, exist_ok=True)
+                    write_json(parts.run_dir / "summary.json", ending.summary)
+            parts.console.final_table(ending.summary, str(parts.run_dir))
+
+    def _training_summary(self, status: str, wall_s: float, loss: float | None, ending: RunEnding) -> dict[str, Any]:
+        parts = cast("TrainingParts", self.parts)  # the default: the Trainer's parts
+        place = parts.place
+        return build_summary(
+            status,
             wall_s,
             device=place.device,
             precision=place.precision,
             world_size=place.dist.world_size,
-            state=state,
+            state=self.state(),
             speed=parts.speed,
             train_loss=loss,
             tokens_per_sample=parts.task.tokens_per_sample,
@@ -116,12 +160,6 @@ class RunRecorder:
             error=ending.error,
             eval_skipped=parts.evaluator.skipped,
         )
-        if place.dist.is_main:
-            if self._may_write(ending):
-                with contextlib.suppress(OSError):
-                    parts.run_dir.mkdir(parents=True, exist_ok=True)
-                    write_json(parts.run_dir / "summary.json", ending.summary)
-            parts.console.final_table(ending.summary, str(parts.run_dir))
 
     def _may_write(self, ending: RunEnding) -> bool:
         return ending.started or not (self.parts.run_dir / "summary.json").exists()

@@ -8,12 +8,14 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 
 import torch
 import torch.distributed as dist
 
 from gputrain.distributed.context import DistContext
+from gputrain.errors import Interrupted
 from gputrain.observe.own_sync import own_sync
 
 INTERRUPTED_EXIT = 130
@@ -109,3 +111,16 @@ class StopRequest:
         if stop and self.requested is None:
             self.requested = "a signal to another rank"
         return stop
+
+
+class StoppedBySignal(Interrupted):
+    """A signal stopped `fit()`, after a checkpoint was saved. The message says how to resume in
+    Python; the command line says it in its own terms (`for_cli`)."""
+
+    def __init__(self, what: str, run_dir: Path) -> None:
+        self.what = what
+        self.run_dir = run_dir
+        super().__init__(f"{what}call fit() again on a Trainer with run_dir={str(run_dir)!r} to resume")
+
+    def for_cli(self) -> Interrupted:
+        return Interrupted(f"{self.what}run again with --run-dir {self.run_dir} to resume")

@@ -1,5 +1,5 @@
-"""One optimizer step: accumulate micro-batches, clip, check, step. The only host-device sync in
-here is the non-finite check's one boolean (see nonfinite.py for why it is worth it).
+"""One optimizer step: accumulate micro-batches, clip, check, step. No host-device sync in here
+with the device-side guard (device_guard.py); the host guard reads one flag (nonfinite.py).
 
 Trainer.fit → train_step → forward_backward: the whole hot path is these two functions, and
 `train_step` answers with a `StepResult` (loss, gradient norm, verdict) rather than leaving state
@@ -19,6 +19,7 @@ from gputrain.distributed.context import grad_sync
 from gputrain.distributed.grad_norm import grad_norm_and_clip
 from gputrain.observe.breakdown import StepTimer
 from gputrain.precision import Precision
+from gputrain.train.device_guard import PENDING, DeviceGuard
 from gputrain.train.nonfinite import APPLY, NonFiniteGuard, Verdict
 
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
@@ -50,8 +51,9 @@ class StepParts:
     """The pipeline's process group: stages add up their gradient norms over it."""
     timer: StepTimer | None = None
     """Marks the step's parts on sampled steps (a no-op call on the others)."""
-    guard: NonFiniteGuard | None = None
-    """Checks loss and gradients before the update (one host sync per step); None: no check."""
+    guard: NonFiniteGuard | DeviceGuard | None = None
+    """Checks loss and gradients before the update: on the host (one sync per step) or on the
+    device (none; the verdict is PENDING until the loop calls `settle`); None: no check."""
     time_comm: bool = False
     """Time the data-parallel gradient communication apart from the backward pass (DDP, FSDP)."""
     params: list[torch.Tensor] | None = None
@@ -112,20 +114,32 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
             if measure_grad_norm:
                 grad_norm = grad_norm_and_clip(params, None, parts.pp_group)
             else:  # no norm wanted this step: the cheaper flag check
-                verdict = guard.check_gradients(loss_sum, [p.grad for p in params if p.grad is not None])
+                grads = [p.grad for p in params if p.grad is not None]
+                if isinstance(guard, DeviceGuard):
+                    guard.mark(loss_sum, grads, None, parts.scheduler)
+                    verdict = PENDING
+                else:
+                    verdict = guard.check_gradients(loss_sum, grads)
         if parts.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(params, parts.clip_grad_value)
         if parts.clip_grad_norm is not None or (measure_grad_norm and grad_norm is None):
             grad_norm = grad_norm_and_clip(params, parts.clip_grad_norm, parts.pp_group)
     if verdict is None:
-        assert guard is not None
-        verdict = guard.check(loss_sum, grad_norm)
-    if verdict.kind == "nonfinite":
+        if isinstance(guard, DeviceGuard):
+            guard.mark(loss_sum, [], grad_norm, parts.scheduler)
+            verdict = PENDING
+        else:
+            assert guard is not None
+            verdict = guard.check(loss_sum, grad_norm)
+    if isinstance(guard, DeviceGuard):
+        guard.step(parts.optimizer)  # a bad step is skipped on the device, without the host knowing yet
+    elif verdict.kind == "nonfinite":
         parts.precision.skip_step()  # the update never happens; the scaler (if any) still lowers its scale
     else:
         parts.precision.step(parts.optimizer)  # on "overflow" the GradScaler skips the update itself
     parts.optimizer.zero_grad(set_to_none=not parts.persistent_grads)
-    if verdict.kind == "apply":  # a skipped step does not move the LR schedule
+    # a skipped step does not move the LR schedule; the device guard's skip mode moves it itself
+    if verdict.kind == "apply" or (isinstance(guard, DeviceGuard) and guard.steps_host_schedules):
         parts.scheduler.step()
     if parts.timer is not None:
         parts.timer.mark("optimizer")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -79,6 +79,9 @@ class Task:
     num_classes: int | None = None
     tokens_per_sample: int | None = None
     """Language models: tokens in one sample (for tokens/s)."""
+    dict_batches: bool = False
+    """Batches are dicts of tensors, given to `model(**batch)`; the loss is the output's `.loss`
+    (a Hugging Face model given its labels)."""
 
 
 def resolve_task(
@@ -93,8 +96,10 @@ def resolve_task(
     if spec is not None:
         loss = loss_fn if loss_fn is not None or step_fn is not None else default_loss(spec.task)
         return Task(spec.task, loss, spec.num_classes, spec.input_shape[0] if spec.task == "lm" else None)
-    if step_fn is not None:
-        return Task(None, None)
+    if step_fn is not None:  # evaluation reports step_fn's loss (no grad, eval mode)
+        return Task("custom", None)
+    if isinstance(_first_batch(train_data), Mapping):
+        return Task("custom", None, dict_batches=True)
     probe = probe_outputs(model, train_data)
     kind = infer_task(*probe) if probe is not None else None
     if kind is None:
@@ -103,9 +108,12 @@ def resolve_task(
         seen = (
             f"outputs {tuple(probe[0].shape)} and targets {tuple(probe[1].shape)}"
             if probe is not None
-            else "the data (its samples are not (inputs, targets) tensors)"
+            else "the data (its samples are not (inputs, targets) tensors, nor dicts for model(**batch))"
         )
-        raise UsageError(f"cannot tell the task from {seen}: pass loss_fn= or step_fn= to the Trainer")
+        raise UsageError(
+            f"cannot tell the task from {seen}: pass loss_fn=(outputs, targets) -> loss, or "
+            "step_fn=(model, batch) -> loss, to the Trainer"
+        )
     assert probe is not None  # a task was inferred from it
     outputs, targets = probe
     return Task(
@@ -128,7 +136,7 @@ def probe_outputs(model: nn.Module, data: Any) -> tuple[torch.Tensor, torch.Tens
     meta = {name: torch.empty_like(t, device="meta") for name, t in [*model.named_parameters(), *model.named_buffers()]}
     try:
         with torch.no_grad():
-            return torch.func.functional_call(model, meta, (inputs.to("meta"),)), targets
+            return model_logits(torch.func.functional_call(model, meta, (inputs.to("meta"),))), targets
     except Exception:  # noqa: BLE001 - an op without a meta kernel: run the real model once instead
         pass
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -136,40 +144,68 @@ def probe_outputs(model: nn.Module, data: Any) -> tuple[torch.Tensor, torch.Tens
     model.eval()  # no BatchNorm statistics move, no dropout
     try:
         with torch.no_grad():
-            return model(inputs.to(device)), targets
+            return model_logits(model(inputs.to(device))), targets
     except Exception:  # noqa: BLE001 - the model does not take these inputs: the caller says so
         return None
     finally:
         model.train(was_training)
 
 
-def _first_samples(data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Up to two samples of `data` collated as a loader would, as (inputs, targets)."""
+def _first_batch(data: Any) -> Any:
+    """Up to two samples of `data` collated as a loader would, or the loader's first batch; None
+    where neither can be had."""
     dataset = data.dataset if isinstance(data, DataLoader) else data
     try:
-        batch = default_collate([dataset[i] for i in range(min(2, len(cast(Sized, dataset))))])
+        return default_collate([dataset[i] for i in range(min(2, len(cast(Sized, dataset))))])
     except Exception:  # noqa: BLE001 - not an indexable data set of collatable samples
-        batch = None
-    if batch is None and isinstance(data, DataLoader):
+        pass
+    if isinstance(data, DataLoader):
         try:
-            batch = next(iter(data))
+            return next(iter(data))
         except Exception:  # noqa: BLE001
             return None
+    return None
+
+
+def _first_samples(data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The first samples as (inputs, targets), or None for any other batch structure."""
+    batch = _first_batch(data)
     if isinstance(batch, (list, tuple)) and len(batch) >= 2 and all(isinstance(t, torch.Tensor) for t in batch[:2]):
         return batch[0], batch[1]
     return None
 
 
+def model_logits(outputs: Any) -> Any:
+    """A model's outputs as losses and metrics read them: the tensor itself, or the `.logits` of a
+    Hugging Face ModelOutput."""
+    logits = getattr(outputs, "logits", None)
+    return logits if logits is not None else outputs
+
+
+def dict_batch_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """The loss of a dict batch: `model(**batch).loss` (a Hugging Face model given its labels)."""
+    loss = getattr(model(**batch), "loss", None)
+    if loss is None:
+        raise RunError(
+            "the model's output for a dict batch has no .loss (give the batch its labels), or pass "
+            "step_fn=(model, batch) -> loss to the Trainer"
+        )
+    return loss
+
+
 def loss_of_batch(task: Task, step_fn: ComputeLoss | None) -> ComputeLoss:
-    """The step's loss of one micro-batch: the user's step_fn, or the task's loss on (inputs, targets)."""
+    """The step's loss of one micro-batch: the user's step_fn, a dict batch's `.loss`, or the task's
+    loss on (inputs, targets) (a model's ModelOutput read through its `.logits`)."""
     if step_fn is not None:
         return step_fn
+    if task.dict_batches:
+        return dict_batch_loss
     loss_fn = task.loss_fn
     assert loss_fn is not None
 
     def compute_loss(model: nn.Module, batch: Any) -> torch.Tensor:
         if not isinstance(batch, (list, tuple)) or len(batch) < 2:
             raise RunError("batches are not (inputs, targets): pass step_fn(model, batch) -> loss to the Trainer")
-        return loss_fn(model(batch[0]), batch[1])
+        return loss_fn(model_logits(model(batch[0])), batch[1])
 
     return compute_loss

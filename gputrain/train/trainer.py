@@ -18,16 +18,16 @@ from torch.utils.data import DataLoader, Dataset
 
 from gputrain.config import Config, load_config
 from gputrain.data.spec import DataSpec
-from gputrain.distributed.fsdp import reshard
-from gputrain.errors import Interrupted
+from gputrain.data.tensors import as_tensor_data
 from gputrain.observe.own_sync import own_sync
 from gputrain.observe.profiler import ProfileReport, profile_run
 from gputrain.train.build import UserTPPlan, build_training, profile_target
+from gputrain.train.device_guard import DeviceGuard
 from gputrain.train.nonfinite import NonFiniteStep
 from gputrain.train.run_files import check_run_dir, continue_run, prior_run, write_run_files
 from gputrain.train.run_record import RunEnding, RunRecorder
 from gputrain.train.scores import save_scores
-from gputrain.train.signals import StopRequest
+from gputrain.train.signals import StoppedBySignal, StopRequest
 from gputrain.train.state import LoopState, restore_training_state, seed_everything, training_state
 from gputrain.train.step import StepResult, train_step
 from gputrain.train.tasks import ComputeLoss, LossFn
@@ -40,11 +40,18 @@ class Trainer:
     """Train any `nn.Module` on a Dataset or DataLoader with the config's practices.
 
     Args:
-        model: the module to train.
+        model: the module to train; one on the meta device (or a zero-argument function that builds
+            one, called on meta) is parallelised there and each rank materialises only its own part,
+            with `to_empty` and each module's `reset_parameters` (then the root's `init_steps()`
+            where it has one), drawn as an eager build would have from the global generator.
         train_data: a Dataset (gputrain builds the loader from `train.batch_size`) or a DataLoader
             (its batches are the micro-batches).
-        loss_fn: `loss_fn(outputs, targets)` for batches of (inputs, targets); default from the task.
-        step_fn: `step_fn(model, batch) -> loss` for any other batch structure.
+        loss_fn: `loss_fn(outputs, targets)` for batches of (inputs, targets); default from the task. A
+            model returning a Hugging Face ModelOutput has its `.logits` read; dict batches go to
+            `model(**batch)`, whose `.loss` is the loss.
+        step_fn: `step_fn(model, batch) -> loss` for any other batch structure; validation and test
+            then report its loss (no grad, eval mode), or `eval_fn`'s where given.
+        eval_fn: `eval_fn(model, batch) -> loss` for evaluation, where it should differ from step_fn.
         val_data, test_data: evaluated every `eval.every_epochs` epochs and at the end.
         config: a Config, a dict of dotted keys, or a TOML path.
         run_dir: where the run's files go (default `runs/<model>-<data>-<time>/`).
@@ -57,11 +64,12 @@ class Trainer:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Module | Callable[[], nn.Module],
         train_data: Dataset | DataLoader,
         *,
         loss_fn: LossFn | None = None,
         step_fn: ComputeLoss | None = None,
+        eval_fn: ComputeLoss | None = None,
         val_data: Dataset | DataLoader | None = None,
         test_data: Dataset | DataLoader | None = None,
         config: ConfigLike = None,
@@ -77,6 +85,8 @@ class Trainer:
             train_data,
             loss_fn=loss_fn,
             step_fn=step_fn,
+            eval_fn=eval_fn,
+            evaluates=val_data is not None or test_data is not None,
             spec=spec,
             run_dir=run_dir,
             names=names,
@@ -89,11 +99,13 @@ class Trainer:
         self.evaluator, self.early_stopping = parts.evaluator, parts.early_stopping
         self.checkpointer, self.metrics, self.console = parts.checkpointer, parts.metrics, parts.console
         self.global_batch, self.total_steps, self.run_dir = parts.global_batch, parts.total_steps, parts.run_dir
-        self.val_data, self.test_data = val_data, test_data
+        self.val_data, self.test_data = as_tensor_data(val_data), as_tensor_data(test_data)
         self.state = LoopState()
         self.stop = StopRequest()
         self.parts = parts
         self.recorder = RunRecorder(parts, self.stop, lambda: self.state)
+        guard = parts.step.guard
+        self._device_guard = guard if isinstance(guard, DeviceGuard) else None
 
     @classmethod
     def from_config(
@@ -108,14 +120,17 @@ class Trainer:
         from gputrain.data import build_data
         from gputrain.env.device import resolve_device
         from gputrain.models import build_model
+        from gputrain.precision import resolve_precision
 
         cfg = config if isinstance(config, Config) and not overrides else load_config(config, overrides or ())
-        resolve_device(cfg.train.device)  # fail on a missing device or run directory before loading anything
+        # fail on a missing device, a precision it cannot run (fp8) or a bad run directory before loading anything
+        resolve_precision(cfg.train.precision, resolve_device(cfg.train.device)[0])
         if run_dir is not None:
             check_run_dir(Path(run_dir))
         seed_everything(cfg.train.seed)
         bundle = build_data(cfg.data, cfg.train.seed)
-        model = build_model(cfg.model, bundle.spec)
+        # the built-in families start on the meta device: each rank materialises only its own part
+        model = build_model(cfg.model, bundle.spec, on_meta=True)
         return cls(
             model,
             bundle.train,
@@ -167,6 +182,7 @@ class Trainer:
                     with own_sync():
                         torch.cuda.synchronize(self.device)
                 state.train_time_s += time.perf_counter() - clock
+                self._settle()  # before the epoch's evaluation and checkpoint
                 ending.status = self._end_epoch(ending)
             if self.test_data is not None:
                 ending.test = self._evaluate(self.test_data, "test", ending)
@@ -222,9 +238,32 @@ class Trainer:
         state.step_in_epoch += 1
         state.samples_seen += self.global_batch
         state.skipped_samples += self.feed.take_skipped()
+        if self._device_guard is not None and (log_now or self._device_guard.full):
+            self._settle()
         if log_now:
             self.metrics.log_step(state, result)
         self.console.advance(state.global_step)
+
+    def _settle(self) -> None:
+        """Read the device-side guard's verdicts on the steps since the last read (one sync, on a
+        step that syncs anyway): stop at the first bad step, or report the skipped ones."""
+        guard, state = self._device_guard, self.state
+        if guard is None:
+            return
+        bad = guard.settle(state.global_step, self.scheduler)
+        if bad and self.config.train.on_nonfinite == "stop":
+            # every update from the first bad step on was masked: the run is where that step began
+            undone = state.global_step - (bad[0].step - 1)
+            state.global_step -= undone
+            state.step_in_epoch -= undone
+            state.samples_seen -= undone * self.global_batch
+            guard.reset()
+            raise NonFiniteStep.at(bad[0].step, self.dist.rank if self.dist.enabled else None, bad[0].verdict)
+        for skipped in bad:
+            state.nonfinite_steps += 1
+            log.warning(
+                "step %d: %s; step skipped (%d so far)", skipped.step, skipped.verdict.reason, state.nonfinite_steps
+            )
 
     def _end_epoch(self, ending: RunEnding) -> str | None:
         """After an epoch's steps: evaluation, early stopping, the epoch's checkpoint. Returns how the
@@ -255,7 +294,10 @@ class Trainer:
         ending.doing = f"the {split} evaluation after step {self.state.global_step}"
         metrics = self.evaluator.evaluate(data, split, keep_scores=split == "test")
         ending.doing = None
-        reshard(self.model)  # its forward passes leave FSDP's root module gathered
+        if self.place.dims.fsdp_enabled:  # its forward passes leave FSDP's root module gathered
+            from gputrain.distributed.fsdp import reshard  # torch's FSDP takes ~1 s to import: only if used
+
+            reshard(self.model)
         self.metrics.log_eval(split, self.state, metrics)
         if split in self.evaluator.scores and self.dist.is_main:  # what the report draws ROC curves from
             save_scores(self.run_dir / f"scores-{split}.npz", self.evaluator.scores[split])
@@ -263,6 +305,7 @@ class Trainer:
 
     # ----------------------------------------------------------------- checkpoints
     def _save(self) -> Path | None:
+        self._settle()  # a checkpoint never holds a step the device masked without the host knowing
         if not self.checkpointer.enabled:
             return None  # not even the state: capturing every RNG costs more than a small model's step
         state = training_state(
@@ -280,7 +323,6 @@ class Trainer:
         path = self._save()
         self.checkpointer.wait()
         where = f"checkpoint saved at {path}; " if path else ""
-        raise Interrupted(
-            f"stopped by {self.stop.requested} at step {self.state.global_step}; {where}"
-            f"run again with --run-dir {self.run_dir} to resume"
+        raise StoppedBySignal(
+            f"stopped by {self.stop.requested} at step {self.state.global_step}; {where}", self.run_dir
         )

@@ -41,6 +41,8 @@ TWO_RANK_CASES: dict[str, tuple[list[str], str]] = {
     "pp_from_fsdp": (["parallel.strategy=pp", "parallel.pp_schedule=gpipe",
                       "checkpoint.resume={fsdp_ckpt}/checkpoints/step-2"], "single"),
     "fsdp_from_single": (["parallel.strategy=fsdp", "checkpoint.resume={single_ckpt}/checkpoints/step-2"], "single"),
+    # written by a pipeline (each rank holds one stage's parameters), resumed on one process
+    "pp_ckpt": (["parallel.strategy=pp", "parallel.pp_schedule=gpipe", "train.grad_accum=2", *CKPT], "single"),
 }
 SINGLE_CASES = {"single": [], "single_deep": DEEP, "single_ckpt": CKPT}
 

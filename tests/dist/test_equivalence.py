@@ -49,6 +49,21 @@ def test_sharded_checkpoint_is_complete_and_resumes_on_one_process(dist_runs: di
                                rtol=1e-5, atol=1e-5)
 
 
+def test_a_pipeline_checkpoint_resumes_on_one_process(dist_runs: dict[str, Path], tmp_path: Path) -> None:
+    """Each pipeline rank's optimizer lists only its stage's parameters; the checkpoint must still
+    say which group holds every parameter, or a one-process resume refuses it."""
+    from gputrain.train.trainer import Trainer
+    from tests.dist.jobs import BASE
+
+    step2 = dist_runs["pp_ckpt"] / "checkpoints" / "step-2"
+    Trainer.from_config(None, run_dir=tmp_path / "resumed", overrides=BASE + [
+        "parallel.strategy=none", f"checkpoint.resume={step2}"]).fit()
+    got, expected = step_losses(tmp_path / "resumed"), step_losses(dist_runs["single"])
+    assert sorted(got) == [3, 4]
+    torch.testing.assert_close(torch.tensor([got[3], got[4]]), torch.tensor([expected[3], expected[4]]),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_gpt_tensor_parallel_plan_matches_the_unsharded_model(dist_results: dict[str, Any]) -> None:
     """The GPT plan (sharded MLP/embeddings/head, sequence-parallel norms, tied weights) on a model of
     the expected structure: 3 AdamW steps, same losses as without TP."""
@@ -89,10 +104,11 @@ def _eval_rows(run_dir: Path) -> dict[str, dict[str, float]]:
             for row in rows if "split" in row}
 
 
-@pytest.mark.parametrize("case", ["ddp", "fsdp"])
+@pytest.mark.parametrize("case", ["ddp", "fsdp", "fsdp_accum", "hybrid_shard", "tp", "pp_gpipe"])
 def test_evaluation_on_two_ranks_equals_one_process(dist_runs: dict[str, Path], case: str) -> None:
-    """DDP ranks each evaluate half of the split and combine; FSDP ranks evaluate all of it. Both
-    must report the metrics of the whole split, as one process does."""
+    """DDP and FSDP ranks each evaluate half of the split and combine (FSDP in lockstep); TP and PP
+    ranks, with no data-parallel peer here, evaluate all of it. All must report the metrics of the
+    whole split, as one process does."""
     expected, got = _eval_rows(dist_runs["single"]), _eval_rows(dist_runs[case])
     assert set(got) == set(expected) == {"val", "test"}
     for split in expected:

@@ -34,7 +34,7 @@ STRATEGIES = {
 }
 # what docs/distributed.md says each strategy takes
 SUPPORTED = {"ddp": ["mlp", "cnn", "resnet18", "gpt"], "fsdp": ["mlp", "cnn", "resnet18", "gpt"],
-             "hybrid": ["mlp", "cnn", "resnet18", "gpt"], "tp": ["mlp", "gpt"], "pp": ["mlp"]}
+             "hybrid": ["mlp", "cnn", "resnet18", "gpt"], "tp": ["mlp", "gpt"], "pp": ["mlp", "gpt"]}
 CASES = [(s, m) for s, models in SUPPORTED.items() for m in models]
 
 

@@ -58,7 +58,13 @@ def test_every_row_is_complete_and_bad_dtypes_are_refused():
         assert {"fp32", "fp16"} <= set(row.flops)
         assert all(v > 0 for v in row.flops.values())
     with pytest.raises(ValueError):
-        datasheet_peak_flops("NVIDIA H100 PCIe", "fp8")
+        datasheet_peak_flops("NVIDIA H100 PCIe", "fp4")
+
+
+def test_fp8_peaks_only_where_the_gpu_has_float8_tensor_cores():
+    assert datasheet_peak_flops("NVIDIA H100 80GB HBM3", "fp8")[0] == pytest.approx(1979 * T)
+    assert datasheet_peak_flops("NVIDIA L4", "fp8")[0] == pytest.approx(242.5 * T)
+    assert datasheet_peak_flops("NVIDIA A100-SXM4-80GB", "fp8") is None  # sm_80: no float8
 
 
 def test_mig_slices_are_scaled_by_their_sms_and_never_given_the_whole_gpu():

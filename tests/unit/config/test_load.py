@@ -95,7 +95,7 @@ def test_every_field_has_a_docstring():
     assert len(rows) > 60
     missing = [row["key"] for row in rows if not docs.get(row["key"])]
     assert missing == []
-    assert set(SECTIONS) == {"model", "data", "train", "optim", "eval", "checkpoint", "log", "parallel"}
+    assert set(SECTIONS) == {"model", "data", "train", "optim", "eval", "checkpoint", "log", "parallel", "rl"}
 
 
 def test_config_object_passes_through():

@@ -60,3 +60,21 @@ def test_too_big_says_so_with_the_numbers() -> None:
     assert line.startswith("auto: 1.1B parameters; per rank: weights 4.00 GiB, gradients 4.00 GiB, adamw state "
                            "8.00 GiB (÷2 sharded)")
     assert "DOES NOT FIT" in line and "parallel.cpu_offload=true" in line
+
+
+def test_a_model_that_cannot_run_on_meta_gets_an_estimate_without_activations():
+    import torch
+    from torch import nn
+
+    from gputrain.distributed.auto import estimate_memory, explain
+
+    class ReadsValues(nn.Linear):  # what some Hugging Face input checks do
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if bool((x > 0).any()):  # a tensor value read on the host: impossible on meta tensors
+                x = x + 1
+            return super().forward(x)
+
+    est = estimate_memory(ReadsValues(8, 4), torch.zeros(8), micro_batch=16, optimizer="adamw")
+    assert not est.activations_measured and est.activation_bytes == 0 and est.weights_bytes == 4 * 36
+    assert "activations not measured (the model does not run on the meta device)" in explain(
+        est, 1, 2**30, "none", "none", True, "adamw")

@@ -48,7 +48,10 @@ def test_slurm_variables_become_torchrun_ones() -> None:
     env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123456",
            "SLURM_JOB_NODELIST": "gpu[003-004,007],cpu01"}
     assert slurm_world(env) == (5, 8, 1, "gpu003", str(29500 + 3456))
-    assert slurm_world({**env, "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.7"})[3] == "10.0.0.7"  # type: ignore[index]
+    # where srun was typed (a login node under salloc) is not where rank 0 runs: the step's first node is
+    assert slurm_world({**env, "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.7"})[3] == "gpu003"  # type: ignore[index]
+    assert slurm_world({**env, "SLURM_STEP_NODELIST": "gpu[007-008]"})[3] == "gpu007"  # type: ignore[index]
+    assert slurm_world({**env, "SLURM_STEP_NUM_TASKS": "2"})[1] == 2  # type: ignore[index]
     assert slurm_world({**env, "SLURM_NTASKS": "1"}) is None  # one task: not distributed
     assert first_host("node17") == "node17"
 

@@ -58,6 +58,12 @@ def test_host_sync_every_step() -> None:
     assert found.bottleneck == "host sync every step" and ".item()" in found.change
 
 
+def test_gputrains_own_sync_every_step_is_flagged_as_ours() -> None:
+    found = only(advise(healthy_gpu(own_syncs_per_step=1.2)))
+    assert found.bottleneck == "gputrain syncs every step" and "fused" in found.change
+    assert advise(healthy_gpu(own_syncs_per_step=0.3)) == []  # logging steps' reads only
+
+
 def test_low_utilisation_suggests_bigger_batch() -> None:
     found = only(advise(healthy_gpu(device_utilisation=0.23)))
     assert str(found).startswith("batch too small to fill the GPU: utilisation 23% → train.batch_size=512")

@@ -59,3 +59,24 @@ def test_slow_dataset_shows_as_data_time(tmp_path) -> None:  # type: ignore[no-u
     assert set(train["time_breakdown"]) == set(CATEGORIES)
     assert train["time_breakdown"]["data"] > 0.8  # 32 ms of loading against a tiny linear layer
     assert train["time_breakdown_s"]["data"] >= 0.030
+
+
+def test_a_run_shorter_than_the_sampling_interval_still_reports_its_split() -> None:
+    import torch
+
+    from gputrain.observe.breakdown import StepTimer
+
+    timer = StepTimer(torch.device("cpu"), every=25)
+    for step in range(1, 6):  # a 5-step run: no 25th step
+        timer.begin(step)
+        timer.mark("data")
+        timer.mark("forward_backward")
+        timer.end()
+    fractions = timer.fractions()
+    assert fractions is not None and abs(sum(fractions.values()) - 1) < 1e-9
+    assert timer.steps_behind_mean == 2  # steps 2 and 3; step 1 (FLOP counting, warm-up) never
+    for step in range(6, 26):  # once a regular sample exists, it alone is reported
+        timer.begin(step)
+        timer.mark("data")
+        timer.end()
+    assert timer.fractions() is not None and timer.steps_behind_mean == 1

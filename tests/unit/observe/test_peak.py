@@ -89,3 +89,41 @@ def test_mfu_above_one_warns_that_the_peak_is_wrong(monkeypatch: pytest.MonkeyPa
         fields = meter.summary_fields(steps=10, seconds=0.01)
     assert fields["mfu"] > 1
     assert "peak is too low (it was measured on a busy machine? run `gputrain bench` again)" in caplog.text
+
+
+def test_a_peak_measured_on_a_busy_machine_is_marked_and_mfu_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputrain.bench import cache
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(cache.os, "getloadavg", lambda: (8.0, 8.0, 8.0))
+    monkeypatch.setattr(cache.os, "sched_getaffinity", lambda pid: {0, 1})
+    suspect = cache.busy_machine()
+    assert suspect == "measured under load 8.0 on 2 cores"
+    save_results(device_name(cpu), "full", [_matmul("fp32", 1.2e10)], suspect=suspect)
+    assert peak.resolve_peak(cpu, "fp32") == (1.2e10, "bench (measured under load 8.0 on 2 cores: it may be too low)")
+    save_results(device_name(cpu), "quick", [_matmul("fp32", 1e10)])  # a quick run keeps the mark with the peak
+    assert peak.resolve_peak(cpu, "fp32")[1].startswith("bench (measured under load 8.0")
+    monkeypatch.setattr(cache.os, "getloadavg", lambda: (0.4, 0.4, 0.4))
+    assert cache.busy_machine() is None
+
+
+def test_a_cpu_without_a_measured_peak_says_once_how_to_get_mfu(monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    from torch import nn
+
+    from gputrain.observe import speed
+
+    monkeypatch.setattr(speed.log, "propagate", True)
+    monkeypatch.setattr(speed, "_mfu_hint_given", False)  # whatever ran before in this process
+    meter = speed.SpeedMeter(nn.Linear(8, 8), torch.device("cpu"), "fp32", world_size=1, global_batch=4,
+                             seq_len=None, breakdown_every=0)
+    with meter.step_context():
+        nn.Linear(8, 8)(torch.randn(4, 8)).sum().backward()
+    with caplog.at_level("INFO", logger="gputrain"):
+        fields = meter.summary_fields(steps=10, seconds=0.01)
+    assert fields["mfu"] is None and fields["achieved_flops"]
+    assert "MFU on a CPU needs a measured peak (CPUs have no datasheet figure): run `gputrain bench`" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gputrain"):
+        meter.summary_fields(steps=10, seconds=0.01)
+    assert "needs a measured peak" not in caplog.text  # once per process

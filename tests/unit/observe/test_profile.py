@@ -8,12 +8,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
 from gputrain import Trainer
 from gputrain.data.tensors import TensorData
+from gputrain.train import device_guard
 
 ROOT = Path(__file__).resolve().parents[3]
 QUIET = {"train.device": "cpu", "log.progress": "none", "log.tensorboard": False, "checkpoint.enabled": False,
@@ -64,6 +66,19 @@ def test_the_guards_own_sync_is_not_blamed_on_the_user(tmp_path: Path) -> None:
                                     run_dir=tmp_path / "users").profile().facts
     assert ours.syncs_per_step == 0  # the guard's flag and the logging step's reads are labelled as ours
     assert users.syncs_per_step is not None and users.syncs_per_step >= 1
+
+
+def test_gputrains_own_syncs_are_counted_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the device-side guard gputrain reads the device on logging steps only; the host-side
+    guard (an optimizer that cannot skip an update itself) reads its flag every step."""
+    data = TensorData(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    config = {**QUIET, "log.breakdown_every": 100}  # the time split reads the clock's events on its sampled steps
+    on_device = Trainer(nn.Linear(8, 2), data, config=config, run_dir=tmp_path / "device").profile().facts
+    monkeypatch.setattr(device_guard, "fits", lambda *args: False)
+    on_host = Trainer(nn.Linear(8, 2), data, config=config, run_dir=tmp_path / "host").profile().facts
+    assert on_device.own_syncs_per_step is not None and on_device.own_syncs_per_step < 1
+    assert on_host.own_syncs_per_step is not None and on_host.own_syncs_per_step >= 1
+    assert on_device.syncs_per_step == on_host.syncs_per_step == 0
 
 
 def test_cli_prints_top_ops_and_findings(tmp_path: Path) -> None:

@@ -31,17 +31,25 @@ def _one_step(opt, params):
     ("adamax", torch.optim.Adamax, {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}),
     ("nadam", torch.optim.NAdam, {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}),
 ])
-def test_optimizer_step_matches_torch(name, torch_cls, kwargs):
+@pytest.mark.parametrize("decay", ["matrices", "all"])
+def test_optimizer_step_matches_torch(name, torch_cls, kwargs, decay):
     config = load_config(None, {"optim.name": name, "optim.lr": 0.05, "optim.weight_decay": 0.01,
-                                "optim.nesterov": name == "sgd"})
+                                "optim.nesterov": name == "sgd", "optim.decay": decay})
     ours = _params()
     theirs = _params()
     opt = build_optimizer(ours, config.optim, batch_size=64, device=torch.device("cpu"))
     assert type(opt) is torch_cls
+    # the fused kernel wherever torch has one (it can skip an update on the device: device_guard.py)
+    assert opt.defaults.get("fused", False) == (name in ("sgd", "adam", "adamw", "adagrad"))
+    if opt.defaults.get("fused"):
+        kwargs = {**kwargs, "fused": True}
     for _ in range(3):
         a = _one_step(opt, ours)
         opt.zero_grad()
-    ref = torch_cls(theirs, lr=0.05, **kwargs)
+    if decay == "all":
+        ref = torch_cls(theirs, lr=0.05, **kwargs)
+    else:  # the [4, 3] weight decays, the [3] bias does not
+        ref = torch_cls([{"params": theirs[:1]}, {"params": theirs[1:], "weight_decay": 0.0}], lr=0.05, **kwargs)
     for _ in range(3):
         b = _one_step(ref, theirs)
         ref.zero_grad()
@@ -104,3 +112,21 @@ def test_warmup_cosine_ramps_then_decays_to_min():
     expected_mid = 0.01 + 0.09 * 0.5 * (1 + math.cos(math.pi * 15 / 30))
     assert lrs[25] == pytest.approx(expected_mid)
     assert lrs[TOTAL] == pytest.approx(0.01)
+
+
+def _moved_by_decay_alone(decay: str) -> set[str]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    config = load_config(None, {"optim.lr": 0.1, "optim.weight_decay": 0.5, "optim.decay": decay})
+    opt = build_optimizer(model.parameters(), config.optim, batch_size=64, device=torch.device("cpu"))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)  # no gradient: only decay can move a parameter
+    opt.step()
+    return {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+
+
+def test_by_default_only_matrices_decay():
+    assert _moved_by_decay_alone("matrices") == {"0.weight"}  # not the bias, not LayerNorm's scale or shift
+    # everything decays with decay=all (LayerNorm's shift starts at 0, which decay leaves at 0)
+    assert _moved_by_decay_alone("all") == {"0.weight", "0.bias", "1.weight"}

@@ -122,3 +122,14 @@ def test_skip_mode_keeps_the_schedule_exact_without_a_per_step_read(tmp_path: Pa
     assert on_device.optimizer.param_groups[0]["lr"] == on_host.optimizer.param_groups[0]["lr"]
     for ours, theirs in zip(on_device.model.parameters(), on_host.model.parameters(), strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_a_huge_logging_interval_keeps_the_device_buffers_small(tmp_path: Path) -> None:
+    """log.every_steps=10**6 must not mean a million-slot buffer on the device (nor a million views
+    made at the first step): the flags are read every MAX_WINDOW steps at the latest."""
+    trainer = _trainer(tmp_path, poison=3, extra={"log.every_steps": 10**6})
+    guard = trainer.step_parts.guard
+    assert isinstance(guard, DeviceGuard) and guard.window == device_guard.MAX_WINDOW
+    with pytest.raises(NonFiniteStep, match=r"^step 3: loss is nan"):
+        trainer.fit()
+    assert trainer.state.global_step == 2

@@ -197,7 +197,8 @@ def test_the_device_line_says_what_was_chosen(torch_threads: None, tmp_path: Pat
     chosen = torch.get_num_threads()
     cores = len(os.sched_getaffinity(0))
     assert 1 <= chosen <= cores
-    expected = rf"; {chosen} CPU threads? \(auto: {cores} cores?, \d+\.\d busy with other processes\)$"
+    # an earlier test in the same process may have lowered torch's count: auto then stays under it
+    expected = rf"; {chosen} CPU threads? \(auto: {cores} cores?, \d+\.\d busy with other processes(, torch had \d+)?\)$"
     assert re.search(expected, device_line), device_line
 
     explicit = Trainer(nn.Linear(4, 2), data, config={**quiet, "train.num_threads": 1}, run_dir=tmp_path / "b")
