@@ -137,43 +137,39 @@ def tensor_dataset_fit(model: nn.Module, data: TensorData, batch: int, steps: in
     gputrain_loop(model, TensorDataset(data.inputs, data.targets), batch, steps, seed)  # type: ignore[arg-type]
 
 
+def _paired_calls(case: tuple[Callable[[], nn.Module], TensorData], ours: Callable[..., None], steps: int,
+                  repeats: int, clock: Callable[[], float]) -> tuple[float, float, float]:
+    """(hand, ours, median paired ratio) of whole calls timed by `clock`, set-up included, the two
+    alternating; the first round warms up (imports, allocator) and is dropped."""
+    make_model, data = case
+    times: dict[str, list[float]] = {"hand": [], "ours": []}
+    for r in range(repeats + 1):
+        for label, loop in (("hand", hand_loop), ("ours", ours)):
+            torch.manual_seed(r)
+            model = make_model()
+            start = clock()
+            loop(model, data, 64, steps, r)
+            if r > 0:
+                times[label].append(clock() - start)
+    ratios = [g / h for h, g in zip(times["hand"], times["ours"])]
+    return statistics.median(times["hand"]), statistics.median(times["ours"]), statistics.median(ratios)
+
+
 def measure_whole_fit(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: int, repeats: int) -> dict:
     """CPU time of a whole call, set-up included: Trainer(model, TensorDataset(...)).fit() against the
     hand loop, alternating; the median of the paired ratios."""
-    make_model, data = case
-    cpu: dict[str, list[float]] = {"hand": [], "gputrain": []}
-    for r in range(repeats + 1):  # the first round warms up (imports, allocator) and is dropped
-        for label, loop in (("hand", hand_loop), ("gputrain", tensor_dataset_fit)):
-            torch.manual_seed(r)
-            model = make_model()
-            start = time.process_time()
-            loop(model, data, 64, steps, r)
-            if r > 0:
-                cpu[label].append(time.process_time() - start)
-    ratios = [g / h for h, g in zip(cpu["hand"], cpu["gputrain"])]
-    hand, ours = statistics.median(cpu["hand"]), statistics.median(cpu["gputrain"])
+    hand, ours, ratio = _paired_calls(case, tensor_dataset_fit, steps, repeats, time.process_time)
     print(f"{name:12s} whole fit, TensorDataset: hand {hand:7.3f} s  Trainer.fit {ours:7.3f} s CPU  "
-          f"ratio {statistics.median(ratios):.3f} (median of {repeats} paired runs of {steps} steps, set-up included)")
-    return {"case": name, "hand_cpu_s": hand, "gputrain_cpu_s": ours, "ratio": statistics.median(ratios)}
+          f"ratio {ratio:.3f} (median of {repeats} paired runs of {steps} steps, set-up included)")
+    return {"case": name, "hand_cpu_s": hand, "gputrain_cpu_s": ours, "ratio": ratio}
 
 
 def measure_wall(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: int, repeats: int) -> dict:
     """Wall time of the whole call, set-up included: Trainer(...).fit() against the hand loop, alternating."""
-    make_model, data = case
-    walls: dict[str, list[float]] = {"hand": [], "gputrain": []}
-    for r in range(repeats + 1):
-        for label, loop in (("hand", hand_loop), ("gputrain", gputrain_loop)):
-            torch.manual_seed(r)
-            model = make_model()
-            start = time.perf_counter()
-            loop(model, data, 64, steps, r)
-            if r > 0:
-                walls[label].append(time.perf_counter() - start)
-    ratios = [g / h for h, g in zip(walls["hand"], walls["gputrain"])]
-    hand, ours = statistics.median(walls["hand"]), statistics.median(walls["gputrain"])
-    print(f"{name:12s} wall: hand {hand:7.3f} s  Trainer.fit {ours:7.3f} s  ratio {statistics.median(ratios):.3f} "
+    hand, ours, ratio = _paired_calls(case, gputrain_loop, steps, repeats, time.perf_counter)
+    print(f"{name:12s} wall: hand {hand:7.3f} s  Trainer.fit {ours:7.3f} s  ratio {ratio:.3f} "
           f"(median of {repeats} paired runs of {steps} steps, set-up included)")
-    return {"case": name, "hand_s": hand, "gputrain_s": ours, "ratio": statistics.median(ratios)}
+    return {"case": name, "hand_s": hand, "gputrain_s": ours, "ratio": ratio}
 
 
 def main() -> None:

@@ -114,23 +114,29 @@ def validate(model: Any, batches: list[tuple[Any, Any]], epoch: int) -> float:
     return loss_sum / count
 
 
-def run_hand(model: Any, data: tuple, seed: int, epochs: int, run_dir: Path) -> float:
-    import torch
+def train_by_hand(model: Any, optimizer: Any, backward: Any, data: tuple, seed: int, epochs: int) -> float:
+    """The loop a hand-written script, Fabric and Accelerate all run: the plan's batches, AdamW, a
+    validation after each epoch; only `backward` (the wrapper's, or `Tensor.backward`) differs."""
     import torch.nn.functional as F
 
     x, y, xv, yv = data
     val = val_batches(xv, yv)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     model.train()
     loss = float("nan")
     for epoch in range(epochs):
         for xb, yb in plan_batches(x, y, seed, epoch):
-            loss_t = F.cross_entropy(model(xb), yb)
-            loss_t.backward()
+            backward(F.cross_entropy(model(xb), yb))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         loss = validate(model, val, epoch)
     return loss
+
+
+def run_hand(model: Any, data: tuple, seed: int, epochs: int, run_dir: Path) -> float:
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    return train_by_hand(model, optimizer, lambda loss: loss.backward(), data, seed, epochs)
 
 
 def run_gputrain(model: Any, data: tuple, seed: int, epochs: int, run_dir: Path) -> float:
@@ -148,42 +154,20 @@ def run_gputrain(model: Any, data: tuple, seed: int, epochs: int, run_dir: Path)
 
 def run_fabric(model: Any, data: tuple, seed: int, epochs: int, run_dir: Path) -> float:
     import torch
-    import torch.nn.functional as F
     from lightning.fabric import Fabric
 
-    x, y, xv, yv = data
-    val = val_batches(xv, yv)
     fabric = Fabric(accelerator="cpu", devices=1)
     model, optimizer = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=LR))
-    loss = float("nan")
-    for epoch in range(epochs):
-        for xb, yb in plan_batches(x, y, seed, epoch):
-            loss_t = F.cross_entropy(model(xb), yb)
-            fabric.backward(loss_t)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        loss = validate(model, val, epoch)
-    return loss
+    return train_by_hand(model, optimizer, fabric.backward, data, seed, epochs)
 
 
 def run_accelerate(model: Any, data: tuple, seed: int, epochs: int, run_dir: Path) -> float:
     import torch
-    import torch.nn.functional as F
     from accelerate import Accelerator
 
-    x, y, xv, yv = data
-    val = val_batches(xv, yv)
     accelerator = Accelerator(cpu=True, project_dir=str(run_dir))
     model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=LR))
-    loss = float("nan")
-    for epoch in range(epochs):
-        for xb, yb in plan_batches(x, y, seed, epoch):
-            loss_t = F.cross_entropy(model(xb), yb)
-            accelerator.backward(loss_t)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        loss = validate(model, val, epoch)
-    return loss
+    return train_by_hand(model, optimizer, accelerator.backward, data, seed, epochs)
 
 
 def run_lightning(model: Any, data: tuple, seed: int, epochs: int, run_dir: Path) -> float:

@@ -86,6 +86,33 @@ def solve_once(
     }
 
 
+def load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def solve_seeds(
+    seeds: int, settings: list[str], device: str, budget_s: float, target: float, verdict: str
+) -> tuple[list[dict], list[float]]:
+    """`solve_once` for seeds 0..seeds-1, a table row each as it ends (`verdict` heads the column
+    that says whether the seed got there); (every seed's result, wall times of those that did)."""
+    print(f"| seed | {verdict} | wall (process) | inside the run | env steps | return (last 100) | env steps/s |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(seeds):
+            r = solve_once(seed, settings, device, budget_s, Path(tmp) / f"seed{seed}", target)
+            results.append(r)
+            if r["wall_s"] is None:
+                print(f"| {seed} | no ({r['why']}) | > {budget_s:.0f} s | | | | |", flush=True)
+                continue
+            print(
+                f"| {seed} | {'yes' if r['solved'] else 'no (' + r['why'] + ')'} | {r['wall_s']:.1f} s | "
+                f"{r['inside_s']:.1f} s | {r['env_steps']:,} | {r['return']:.1f} | {r['env_steps_per_s']:,.0f} |",
+                flush=True,
+            )
+    return results, [r["wall_s"] for r in results if r["solved"]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
@@ -93,33 +120,15 @@ def main() -> None:
     parser.add_argument("--settings", choices=sorted(SETTINGS), default="fast")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
-        f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {load:.1f} at start, "
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {load_average():.1f} at start, "
         f"device {args.device}, settings {args.settings}: {' '.join(SETTINGS[args.settings]) or '(defaults)'}"
     )
-    print("| seed | solved | wall (process) | inside the run | env steps | return (last 100) | env steps/s |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(args.seeds):
-            r = solve_once(seed, SETTINGS[args.settings], args.device, args.budget, Path(tmp) / f"seed{seed}")
-            results.append(r)
-            if r["wall_s"] is None:
-                print(f"| {seed} | no ({r['why']}) | > {args.budget:.0f} s | | | | |", flush=True)
-                continue
-            print(
-                f"| {seed} | {'yes' if r['solved'] else 'no (' + r['why'] + ')'} | {r['wall_s']:.1f} s | "
-                f"{r['inside_s']:.1f} s | {r['env_steps']:,} | {r['return']:.1f} | {r['env_steps_per_s']:,.0f} |",
-                flush=True,
-            )
-    solved = [r for r in results if r["solved"]]
-    walls = [r["wall_s"] for r in solved]
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    results, walls = solve_seeds(args.seeds, SETTINGS[args.settings], args.device, args.budget, 475.0, "solved")
     print(
-        f"\nsolved {len(solved)}/{len(results)} within {args.budget:.0f} s; "
+        f"\nsolved {len(walls)}/{len(results)} within {args.budget:.0f} s; "
         + (f"median {statistics.median(walls):.1f} s, max {max(walls):.1f} s" if walls else "none solved")
-        + f"; load average {load:.1f} at the end"
+        + f"; load average {load_average():.1f} at the end"
     )
 
 

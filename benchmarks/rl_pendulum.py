@@ -13,14 +13,13 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rl_cartpole_solve import ROOT, solve_once  # the same per-seed process and timing
+from rl_cartpole_solve import ROOT, load_average, solve_seeds  # the same per-seed process, timing and table
 
 SETTINGS = ["--config", str(ROOT / "examples" / "rl_pendulum.toml")]
 
@@ -32,32 +31,15 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=300.0, help="seconds of wall time a seed may take")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    load = os.getloadavg()[0]
     print(
-        f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {load:.1f} at start, device {args.device}, "
-        f"examples/rl_pendulum.toml, target {args.target:g}"
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {load_average():.1f} at start, "
+        f"device {args.device}, examples/rl_pendulum.toml, target {args.target:g}"
     )
-    print("| seed | reached | wall (process) | inside the run | env steps | return (last 100) | env steps/s |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(args.seeds):
-            r = solve_once(seed, SETTINGS, args.device, args.budget, Path(tmp) / f"seed{seed}", args.target)
-            results.append(r)
-            if r["wall_s"] is None:
-                print(f"| {seed} | no ({r['why']}) | > {args.budget:.0f} s | | | | |", flush=True)
-                continue
-            print(
-                f"| {seed} | {'yes' if r['solved'] else 'no (' + r['why'] + ')'} | {r['wall_s']:.1f} s | "
-                f"{r['inside_s']:.1f} s | {r['env_steps']:,} | {r['return']:.1f} | {r['env_steps_per_s']:,.0f} |",
-                flush=True,
-            )
-    reached = [r for r in results if r["solved"]]
-    walls = [r["wall_s"] for r in reached]
+    results, walls = solve_seeds(args.seeds, SETTINGS, args.device, args.budget, args.target, "reached")
     print(
-        f"\nreached {args.target:g} in {len(reached)}/{len(results)} seeds within {args.budget:.0f} s; "
+        f"\nreached {args.target:g} in {len(walls)}/{len(results)} seeds within {args.budget:.0f} s; "
         + (f"median {statistics.median(walls):.1f} s, max {max(walls):.1f} s" if walls else "none did")
-        + f"; load average {os.getloadavg()[0]:.1f} at the end"
+        + f"; load average {load_average():.1f} at the end"
     )
 
 

@@ -43,3 +43,10 @@ class Interrupted(GputrainError):
     """Ctrl-C or SIGTERM: a checkpoint was written, exit code 130."""
 
     exit_code = 130
+
+
+def first_line(err: BaseException, limit: int = 200) -> str:
+    """The first line of `err`'s message, at most `limit` characters (its type's name where it has
+    none): a foreign library's error, quoted inside one short message."""
+    text = str(err).strip()
+    return text.splitlines()[0][:limit] if text else type(err).__name__

@@ -12,7 +12,6 @@ verdicts are gathered so that every rank skips, or resumes from, the same checkp
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +25,11 @@ from torch.futures import Future
 from gputrain.checkpoint.io import (
     CorruptCheckpoint,
     file_digest,
-    no_valid_checkpoint,
+    first_verified,
     resume_candidates,
     verify_checkpoint,
 )
 from gputrain.distributed.context import DistContext
-
-log = logging.getLogger("gputrain")
 
 _DIGESTS = "__gputrain_file_digests__"
 """The name under which a rank's digests ride with its write results (removed before .metadata)."""
@@ -106,15 +103,4 @@ def find_resumable_together(root: Path, ctx: DistContext) -> Path | None:
     """
     box: list[Any] = [[str(p) for p in resume_candidates(root)] if ctx.is_main else None]
     dist.broadcast_object_list(box, src=0)
-    candidates = [Path(p) for p in box[0]]
-    problems = []
-    for path in candidates:
-        try:
-            verify_together(path, ctx)
-            return path
-        except CorruptCheckpoint as err:
-            log.warning("skipping damaged checkpoint: %s", err)
-            problems.append(str(err))
-    if candidates:
-        raise no_valid_checkpoint(problems)
-    return None
+    return first_verified([Path(p) for p in box[0]], lambda path: verify_together(path, ctx))

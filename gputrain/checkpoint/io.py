@@ -151,7 +151,7 @@ def _digest_of(file: Path, reported: FileDigest | None) -> dict[str, Any]:
     size = file.stat().st_size
     if reported is not None and reported.get("bytes") == size and isinstance(reported.get("sha256"), str):
         return {"sha256": reported["sha256"], "bytes": size}
-    return {"sha256": _sha256(file), "bytes": size}
+    return file_digest(file)
 
 
 def save_weights(model: nn.Module | dict[str, torch.Tensor], path: Path) -> None:
@@ -468,25 +468,28 @@ def resume_candidates(root: Path) -> list[Path]:
 def find_resumable(root: Path) -> Path | None:
     """The newest checkpoint that verifies. Damaged ones are skipped with a warning naming them;
     if checkpoints exist but none verifies, stop rather than silently restart from step 0."""
-    candidates = resume_candidates(root)
+    return first_verified(resume_candidates(root), verify_checkpoint)
+
+
+def first_verified(candidates: list[Path], verify: Callable[[Path], None]) -> Path | None:
+    """The first of `candidates` that `verify` passes (damaged ones skipped with a warning naming
+    them); None where there are none.
+
+    Raises:
+        RunError: checkpoints exist but none verifies: stop rather than restart from step 0.
+    """
     problems = []
     for path in candidates:
         try:
-            verify_checkpoint(path)
+            verify(path)
             return path
         except CorruptCheckpoint as err:
             log.warning("skipping damaged checkpoint: %s", err)
             problems.append(str(err))
     if candidates:
-        raise no_valid_checkpoint(problems)
+        listed = "; ".join(problems)
+        raise RunError(f"no valid checkpoint to resume from: {listed} (use checkpoint.resume=never to start over)")
     return None
-
-
-def no_valid_checkpoint(problems: list[str]) -> RunError:
-    """The error when checkpoints exist but none verifies: stop rather than restart from step 0."""
-    return RunError(
-        "no valid checkpoint to resume from: " + "; ".join(problems) + " (use checkpoint.resume=never to start over)"
-    )
 
 
 def rotate_checkpoints(root: Path, keep_last: int, keep: Collection[int] = frozenset()) -> None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
-from gputrain.use.options import add_run_arguments, positive_int
+from gputrain.use.options import add_run_arguments, non_negative_float, positive_int
 
 FORMATS = ("safetensors", "pt2", "onnx")  # gputrain.use.artifacts.FORMATS, without importing torch here
 EPILOG = """\
@@ -24,16 +23,6 @@ command fails (exit 1).
 """
 
 
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be a finite number >= 0")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser, device=False)
     parser.add_argument("--format", required=True, choices=FORMATS, help="the artifact's format")
@@ -47,8 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "on", "off"),
         help="pt2: AOTInductor-compile too (auto: where it compiles here; default auto)",
     )
-    parser.add_argument("--atol", type=_non_negative, help="verification's absolute tolerance (default per format)")
-    parser.add_argument("--rtol", type=_non_negative, help="verification's relative tolerance (default per format)")
+    parser.add_argument(
+        "--atol", type=non_negative_float, help="verification's absolute tolerance (default per format)"
+    )
+    parser.add_argument(
+        "--rtol", type=non_negative_float, help="verification's relative tolerance (default per format)"
+    )
     parser.add_argument("--samples", type=positive_int, default=32, help="held-out samples to verify on (default 32)")
     parser.add_argument(
         "--verify-only", action="store_true", help="verify the artifact already in OUT again, writing nothing else"
@@ -57,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gputrain.use.export import ExportOptions, export_run, verify_export
+    from gputrain.use.export import ExportOptions, default_out, export_run, verify_export
 
     options = ExportOptions(
         fmt=args.format,
@@ -70,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         samples=args.samples,
     )
     if args.verify_only:
-        out = options.out or Path(args.run_dir) / "export" / args.format
+        out = options.out or default_out(Path(args.run_dir), args.format)
         record = verify_export(out, options)
     else:
         record = export_run(args.run_dir, options)
@@ -81,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             f"max abs diff {check['max_abs_diff']:.3g}, max rel diff {check['max_rel_diff']:.3g} "
             f"(tolerance atol {check['atol']:g}, rtol {check['rtol']:g})"
         )
-    out_dir = options.out or Path(record["run_dir"]) / "export" / record["format"]
+    out_dir = options.out or default_out(Path(record["run_dir"]), record["format"])
     print(f"{record['format']}: {', '.join(record['files'])} in {out_dir} (export.json)", file=sys.stderr)
     if record.get("aoti", {}).get("error"):
         print(f"pt2: no AOTInductor package ({record['aoti']['error']})", file=sys.stderr)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
-from gputrain.use.options import add_run_arguments, positive_int
+from gputrain.use.options import add_run_arguments, non_negative_float, positive_int
 
 EPILOG = """\
 Tokenizer: a character-level run (data.name=text) reads the characters of its training text; a prompt
@@ -18,13 +17,7 @@ the same tokens, slower (for checking).
 
 
 def _temperature(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be a finite number >= 0 (0: always the most likely token)")
-    return value
+    return non_negative_float(text, "0: always the most likely token")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -47,22 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = fields_help_text()
 
 
-_UNIT = [2**30]
-
-
-def _gib(n: float) -> str:
-    return f"{n / _UNIT[0]:.2f}"
-
-
-def _set_unit(plan: MemoryPlan) -> str:
-    """GiB, or MiB where the whole table is under 1 GiB (set for this rendering)."""
-    big = max(r.layout.total for r in plan.rows)
-    _UNIT[0] = 2**30 if big >= 2**30 else 2**20
-    return "GiB" if _UNIT[0] == 2**30 else "MiB"
-
-
-def build_plan_target(config: Any) -> tuple[PlanTarget, int, str]:
-    """(what a step of this config runs, its micro-batch, the device's name)."""
+def build_plan_target(config: Any, world: int = 1) -> tuple[PlanTarget, int, str]:
+    """(what a step of this config runs, its micro-batch on each of `world` ranks, the device's name)."""
     import torch
 
     from gputrain.data import build_data
@@ -87,7 +73,7 @@ def build_plan_target(config: Any) -> tuple[PlanTarget, int, str]:
     if isinstance(train.micro_batch_size, int):
         micro = train.micro_batch_size
     elif isinstance(train.batch_size, int):
-        micro = max(1, train.batch_size // data_parallel_ranks(config, 1) // target.accum)
+        micro = max(1, train.batch_size // data_parallel_ranks(config, world) // target.accum)
     return target, micro, f"{device.type} ({precision})"
 
 
@@ -124,10 +110,15 @@ def would_fit(target: PlanTarget, plan: MemoryPlan) -> list[str]:
 def render(plan: MemoryPlan, device: str, ideas: list[str], found: int | None) -> str:
     from gputrain.distributed.auto import format_count
 
-    unit = _set_unit(plan)
+    # GiB, or MiB where the whole table is under 1 GiB
+    unit, scale = ("GiB", 2**30) if max(r.layout.total for r in plan.rows) >= 2**30 else ("MiB", 2**20)
+
+    def fmt(n: float) -> str:
+        return f"{n / scale:.2f}"
+
     lines = [
         f"plan: {format_count(plan.num_params)} parameters, micro-batch {plan.micro_batch} per device, "
-        f"{plan.world} rank(s) on {device}; device {_gib(plan.device_bytes)} {unit}, usable {_gib(plan.usable)} {unit}"
+        f"{plan.world} rank(s) on {device}; device {fmt(plan.device_bytes)} {unit}, usable {fmt(plan.usable)} {unit}"
         + ("" if plan.measured else "; activations NOT measured (the model does not run on fake tensors)"),
         f"{unit} per device   strategy  checkpoint  offload  weights  grads  optim  activ  buffers  workspace"
         "   total  fits",
@@ -136,8 +127,8 @@ def render(plan: MemoryPlan, device: str, ideas: list[str], found: int | None) -
         lay = row.layout
         lines.append(
             f"{'':17}{lay.strategy:<10}{lay.activation_checkpointing:<12}{'yes' if lay.cpu_offload else 'no':<9}"
-            f"{_gib(lay.weights):>7}{_gib(lay.gradients):>7}{_gib(lay.optimizer):>7}{_gib(lay.activations):>7}"
-            f"{_gib(lay.buffers):>9}{_gib(lay.workspace):>11}{_gib(lay.total):>8}  {'yes' if row.fits else 'no'}"
+            f"{fmt(lay.weights):>7}{fmt(lay.gradients):>7}{fmt(lay.optimizer):>7}{fmt(lay.activations):>7}"
+            f"{fmt(lay.buffers):>9}{fmt(lay.workspace):>11}{fmt(lay.total):>8}  {'yes' if row.fits else 'no'}"
         )
     if plan.world == 1:
         lines.append("(ddp, fsdp, tp, pp and hybrid need 2 or more ranks: --nproc-per-node N)")
@@ -146,15 +137,15 @@ def render(plan: MemoryPlan, device: str, ideas: list[str], found: int | None) -
         lines.append(
             f"auto picks: {lay.strategy}, activation checkpointing {lay.activation_checkpointing}: the first of "
             f"auto's layouts (replicas before shards, no recompute before recompute) that fits "
-            f"({_gib(lay.total)} of {_gib(plan.usable)} {unit} usable)"
+            f"({fmt(lay.total)} of {fmt(plan.usable)} {unit} usable)"
         )
     else:
         best = min(plan.rows, key=lambda r: r.layout.total)
         lines.append(
-            f"DOES NOT FIT on {plan.world} device(s) of {_gib(plan.device_bytes)} {unit}: the smallest layout "
+            f"DOES NOT FIT on {plan.world} device(s) of {fmt(plan.device_bytes)} {unit}: the smallest layout "
             f"({best.layout.strategy}, checkpointing {best.layout.activation_checkpointing}"
-            f"{', offload' if best.layout.cpu_offload else ''}) needs {_gib(best.layout.total)} {unit}, "
-            f"{_gib(best.layout.total - plan.usable)} {unit} over the {_gib(plan.usable)} {unit} usable. Would fit:"
+            f"{', offload' if best.layout.cpu_offload else ''}) needs {fmt(best.layout.total)} {unit}, "
+            f"{fmt(best.layout.total - plan.usable)} {unit} over the {fmt(plan.usable)} {unit} usable. Would fit:"
         )
         lines += [f"  - {idea}" for idea in ideas]
     if found is not None:
@@ -178,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         from gputrain.errors import UsageError
 
         raise UsageError("--nproc-per-node must be 1 or more")
-    target, micro, device = build_plan_target(config)
+    target, micro, device = build_plan_target(config, args.nproc_per_node)
     device_bytes = args.device_memory or device_memory_bytes(target.device)
     plan = make_plan(target, micro, args.nproc_per_node, device_bytes)
     ideas = would_fit(target, plan) if plan.auto is None else []

@@ -42,9 +42,12 @@ def run(args: argparse.Namespace) -> int:
         return launch_ranks(args, "rl", run_dir)
     from gputrain.distributed.context import shutdown_distributed
     from gputrain.rl.trainer import PPOTrainer
+    from gputrain.train.signals import StoppedBySignal
 
     try:
         summary = PPOTrainer(config, run_dir=args.run_dir).fit()
+    except StoppedBySignal as err:
+        raise err.for_cli() from None  # the command line's way to resume
     finally:
         shutdown_distributed()
     return 0 if summary["status"] in ("completed", "stopped_early") else 1

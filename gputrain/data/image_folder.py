@@ -36,7 +36,7 @@ from gputrain.config.schema import DataConfig
 from gputrain.data.registry import DataBundle, register_data
 from gputrain.data.spec import DataSpec
 from gputrain.data.tensors import split_indices
-from gputrain.errors import ConfigError, DataError
+from gputrain.errors import ConfigError, DataError, first_line
 
 log = logging.getLogger("gputrain")
 
@@ -73,11 +73,6 @@ class ImageDecodeError(OSError):
             where = text.split("\n", 1)[0].removeprefix(f"Caught {type(self).__name__} ").rstrip(".")
             text = f"{text.rstrip().rsplit(type(self).__name__ + ': ', 1)[-1]} ({where})"
         super().__init__(text)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:200] if text else type(err).__name__
 
 
 def _to_8bit(img: Any) -> Any:
@@ -118,7 +113,7 @@ def decode_image(path: str, size: tuple[int, int]) -> torch.Tensor:
             left, top = (resized[0] - width) // 2, (resized[1] - height) // 2
             array = np.asarray(img.crop((left, top, left + width, top + height)), dtype=np.uint8)
     except Exception as err:  # noqa: BLE001 - malformed files make Pillow raise all sorts (struct.error, ...)
-        raise ImageDecodeError(f"{path}: cannot decode image: {_first_line(err)}") from None
+        raise ImageDecodeError(f"{path}: cannot decode image: {first_line(err)}") from None
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
 
 
@@ -199,7 +194,7 @@ def _first_readable(files: list[str]) -> tuple[str | None, str]:
             with Image.open(path):
                 return path, problem
         except Exception as err:  # noqa: BLE001 - any failure to identify the file
-            problem = problem or f"{path}: {_first_line(err)}"
+            problem = problem or f"{path}: {first_line(err)}"
     return None, problem
 
 

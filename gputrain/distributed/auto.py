@@ -7,13 +7,17 @@ saved for the backward pass at the micro-batch, measured by a forward pass on th
 replica); FSDP (weights, gradients and optimizer state divided by the ranks); then FSDP (or one
 device) with selective, then full, activation checkpointing. The first that fits within 85% of
 the device's memory wins (the rest is the CUDA context, the allocator's slack, temporaries).
+
+This quick estimate settles a replicated layout that fits with room to spare (`CLEAR_FIT`); any
+closer call is decided by the memory plan (gputrain.plan: one step measured on fake tensors), whose
+candidates and usable share these are.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -21,11 +25,12 @@ from torch import nn
 from gputrain.distributed.ac import ACMode
 from gputrain.distributed.parallel_dims import Strategy
 from gputrain.optim.states import optimizer_states_per_param
+from gputrain.plan.layouts import USABLE_FRACTION
+from gputrain.plan.planner import Row, auto_candidates, pick_layout
 
 if TYPE_CHECKING:
     from gputrain.config.schema import Config
 
-USABLE_FRACTION = 0.85
 CLEAR_FIT = 0.25
 """auto: a replicated layout whose quick estimate needs at most this share of the usable memory
 is chosen without measuring the plan's fake training steps."""
@@ -140,10 +145,7 @@ def estimate_memory(
 def decide(est: MemoryEstimate, world_size: int, device_bytes: int) -> tuple[Strategy, ACMode, bool]:
     """(strategy, activation_checkpointing, fits) — the first candidate within the usable memory."""
     budget = device_bytes * USABLE_FRACTION
-    if world_size == 1:
-        candidates: list[tuple[Strategy, ACMode]] = [("none", "none"), ("none", "selective"), ("none", "full")]
-    else:
-        candidates = [("ddp", "none"), ("fsdp", "none"), ("fsdp", "selective"), ("fsdp", "full")]
+    candidates = auto_candidates(world_size)
     for strategy, ac in candidates:
         if est.per_rank(strategy, world_size, ac) <= budget:
             return strategy, ac, True
@@ -206,7 +208,6 @@ def choose_auto(
     """Resolve parallel.strategy=auto for this model, job and device, from the memory plan (one step
     measured on fake tensors, `gputrain.plan`); the states-only estimate where the model cannot run
     on fake tensors or there is no sample."""
-    from gputrain.plan.planner import pick_layout
     from gputrain.plan.targets import build_target
 
     per_rank_batch = max(1, int(config.train.batch_size) // world_size)
@@ -217,10 +218,10 @@ def choose_auto(
         config.train.precision if config.train.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32")
     )
     device_bytes = device_memory_bytes(device)
+    given = config.parallel.activation_checkpointing  # an explicit setting wins over either choice
     est = estimate_memory(model, sample, micro, config.optim.name, config.optim.momentum, precision)
     strategy, ac, fits = decide(est, world_size, device_bytes)
-    if config.parallel.activation_checkpointing != "none":  # an explicit setting wins
-        ac = config.parallel.activation_checkpointing
+    ac = given if given != "none" else ac
     quick = StrategyChoice(strategy, ac, explain(est, world_size, device_bytes, strategy, ac, fits, config.optim.name))
     if (
         est.activations_measured
@@ -235,17 +236,15 @@ def choose_auto(
         row, measured = pick_layout(target, micro, world_size, device_bytes)
         if measured:
             layout = row.layout
-            given = config.parallel.activation_checkpointing
-            chosen = given if given != "none" else layout.activation_checkpointing  # an explicit setting wins
             return StrategyChoice(
                 layout.strategy,  # type: ignore[arg-type]
-                chosen,  # type: ignore[arg-type]
+                given if given != "none" else layout.activation_checkpointing,  # type: ignore[arg-type]
                 explain_layout(row, micro, device_bytes),
             )
     return quick
 
 
-def explain_layout(row: Any, micro: int, device_bytes: int) -> str:
+def explain_layout(row: Row, micro: int, device_bytes: int) -> str:
     """The planned bytes behind auto's choice, in one line."""
     lay = row.layout
     ac = f" with {lay.activation_checkpointing} checkpointing" if lay.activation_checkpointing != "none" else ""

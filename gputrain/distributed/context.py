@@ -109,12 +109,27 @@ def _restart_store(world: int, timeout: datetime.timedelta) -> dist.Store | None
     return dist.PrefixStore(f"gputrain/attempt_{attempt}", base)
 
 
-def all_reduce_mean(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+def all_reduce_sum(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """`value` summed over every rank (a new tensor; on one process `value` itself)."""
     if not ctx.enabled:
         return value
-    value = value.clone()
+    value = value.clone()  # all_reduce works in place: never on the caller's tensor
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    return value / ctx.world_size
+    return value
+
+
+def all_reduce_mean(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """`value` averaged over every rank."""
+    return all_reduce_sum(value, ctx) / ctx.world_size if ctx.enabled else value
+
+
+def all_gather_cat(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """Every rank's `value` (same shape on each), concatenated along dim 0 in rank order."""
+    if not ctx.enabled:
+        return value
+    parts = [torch.empty_like(value) for _ in range(ctx.world_size)]
+    dist.all_gather(parts, value.contiguous())
+    return torch.cat(parts)
 
 
 def grad_sync(model: torch.nn.Module, enabled: bool) -> contextlib.AbstractContextManager[None]:

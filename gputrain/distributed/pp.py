@@ -35,6 +35,7 @@ from torch.distributed.pipelining import (
 from gputrain.config.schema import Config
 from gputrain.distributed.dtensor import is_dtensor, local_tensor
 from gputrain.errors import ConfigError
+from gputrain.models.meta import shared_parameters
 from gputrain.models.plans import pipeline_cut_for
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -103,7 +104,7 @@ class PipelineRunner:
         """The name of this rank's copy of a parameter the first and last stages share, where they
         are on different ranks."""
         self._schedule: Any = None
-        self._ties = _shared_parameters(holder)
+        self._ties = shared_parameters(holder)
 
     def restore_ties(self) -> None:
         """Point every name of a shared parameter in the holder at the tensor its stage runs with:
@@ -213,16 +214,6 @@ class PipelineRunner:
         out = value.contiguous() if value is not None else torch.empty(shape, dtype=dtype, device=self.device)
         dist.broadcast(out, src=src, group=self.group)
         return out
-
-
-def _shared_parameters(model: nn.Module) -> list[tuple[list[tuple[nn.Module, str]], nn.Parameter]]:
-    """([(module, name), ...], the parameter) of each parameter reachable by several names."""
-    found: dict[int, tuple[list[tuple[nn.Module, str]], nn.Parameter]] = {}
-    for _, module in model.named_modules(remove_duplicate=False):
-        for name, param in module._parameters.items():
-            if param is not None:
-                found.setdefault(id(param), ([], param))[0].append((module, name))
-    return [entry for entry in found.values() if len(entry[0]) > 1]
 
 
 class PipelineForward(nn.Module):

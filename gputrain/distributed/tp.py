@@ -14,25 +14,14 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
-
-def _tied_parameters(model: nn.Module) -> list[tuple[str, str]]:
-    """(owner, alias) qualified parameter names that share one Parameter (e.g. embedding and head)."""
-    first: dict[int, str] = {}
-    ties = []
-    for module_name, module in model.named_modules(remove_duplicate=False):
-        for pname, param in module.named_parameters(recurse=False, remove_duplicate=False):
-            full = f"{module_name}.{pname}" if module_name else pname
-            if id(param) in first and first[id(param)] != full:
-                ties.append((first[id(param)], full))
-            first.setdefault(id(param), full)
-    return ties
+from gputrain.models.meta import shared_parameters
 
 
 def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: Mapping[str, ParallelStyle]) -> nn.Module:
     """Split `model`'s modules over the 1-D tp mesh as `plan` says, in place."""
-    ties = _tied_parameters(model)
+    ties = [names for names, _ in shared_parameters(model)]
     parallelize_module(model, mesh, dict(plan))
-    for owner, alias in ties:  # sharding replaced each module's Parameter: point the alias at the owner again
-        module_name, _, pname = alias.rpartition(".")
-        setattr(model.get_submodule(module_name), pname, model.get_parameter(owner))
+    for (owner, owner_name), *aliases in ties:  # sharding replaced each module's Parameter: re-tie the aliases
+        for module, name in aliases:
+            setattr(module, name, getattr(owner, owner_name))
     return model

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from gputrain.data.spec import DataSpec
-from gputrain.errors import ConfigError
+from gputrain.errors import ConfigError, first_line
 
 INSTALL = "pip install -e '.[ecosystem]'"
 """The extra that installs timm, torchvision and transformers (pyproject.toml)."""
@@ -52,11 +52,10 @@ def import_library(module: str, model_name: str) -> ModuleType:
         raise ConfigError("model.name", f"needs {missing}, which is not installed", model_name, hint=hint) from exc
     except Exception as exc:  # a broken install, e.g. a torchvision built for another torch
         # the usual cause: a torchvision built for a CUDA torch beside a CPU one, whose C++ ops fail to load
-        first_line = str(exc).splitlines()[0] if str(exc) else ""
         raise ConfigError(
             "model.name",
             f"needs {module}, which is installed but cannot be imported with torch {torch.__version__} "
-            f"({type(exc).__name__}: {first_line})",
+            f"({type(exc).__name__}: {first_line(exc, 10_000)})",
             model_name,
             hint=f"install the torchvision built for this torch: {_matching_torchvision()}",
         ) from exc
@@ -111,10 +110,9 @@ def check_takes_images(model: nn.Module, spec: DataSpec, model_name: str) -> Non
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             out = torch.func.functional_call(model, state, (images,))
     except Exception as exc:  # the model's own message says why, in its terms
-        first_line = str(exc).splitlines()[0] if str(exc) else ""
         raise ConfigError(
             "model.name",
-            f"cannot take this data's {shape} images ({type(exc).__name__}: {first_line[:200]})",
+            f"cannot take this data's {shape} images ({type(exc).__name__}: {first_line(exc)})",
             model_name,
             hint="use larger images (data.image_size) or another model",
         ) from exc

@@ -103,19 +103,17 @@ def _own_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: t for name, t in [*module._parameters.items(), *module._buffers.items()] if t is not None}
 
 
-def _tied(root: nn.Module) -> list[tuple[tuple[nn.Module, str], tuple[nn.Module, str]]]:
-    """((owner module, name), (alias module, name)) of each parameter shared by several modules
-    (a GPT's embedding and head); the owner is the first in module order, as FSDP's is."""
-    first: dict[int, tuple[nn.Module, str]] = {}
-    ties = []
+def shared_parameters(root: nn.Module) -> list[tuple[list[tuple[nn.Module, str]], nn.Parameter]]:
+    """([(module, name), ...], the parameter) of each parameter reachable by several names (a GPT's
+    embedding and head); the first name is the owner, first in module order, as FSDP's is."""
+    found: dict[int, tuple[list[tuple[nn.Module, str]], nn.Parameter]] = {}
     for _, module in root.named_modules(remove_duplicate=False):
         for name, param in module._parameters.items():
-            if param is None:
-                continue
-            owner = first.setdefault(id(param), (module, name))
-            if owner != (module, name):
-                ties.append((owner, (module, name)))
-    return ties
+            if param is not None:
+                names = found.setdefault(id(param), ([], param))[0]
+                if (module, name) not in names:
+                    names.append((module, name))
+    return [entry for entry in found.values() if len(entry[0]) > 1]
 
 
 def _aliases(model: nn.Module) -> dict[int, list[tuple[str, str]]]:
@@ -185,10 +183,11 @@ class MetaInit:
             UsageError: a tensor no step initialises.
         """
         for root in roots:
-            ties = _tied(root)
+            ties = shared_parameters(root)
             root.to_empty(device=device)
-            for (owner, owner_name), (alias, alias_name) in ties:  # to_empty gave each alias a tensor of its own
-                setattr(alias, alias_name, getattr(owner, owner_name))
+            for ((owner, owner_name), *others), _ in ties:  # to_empty gave each alias a tensor of its own
+                for alias, alias_name in others:
+                    setattr(alias, alias_name, getattr(owner, owner_name))
         template = dict(self.template.named_modules())
         aliases = _aliases(self.template)
         torch.set_rng_state(self.rng_state)

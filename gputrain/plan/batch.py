@@ -9,7 +9,6 @@ trial steps at that size: an out-of-memory error on any rank shrinks the micro-b
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 from collections.abc import Callable
@@ -32,6 +31,11 @@ SHRINK = 0.8
 MAX_MICRO_BATCH = 1 << 16
 
 
+def planned_bytes(target: PlanTarget, micro: int, world: int, device_bytes: int, strategy: str, ac: ACMode) -> int:
+    """The layout's planned bytes per device at `micro` samples."""
+    return layout_row(target, micro, world, strategy, ac, False, device_bytes)[0].layout.total
+
+
 def plan_micro_batch(
     target: PlanTarget,
     world: int,
@@ -45,7 +49,7 @@ def plan_micro_batch(
     budget = usable_bytes(device_bytes) * HEADROOM
 
     def total(micro: int) -> int:
-        return layout_row(target, micro, world, strategy, ac, False, device_bytes)[0].layout.total
+        return planned_bytes(target, micro, world, device_bytes, strategy, ac)
 
     one = total(1)
     if one > budget:
@@ -118,15 +122,17 @@ def _cuda_trial(target: PlanTarget, ac: ACMode) -> Callable[[int], bool]:
     """A real step on the device that changes nothing: forward, backward, and optimizer-state-sized
     tensors held across it; gradients dropped and buffers (BatchNorm statistics) restored after."""
     from gputrain.distributed.ac import apply_ac
-    from gputrain.plan.measure import repeat_sample
+    from gputrain.plan.measure import fake_copy, repeat_sample
 
-    # a copy: the run's own model stays as it is (on meta until it is materialised, or unwrapped);
-    # the trial measures memory, for which a meta model's uninitialised values do as well
+    # a twin allocated on the device: the run's own model stays as it is (on meta until it is
+    # materialised, or unwrapped); its values are copied there straight, with no second host copy,
+    # and a meta model's uninitialised values do as well for a trial that measures memory
     source = target.model
-    if any(p.is_meta for p in source.parameters()):
-        model = copy.deepcopy(source).to_empty(device=target.device)
-    else:
-        model = copy.deepcopy(source).to(target.device)
+    model = fake_copy(source, target.device)
+    with torch.no_grad():
+        for dst, src in zip([*model.parameters(), *model.buffers()], [*source.parameters(), *source.buffers()]):
+            if not src.is_meta:
+                dst.copy_(src)
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     sample = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to(target.device), target.sample)
     checkpointed = apply_ac(model, ac) if ac != "none" else model
@@ -163,6 +169,7 @@ def resolve_auto_batch(
         ConfigError: not even one sample fits (with the numbers), or the data has no sample to measure.
     """
     from gputrain.data.pixels import as_model_sees_it
+    from gputrain.distributed.auto import device_memory_bytes
     from gputrain.errors import ConfigError
     from gputrain.plan.targets import build_target, data_parallel_ranks
 
@@ -182,7 +189,7 @@ def resolve_auto_batch(
 
         strategy = auto_candidates(world)[0][0]
     ac: ACMode = config.parallel.activation_checkpointing
-    device_bytes = _device_bytes(device)
+    device_bytes = device_memory_bytes(device)
     cap = max(1, min(MAX_MICRO_BATCH, _num_samples(train_data) // dp))
     if train.batch_size != "auto":
         cap = max(1, train.batch_size // dp)
@@ -191,7 +198,7 @@ def resolve_auto_batch(
     if micro and device.type == "cuda" and strategy in ("none", "ddp"):
         micro, how = confirm_by_trials(micro, _cuda_trial(target, ac)), "the plan and trial steps"
     if micro == 0:
-        one = layout_row(target, 1, world, strategy, ac, False, device_bytes)[0].layout.total
+        one = planned_bytes(target, 1, world, device_bytes, strategy, ac)
         raise ConfigError(
             field,
             f"auto: not even 1 sample per device fits: {one / 2**30:.2f} GiB planned, "
@@ -249,9 +256,3 @@ def _loss_for(model: torch.nn.Module, data: Any) -> Any:
         return loss_of_batch(resolve_task(model, data, spec=None, loss_fn=None, step_fn=None), None)
     except Exception:  # noqa: BLE001 - a task that cannot be told: the surrogate's memory is close
         return surrogate_loss
-
-
-def _device_bytes(device: torch.device) -> int:
-    from gputrain.distributed.auto import device_memory_bytes
-
-    return device_memory_bytes(device)

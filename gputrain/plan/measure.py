@@ -67,7 +67,7 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
 
 
-def run_measured_steps(
+def measure_steps(
     model: nn.Module,
     batch: Any,
     loss_of: LossOf,
@@ -117,6 +117,10 @@ def run_measured_steps(
     raise AssertionError("unreachable")
 
 
+measure_real = measure_steps
+"""The same two steps on real tensors: what the plan is checked against."""
+
+
 @contextlib.contextmanager
 def fake_mode() -> Iterator[FakeTensorMode]:
     """Fake tensors: shapes, dtypes and devices, no memory and no compute; models that read tensor
@@ -127,8 +131,9 @@ def fake_mode() -> Iterator[FakeTensorMode]:
 
 
 def fake_copy(model: nn.Module, device: torch.device) -> nn.Module:
-    """A copy of `model` whose parameters and buffers are fake tensors on `device` (call inside
-    `fake_mode`); the real model is not touched and nothing of its size is allocated."""
+    """A copy of `model` whose parameters and buffers are new, uninitialised tensors on `device`:
+    fake ones inside `fake_mode` (nothing of its size is allocated), real ones outside it (the
+    trial steps of plan/batch.py). The model is not touched and none of its values is copied."""
     memo: dict[int, Any] = {}
     for t in [*model.parameters(), *model.buffers()]:
         meta = torch.empty(t.shape, dtype=t.dtype, device=device)
@@ -162,18 +167,6 @@ def measure_fake(
             fake = apply_ac(fake_copy(model, device), ac)
             one = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: mode.from_tensor(t).to(device), sample)
             batch = repeat_sample(one, micro_batch)
-            return run_measured_steps(fake, batch, loss_of, make_optimizer, autocast, micro_batch)
+            return measure_steps(fake, batch, loss_of, make_optimizer, autocast, micro_batch)
     except Exception:  # noqa: BLE001 - the model's own code on fake tensors (values read on the host)
         return None
-
-
-def measure_real(
-    model: nn.Module,
-    batch: Any,
-    loss_of: LossOf,
-    make_optimizer: MakeOptimizer,
-    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
-    micro_batch: int = 0,
-) -> StepMemory:
-    """The same two steps on real tensors (what the plan is checked against)."""
-    return run_measured_steps(model, batch, loss_of, make_optimizer, autocast, micro_batch)

@@ -18,6 +18,7 @@ from torch import nn
 
 from gputrain.distributed.ac import ACMode
 from gputrain.distributed.blocks import find_blocks
+from gputrain.distributed.parallel_dims import Strategy
 from gputrain.plan.layouts import STRATEGIES, LayoutBytes, ModelShape, layout_bytes, usable_bytes
 from gputrain.plan.measure import LossOf, MakeOptimizer, Phase, StepMemory, measure_fake
 
@@ -92,7 +93,7 @@ class MemoryPlan:
         return usable_bytes(self.device_bytes)
 
 
-def auto_candidates(world: int) -> list[tuple[str, ACMode]]:
+def auto_candidates(world: int) -> list[tuple[Strategy, ACMode]]:
     """auto's layouts in order of cost: replicas before shards, no recompute before recompute."""
     if world == 1:
         return [("none", "none"), ("none", "selective"), ("none", "full")]

@@ -91,7 +91,7 @@ def classification_report(scores: Scores) -> ClassReport:
             )
         )
     onehot = (targets[:, None] == np.arange(num_classes)[None, :]).ravel()
-    micro_fpr, micro_tpr, _ = roc_curve(onehot, probs.ravel())
+    micro_fpr, micro_tpr = thin_curve(*roc_curve(onehot, probs.ravel())[:2])
     return ClassReport(
         num_classes=num_classes,
         samples=len(targets),
@@ -104,8 +104,8 @@ def classification_report(scores: Scores) -> ClassReport:
         accuracy=float((predicted == targets).mean()) if len(targets) else float("nan"),
         curves=curves,
         macro_auc=float(np.mean([c.auc for c in curves])) if curves else None,
-        micro_fpr=thin_curve(micro_fpr, micro_tpr)[0],
-        micro_tpr=thin_curve(micro_fpr, micro_tpr)[1],
+        micro_fpr=micro_fpr,
+        micro_tpr=micro_tpr,
         micro_auc=float(roc_auc_score(onehot, probs.ravel())) if 0 < onehot.sum() < onehot.size else float("nan"),
     )
 

@@ -25,13 +25,11 @@ def loss_figure(runs: Sequence[Run], title: str = "training loss", label_runs: b
     each curve by its run, even where it is the only one (a comparison's group of one)."""
     lines: list[Line] = []
     single = len(runs) == 1 and not label_runs
-    spans = []
     for i, run in enumerate(runs):
         steps, loss = run.steps.get("step"), run.steps.get("loss")
         if steps is None or loss is None:
             continue
         span = ema_span(len(loss))
-        spans.append(span)
         raw_x, raw_y = downsample(steps, loss)
         smooth_x, smooth_y = downsample(steps, smooth(loss, span))
         colour = color(i)
@@ -39,8 +37,7 @@ def loss_figure(runs: Sequence[Run], title: str = "training loss", label_runs: b
             lines.append(Line("loss", raw_x, raw_y, colour, width=1.8, markers=len(raw_x) <= 3))
         elif single:
             lines.append(Line("loss", raw_x, raw_y, colour, width=1.1, opacity=0.35))
-            if span > 1:
-                lines.append(Line(f"smoothed (EMA over {span} rows)", smooth_x, smooth_y, colour, width=2))
+            lines.append(Line(f"smoothed (EMA over {span} rows)", smooth_x, smooth_y, colour, width=2))
         else:
             lines.append(Line(f"{run.name} (raw)", raw_x, raw_y, colour, width=1, opacity=0.2, in_legend=False))
             lines.append(Line(run.name, smooth_x, smooth_y, colour, width=1.8))
@@ -160,8 +157,8 @@ def lr_find_figure(run: Run) -> Figure | None:
     if not record or not record.get("lrs"):
         return None
     lrs = np.asarray(record["lrs"], dtype=float)
-    losses = np.asarray([np.nan if v is None else v for v in record["losses"]], dtype=float)
-    smoothed = np.asarray([np.nan if v is None else v for v in record["smoothed"]], dtype=float)
+    losses = np.asarray(record["losses"], dtype=float)  # a null (a non-finite loss) reads as NaN
+    smoothed = np.asarray(record["smoothed"], dtype=float)
     lines = [
         Line("loss", lrs, losses, color(0), width=1.1, opacity=0.4),
         Line("smoothed", lrs, smoothed, color(0), width=2),

@@ -37,6 +37,29 @@ def _matrix_subset(report: ClassReport) -> tuple[np.ndarray, list[int], str]:
     return report.confusion[np.ix_(keep, keep)], keep, note
 
 
+def _unit_square_chart(
+    title: str, lines: Sequence[Line], *, x_label: str, y_label: str, diagonal: bool = False, note: str = ""
+) -> Figure:
+    """Curves of rates in [0, 1] on both axes (ROC, precision-recall)."""
+    return line_chart(
+        title,
+        lines,
+        x_label=x_label,
+        y_label=y_label,
+        x_range=(0.0, 1.0),
+        y_range=(0.0, 1.02),
+        y_log=False,
+        diagonal=diagonal,
+        note=note,
+    )
+
+
+def _roc_chart(title: str, lines: Sequence[Line], note: str = "") -> Figure:
+    return _unit_square_chart(
+        title, lines, x_label="false positive rate", y_label="true positive rate", diagonal=True, note=note
+    )
+
+
 def classification_figures(report: ClassReport) -> list[Figure]:
     drawn, note = curves_to_draw(report)
     roc = [Line(f"class {c.label} (AUC {c.auc:.4f})", c.roc_fpr, c.roc_tpr, color(i)) for i, c in enumerate(drawn)]
@@ -48,29 +71,9 @@ def classification_figures(report: ClassReport) -> list[Figure]:
         Line(f"class {c.label} (AP {c.average_precision:.4f})", c.pr_recall, c.pr_precision, color(i))
         for i, c in enumerate(drawn)
     ]
-    unit = ((0.0, 1.0), (0.0, 1.02))
     figures = [
-        line_chart(
-            "ROC curves (one class against the rest)",
-            roc,
-            x_label="false positive rate",
-            y_label="true positive rate",
-            x_range=unit[0],
-            y_range=unit[1],
-            y_log=False,
-            diagonal=True,
-            note=note,
-        ),
-        line_chart(
-            "precision-recall curves",
-            pr,
-            x_label="recall",
-            y_label="precision",
-            x_range=unit[0],
-            y_range=unit[1],
-            y_log=False,
-            note=note,
-        ),
+        _roc_chart("ROC curves (one class against the rest)", roc, note),
+        _unit_square_chart("precision-recall curves", pr, x_label="recall", y_label="precision", note=note),
     ]
     counts, classes, matrix_note = _matrix_subset(report)
     figures.append(
@@ -218,16 +221,7 @@ def compare_outcomes_html(runs: Sequence[Run]) -> str:
             Line(f"{r.name} (AUC {rep.micro_auc:.4f})", rep.micro_fpr, rep.micro_tpr, color(runs.index(r)))
             for r, rep in reports
         ]
-        figure = line_chart(
-            "ROC, micro-average over classes",
-            lines,
-            x_label="false positive rate",
-            y_label="true positive rate",
-            x_range=(0.0, 1.0),
-            y_range=(0.0, 1.02),
-            y_log=False,
-            diagonal=True,
-        )
+        figure = _roc_chart("ROC, micro-average over classes", lines)
         rows: list[Row] = [
             [
                 r.name,

@@ -13,8 +13,8 @@ from gputrain.report.config_diff import differs_between, differs_from_defaults, 
 from gputrain.report.page import Cell, Row, facts, num, table
 from gputrain.report.rundir import Run
 from gputrain.report.svg import esc
+from gputrain.train.tasks import metric_mode
 
-LOWER_IS_BETTER = ("loss", "mse", "mae", "perplexity")
 _PARALLEL_KEYS = ("dp_replicate", "dp_shard", "tp", "pp")
 
 
@@ -206,7 +206,7 @@ def final_metrics_html(runs: Sequence[Run]) -> str:
         numbers = [v for v in values if isinstance(v, (int, float))]
         best = None
         if len(numbers) > 1 and len(tasks) == 1:
-            best = min(numbers) if metric in LOWER_IS_BETTER else max(numbers)
+            best = min(numbers) if metric_mode(metric) == "min" else max(numbers)
         cells: list[str | Cell] = [f"{split} {metric}"]
         for v in values:
             cell = num(v if isinstance(v, (int, float)) else None)

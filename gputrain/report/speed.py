@@ -3,7 +3,6 @@ memory; and for a profiled run, the advisor's findings."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,13 +38,8 @@ def time_split(run: Run) -> dict[str, float | None] | None:
     split = _train(run).get("time_breakdown")
     if isinstance(split, dict) and split:
         return {p: split.get(p) for p in PARTS}
-    values = {p: run.steps.get(f"time_{p}") for p in PARTS}
-    if all(v is None for v in values.values()):
-        return None
-    last = {
-        p: (float(v[np.isfinite(v)][-1]) if v is not None and np.isfinite(v).any() else None) for p, v in values.items()
-    }
-    return last
+    last = {p: _last(run, f"time_{p}") for p in PARTS}
+    return last if any(v is not None for v in last.values()) else None
 
 
 def _last(run: Run, key: str) -> float | None:
@@ -60,21 +54,23 @@ def speed_figures(run: Run) -> dict[str, Any]:
     """The speed facts of one run, from summary.json (the whole run), else from the last logged
     row (a run in progress)."""
     train = _train(run)
-    from_rows = not train
-    figures = {
-        "step time": train.get("step_time_s") if train else _last(run, "step_time_s"),
-        "samples/s": train.get("samples_per_s") if train else _last(run, "samples_per_s"),
-        "tokens/s": train.get("tokens_per_s") if train else _last(run, "tokens_per_s"),
+
+    def latest(key: str) -> Any:
+        return train.get(key) if train else _last(run, key)
+
+    return {
+        "step time": latest("step_time_s"),
+        "samples/s": latest("samples_per_s"),
+        "tokens/s": latest("tokens_per_s"),
         "FLOPs/step": train.get("flops_per_step"),
-        "achieved FLOP/s": train.get("achieved_flops") if train else _last(run, "achieved_flops"),
-        "MFU": train.get("mfu") if train else _last(run, "mfu"),
-        "MFU (formula)": train.get("mfu_formula") if train else _last(run, "mfu_formula"),
+        "achieved FLOP/s": latest("achieved_flops"),
+        "MFU": latest("mfu"),
+        "MFU (formula)": latest("mfu_formula"),
         "peak source": train.get("mfu_peak_source"),
-        "peak memory": train.get("peak_memory_bytes") if train else _last(run, "peak_memory_bytes"),
+        "peak memory": latest("peak_memory_bytes"),
         "host peak RSS": train.get("host_peak_rss_bytes"),
-        "from rows": from_rows,
+        "from rows": not train,
     }
-    return figures
 
 
 def _bytes(value: float | None) -> str:
@@ -192,6 +188,4 @@ def profile_html(run: Run) -> str:
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, float):
-        return format_number(value) if math.isfinite(value) else str(value)
-    return str(value)
+    return format_number(value) if isinstance(value, float) else str(value)

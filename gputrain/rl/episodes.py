@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-from gputrain.distributed.context import DistContext
-from gputrain.rl.collectives import all_gather_cat, all_reduce_sum
+from gputrain.distributed.context import DistContext, all_gather_cat, all_reduce_sum
 
 WINDOW = 100
 """Episodes in the running mean (gymnasium's RecordEpisodeStatistics keeps 100 too)."""

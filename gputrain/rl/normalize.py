@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from gputrain.distributed.context import DistContext
-from gputrain.rl.collectives import all_reduce_sum
+from gputrain.distributed.context import DistContext, all_reduce_sum
 
 EPSILON = 1e-8
 """Under the square root of the variance (gymnasium's epsilon)."""

@@ -14,8 +14,7 @@ from typing import Any
 
 import torch
 
-from gputrain.distributed.context import DistContext
-from gputrain.rl.collectives import all_gather_cat
+from gputrain.distributed.context import DistContext, all_gather_cat
 from gputrain.rl.envs.vector import TensorVecEnv
 from gputrain.rl.episodes import EpisodeTracker
 from gputrain.rl.normalize import ObsNormalizer, RewardNormalizer
@@ -119,7 +118,7 @@ class TrainingEnvs:
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """This rank's slice of every environment's state, and the shared statistics."""
         device = self.env.device
-        first, n = int(self.env.env_ids[0]), self.env.num_envs
+        first, n = self.env.first_env, self.env.num_envs
         mine = {k: v[first : first + n].to(device, copy=True) for k, v in saved["per_env"].items()}
         self.env.load_state_dict(
             {"state": mine["physics"], "elapsed": mine["elapsed"], "steps_taken": saved["steps_taken"]}

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gputrain.distributed.context import DistContext
+from gputrain.distributed.context import DistContext, all_reduce_sum
 from gputrain.precision import Precision
-from gputrain.rl.collectives import all_reduce_sum
 from gputrain.rl.settings import PPOSettings
 
 LOSS_TERMS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl")

@@ -20,9 +20,8 @@ from typing import Any
 import torch
 
 from gputrain.config import Config, load_config
-from gputrain.errors import Interrupted
+from gputrain.distributed.context import all_reduce_sum
 from gputrain.rl.build import build_rl
-from gputrain.rl.collectives import all_reduce_sum
 from gputrain.rl.episodes import WINDOW, EpisodeFigures
 from gputrain.rl.gae import bootstrap_truncations, compute_gae
 from gputrain.rl.minibatches import epoch_minibatches
@@ -31,11 +30,10 @@ from gputrain.rl.resume import ENV_KEY, check_env_state
 from gputrain.rl.rollout import collect_rollout
 from gputrain.train.run_files import PriorRun, continue_run, prior_run, write_run_files
 from gputrain.train.run_record import RunEnding, RunRecorder
-from gputrain.train.signals import StopRequest
+from gputrain.train.signals import StoppedBySignal, StopRequest
 from gputrain.train.state import LoopState, restore_training_state, training_state
 from gputrain.train.summary import build_summary
-
-ConfigLike = Config | Mapping[str, Any] | str | Path | None
+from gputrain.train.trainer import ConfigLike
 
 
 class PPOTrainer:
@@ -67,8 +65,6 @@ class PPOTrainer:
         self.stop = StopRequest()
         self.figures: EpisodeFigures | None = None
         """The episode figures of the last logging iteration."""
-        self._since = (time.perf_counter(), 0)
-        """(time, env steps) at the last row: the rate of the next row runs from there."""
         self.recorder = RunRecorder(parts, self.stop, lambda: self.state, summarize=self._summary)
 
     # ----------------------------------------------------------------- the loop
@@ -89,14 +85,17 @@ class PPOTrainer:
                 self.state.global_step = iteration
                 self.state.samples_seen += s.batch_size
                 self.state.train_time_s += time.perf_counter() - clock
-                solved = self._log(iteration, result, batch) if self.metrics.due(iteration) else False
+                logs = self.metrics.due(iteration)
+                solved = self._log(iteration, result, batch) if logs else False
                 self.console.advance(iteration)
                 ends = solved or iteration >= s.num_iterations
-                if ends or iteration % self.parts.checkpoint_every == 0:
+                saves = ends or iteration % self.parts.checkpoint_every == 0
+                if saves:
                     self._save()
                 if on_iteration is not None:
                     on_iteration(iteration)
-                if self.stop.agreed(self.dist, self.place.device, True):
+                # several ranks agree on a signal where they sync anyway (a row, a checkpoint), as the Trainer's loop
+                if self.stop.agreed(self.dist, self.place.device, logs or saves):
                     self._interrupted()
                 if ends:
                     ending.status = "stopped_early" if solved else "completed"
@@ -138,7 +137,6 @@ class PPOTrainer:
 
     def _epochs(self, iteration: int) -> Iterator[list[torch.Tensor]]:
         s, env = self.settings, self.envs.env
-        first_env = int(env.env_ids[0].item()) if env.num_envs else 0
         for epoch in range(s.update_epochs):
             yield epoch_minibatches(
                 self.seed,
@@ -147,7 +145,7 @@ class PPOTrainer:
                 s.num_steps,
                 s.num_envs,
                 s.num_minibatches,
-                first_env,
+                env.first_env,
                 env.num_envs,
                 env.device,
             )
@@ -175,20 +173,14 @@ class PPOTrainer:
             "clipfrac": clipped / (result.minibatches * s.minibatch_size),
             "explained_variance": self._explained_variance(batch),
             "grad_norm": float(result.grad_norm),
-            **self._rates(iteration),
+            # environment steps per second since the last row, rollout and update: CleanRL's SPS
+            "env_steps_per_s": self.metrics.samples_per_s(self.state),
         }
         if s.target_kl is not None:
             record["minibatches"] = result.minibatches
-        self.metrics.log_record(record)
+        self.metrics.log_record(record, self.state)
         self.console.info(_console_line(record, s.num_iterations))
         return _reaches(figures, s.stop_at_return)
-
-    def _rates(self, iteration: int) -> dict[str, Any]:
-        """Environment steps per second since the last row (rollout and update: CleanRL's SPS)."""
-        now = time.perf_counter()
-        since_time, since_samples = self._since
-        self._since = (now, self.state.samples_seen)
-        return {"env_steps_per_s": (self.state.samples_seen - since_samples) / max(now - since_time, 1e-9)}
 
     def _explained_variance(self, batch: Batch) -> float | None:
         """1 - Var(returns - values) / Var(returns) over the whole rollout (all ranks)."""
@@ -229,7 +221,6 @@ class PPOTrainer:
         if self.dist.is_main:
             write_run_files(self.run_dir, self.config)
         self.metrics.open(self.state, resumed=path is not None)
-        self._since = (time.perf_counter(), self.state.samples_seen)
         self.stop.install()
         self.console.start(s.num_iterations, self.state.global_step)
         return True
@@ -262,9 +253,8 @@ class PPOTrainer:
         path = self._save()
         self.checkpointer.wait()
         where = f"checkpoint saved at {path}; " if path else ""
-        raise Interrupted(
-            f"stopped by {self.stop.requested} at iteration {self.state.global_step}; {where}"
-            f"run again with --run-dir {self.run_dir} to resume"
+        raise StoppedBySignal(
+            f"stopped by {self.stop.requested} at iteration {self.state.global_step}; {where}", self.run_dir
         )
 
     # ----------------------------------------------------------------- the record

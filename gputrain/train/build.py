@@ -397,5 +397,7 @@ def _guard(
         return None
     scaler_active = precision.scaler is not None
     if not pipelined and device_guard.fits(optimizer, scheduler, mode, scaler_active, total_steps):
-        return DeviceGuard(mode, distributed=distributed, window=cfg.log.every_steps, total_steps=total_steps)
+        return DeviceGuard(
+            mode, scheduler, distributed=distributed, window=cfg.log.every_steps, total_steps=total_steps
+        )
     return NonFiniteGuard(mode, distributed=distributed, scaler_active=scaler_active)

@@ -31,7 +31,7 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from gputrain.distributed.dtensor import is_dtensor
 from gputrain.observe.own_sync import own_sync
-from gputrain.train.nonfinite import Verdict, amp_check_supports, nonfinite_flags
+from gputrain.train.nonfinite import FlagCheck, Verdict
 
 PENDING = Verdict("pending")
 """A device-side verdict the host has not read yet (`DeviceGuard.settle` reads it)."""
@@ -68,34 +68,39 @@ def fits(
 class DeviceGuard:
     """Decides on the device whether each step is applied; the host learns of it in `settle()`.
 
+    `check` and `check_gradients` take the host guard's arguments (nonfinite.py) and answer PENDING;
+    `step` applies the update, masked on the device where the flag says so.
+
     Args:
         mode: "stop" or "skip" (train.on_nonfinite).
+        scheduler: the run's LR schedule (stepped here in stop mode, tabulated in skip mode).
         distributed: take the worst flag over all ranks, so every rank masks (or stops) together.
         window: the most steps between two `settle()` calls (the logging interval, at most
             MAX_WINDOW); the loss of each of them is kept on the device to say what was bad.
         total_steps: the run's length, the extent of skip mode's table of the schedule.
     """
 
-    def __init__(self, mode: str, *, distributed: bool, window: int, total_steps: int) -> None:
+    def __init__(self, mode: str, scheduler: LRScheduler, *, distributed: bool, window: int, total_steps: int) -> None:
         self.mode = mode
+        self.scheduler = scheduler
         self.total_steps = total_steps
         self.distributed = distributed
         self.window = max(1, min(window, MAX_WINDOW))
         self._pending = 0  # steps since the last settle
         self._ready = False
-        self._layout: tuple[int, bool] | None = None
+        # one check per kind of call, so neither decides its kernel path again on every logging step
+        self._norm_check, self._grads_check = FlagCheck(), FlagCheck()
 
-    def _setup(self, loss: torch.Tensor, scheduler: LRScheduler) -> None:
+    def _setup(self, device: torch.device) -> None:
         """Device buffers, made on the first step (after a resume has set the schedule's position)."""
-        device = loss.device
         self._flag = torch.zeros((), device=device)  # stop: sticky; skip: this step's
-        self._one = torch.ones((), device=device)
         self._losses = torch.zeros(self.window, device=device)
         self._flags = torch.zeros(self.window, device=device)  # skip: each pending step's flag
         # views made once: indexing a tensor every step is one more dispatch than copying into a view
         self._loss_slots, self._flag_slots = self._losses.unbind(), self._flags.unbind()
         self._bad = torch.zeros((), device=device)  # stop: pending steps that ended masked
         if self.mode == "skip":
+            scheduler = self.scheduler
             assert isinstance(scheduler, LambdaLR)
             positions = range(self.total_steps + 1)
             self._tables = [
@@ -106,34 +111,25 @@ class DeviceGuard:
         self._ready = True
 
     # ------------------------------------------------------------------ the step (no host sync)
-    def mark(
-        self,
-        loss: torch.Tensor,
-        grads: list[torch.Tensor],
-        grad_norm: torch.Tensor | None,
-        scheduler: LRScheduler,
-    ) -> None:
-        """Record this step's flag on the device: 1 where the loss or a gradient is NaN/Inf."""
+    def check(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> Verdict:
+        """Flag a step whose loss or gradient norm is NaN/Inf (a norm is so exactly when a gradient is)."""
+        loss = loss.detach() if loss.requires_grad else loss  # the loop's loss is detached already
+        self._mark(loss, [(loss + grad_norm).float()] if grad_norm is not None else [loss], self._norm_check)
+        return PENDING
+
+    def check_gradients(self, loss: torch.Tensor, grads: list[torch.Tensor]) -> Verdict:
+        """Flag a step whose loss or a gradient holds a NaN/Inf, without a norm."""
+        loss = loss.detach() if loss.requires_grad else loss
+        self._mark(loss, [*grads, loss], self._grads_check)
+        return PENDING
+
+    def _mark(self, loss: torch.Tensor, tensors: list[torch.Tensor], check: FlagCheck) -> None:
         if not self._ready:
-            self._setup(loss, scheduler)
+            self._setup(loss.device)
         flag = self._flag
         if self.mode == "skip":
             flag.zero_()
-        if loss.requires_grad:
-            loss = loss.detach()
-        if grad_norm is not None:  # a norm is NaN/Inf exactly when a gradient is: one number to check
-            tensors = [(loss + grad_norm).float()]
-            uniform = amp_check_supports(loss.device, torch.float32)
-        else:
-            tensors = [*grads, loss]
-            uniform = self._uniform(tensors)
-        if uniform:
-            # sets the flag to 1 on a NaN/Inf and never resets it: stop mode's stickiness for free
-            torch._amp_foreach_non_finite_check_and_unscale_(tensors, flag, self._one)
-        else:
-            for found in nonfinite_flags(tensors):
-                flag.add_(found.to(flag.device).reshape(()))
-            flag.clamp_(max=1.0)  # the fused kernels skip on exactly 1
+        check.mark(tensors, flag)  # sets, never resets: stop mode's stickiness for free
         if self.distributed:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         slot = self._pending % self.window
@@ -144,25 +140,18 @@ class DeviceGuard:
             self._bad.add_(flag)
         self._pending += 1
 
-    def _uniform(self, tensors: list[torch.Tensor]) -> bool:
-        """Whether the one fused check fits `tensors` (one device and dtype it has a kernel for): a
-        property of the model, so decided once per number of tensors, not every step."""
-        if self._layout is None or self._layout[0] != len(tensors):
-            device, dtype = tensors[-1].device, tensors[0].dtype
-            fits = amp_check_supports(device, dtype) and all(t.device == device and t.dtype == dtype for t in tensors)
-            self._layout = (len(tensors), fits)
-        return self._layout[1]
-
     def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """`optimizer.step()`, skipped on the device where the flag says so."""
+        """`optimizer.step()`, skipped on the device where the flag says so, and the schedule moved:
+        in stop mode by the host (every applied step precedes the first bad one), in skip mode by
+        the device's count of applied steps."""
         optimizer.found_inf = self._flag  # type: ignore[attr-defined]
         if self.mode == "stop":
             try:
                 optimizer.step()
             finally:
                 del optimizer.found_inf  # type: ignore[attr-defined]
+            self.scheduler.step()
             return
-        # skip mode: the LR of the schedule's position, which only applied steps advance
         index = self._applied.long().reshape(1)  # index_select: `table[index]` would read the index
         floats = [group["lr"] for group in optimizer.param_groups]
         for group, table in zip(optimizer.param_groups, self._tables, strict=True):
@@ -180,18 +169,14 @@ class DeviceGuard:
         """Whether `settle()` must run before another step: the window of kept flags is used up."""
         return self._pending >= self.window
 
-    @property
-    def steps_host_schedules(self) -> bool:
-        """Whether the host steps the LR scheduler after each step (stop mode) or `settle` does."""
-        return self.mode == "stop"
-
     # ------------------------------------------------------------------ the host's read
-    def settle(self, last_step: int, scheduler: LRScheduler) -> list[BadStep]:
+    def settle(self, last_step: int) -> list[BadStep]:
         """Read the pending steps' flags (one sync): the steps that were not applied, and the
         schedule's position moved to match. `last_step` is the number of the latest step taken."""
         pending, self._pending = self._pending, 0
         if not pending or not self._ready:
             return []
+        scheduler = self.scheduler
         first = last_step - pending + 1
         with own_sync():
             if self.mode == "stop":
@@ -207,7 +192,6 @@ class DeviceGuard:
             scheduler.last_epoch -= pending - offset  # the host stepped it for the masked steps too
             _set_lrs(scheduler)
             return [BadStep(first + offset, Verdict("nonfinite", _reason(loss)))]
-        self._flag.zero_()
         skipped = [BadStep(first + i, Verdict("nonfinite", _reason(losses[i]))) for i, f in enumerate(flags) if f]
         scheduler.last_epoch += pending - len(skipped)
         _set_lrs(scheduler)

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 from gputrain.config.schema import EvalConfig
 from gputrain.data.guard import BadSample
 from gputrain.distributed.context import DistContext
-from gputrain.errors import ConfigError, UsageError
+from gputrain.errors import ConfigError, UsageError, first_line
 from gputrain.train.eval_shares import (
     Lockstep,
     dp_group,
@@ -68,7 +68,7 @@ def check_metrics_stack(names: list[str]) -> None:
         import torchmetrics.classification
         import torchmetrics.regression  # noqa: F401
     except Exception as err:  # noqa: BLE001 - any import failure is the same answer for the user
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err, 10_000)
         hint = (
             "; torchvision does not match the installed torch: `pip uninstall torchvision`, or install the "
             "torchvision release made for this torch"

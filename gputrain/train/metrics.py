@@ -116,14 +116,20 @@ class MetricsLogger:
         self.console.logged(record, self.total_steps)
         self._since = (time.perf_counter(), state.samples_seen, state.global_step)
 
-    def log_record(self, record: dict[str, Any]) -> None:
+    def samples_per_s(self, state: LoopState) -> float:
+        """Samples (the RL loop's: environment steps) per second since the last row."""
+        since_time, since_samples, _ = self._since
+        return (state.samples_seen - since_samples) / max(time.perf_counter() - since_time, 1e-9)
+
+    def log_record(self, record: dict[str, Any], state: LoopState) -> None:
         """Write a row another loop built (the RL loop's iteration rows: their own `step` and
         figures) to metrics.jsonl and TensorBoard; rank 0 writes, the other ranks have no sinks.
-        A `loss` in the row becomes the loss summary.json reports."""
+        A `loss` in the row becomes the loss summary.json reports; the next row's rates run from here."""
         self._sinks.write(record)
         self.last_logged_step = record["step"]
         if isinstance(record.get("loss"), float):
             self.last_loss = record["loss"]
+        self._since = (time.perf_counter(), state.samples_seen, state.global_step)
 
     def log_eval(self, split: str, state: LoopState, metrics: dict[str, float]) -> None:
         """A row for an evaluation of `split` ("val" after each epoch, "test" at the end)."""

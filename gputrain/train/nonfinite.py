@@ -71,9 +71,8 @@ class NonFiniteGuard:
         self.mode = mode
         self.distributed = distributed
         self.scaler_active = scaler_active
-        self._layout: tuple[int, bool] | None = None
-        """(number of tensors checked, whether they share one device and dtype), set on first use."""
-        self._found = self._one = torch.zeros(1)  # placeholders: the first check makes both on the loss's device
+        self._flags = FlagCheck()
+        self._found: torch.Tensor | None = None  # made on the first check, on the loss's device; kept
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> Verdict:
         """The verdict for this step.
@@ -96,22 +95,10 @@ class NonFiniteGuard:
         A sharded (DTensor) gradient is checked on this rank's shard; another rank's bad shard
         reaches this one through the all-reduce.
         """
-        tensors = [*grads, loss.detach() if loss.requires_grad else loss]
-        if self._layout is None or self._layout[0] != len(tensors):
-            # which kernel path fits is a property of the model, so it is decided once, not per step
-            device, dtype = loss.device, loss.dtype
-            uniform = amp_check_supports(device, dtype) and all(
-                t.device == device and t.dtype == dtype and not is_dtensor(t) for t in tensors
-            )
-            self._layout = (len(tensors), uniform)
-            self._found = torch.zeros(1, device=device)  # kept: the kernel only sets it; a bad step resets it
-            self._one = torch.ones(1, device=device)
+        if self._found is None:
+            self._found = torch.zeros(1, device=loss.device)
         found = self._found
-        if self._layout[1]:
-            torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, self._one)
-        else:  # several dtypes or devices, or sharded gradients (their local shards are checked)
-            for flag in nonfinite_flags([local_tensor(t) for t in tensors]):
-                found += flag.to(found.device)
+        self._flags.mark([*grads, loss.detach() if loss.requires_grad else loss], found)
         if self.distributed:
             dist.all_reduce(found, op=dist.ReduceOp.SUM)
         if _read(found) == 0:
@@ -145,6 +132,37 @@ class NonFiniteGuard:
         if local & 2:
             return f"gradient norm is {_show(grad_norm)}"
         return "another rank saw a non-finite loss or gradient"
+
+
+class FlagCheck:
+    """Sets a flag tensor to 1 where any of a step's tensors holds a NaN/Inf, and never back to 0.
+
+    One fused kernel where the tensors share a device and a dtype it has a kernel for (torch's
+    `_amp_foreach_non_finite_check_and_unscale_` with a scale of exactly 1, which leaves every value
+    unchanged); else one flag per device and dtype (`nonfinite_flags`), sharded (DTensor) tensors
+    checked on this rank's shard. Which path fits is a property of the model, so it is decided once
+    per number of tensors, not every step. Both guards use it: the host's reads the flag, the
+    device's hands it to the optimizer.
+    """
+
+    def __init__(self) -> None:
+        self._layout: tuple[int, bool] | None = None
+        self._one = torch.ones(1)
+
+    def mark(self, tensors: list[torch.Tensor], flag: torch.Tensor) -> None:
+        if self._layout is None or self._layout[0] != len(tensors):
+            device, dtype = flag.device, tensors[0].dtype
+            uniform = amp_check_supports(device, dtype) and all(
+                t.device == device and t.dtype == dtype and not is_dtensor(t) for t in tensors
+            )
+            self._layout = (len(tensors), uniform)
+            self._one = torch.ones((), device=device)
+        if self._layout[1]:
+            torch._amp_foreach_non_finite_check_and_unscale_(tensors, flag, self._one)
+            return
+        for found in nonfinite_flags([local_tensor(t) for t in tensors]):
+            flag.add_(found.to(flag.device).reshape(flag.shape))
+        flag.clamp_(max=1.0)  # a flag, not a count: the fused optimizers skip on exactly 1
 
 
 def _read(value: torch.Tensor) -> float:

@@ -19,7 +19,7 @@ from gputrain.distributed.context import grad_sync
 from gputrain.distributed.grad_norm import grad_norm_and_clip
 from gputrain.observe.breakdown import StepTimer
 from gputrain.precision import Precision
-from gputrain.train.device_guard import PENDING, DeviceGuard
+from gputrain.train.device_guard import DeviceGuard
 from gputrain.train.nonfinite import APPLY, NonFiniteGuard, Verdict
 
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
@@ -114,32 +114,22 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
             if measure_grad_norm:
                 grad_norm = grad_norm_and_clip(params, None, parts.pp_group)
             else:  # no norm wanted this step: the cheaper flag check
-                grads = [p.grad for p in params if p.grad is not None]
-                if isinstance(guard, DeviceGuard):
-                    guard.mark(loss_sum, grads, None, parts.scheduler)
-                    verdict = PENDING
-                else:
-                    verdict = guard.check_gradients(loss_sum, grads)
+                verdict = guard.check_gradients(loss_sum, [p.grad for p in params if p.grad is not None])
         if parts.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(params, parts.clip_grad_value)
         if parts.clip_grad_norm is not None or (measure_grad_norm and grad_norm is None):
             grad_norm = grad_norm_and_clip(params, parts.clip_grad_norm, parts.pp_group)
     if verdict is None:
-        if isinstance(guard, DeviceGuard):
-            guard.mark(loss_sum, [], grad_norm, parts.scheduler)
-            verdict = PENDING
-        else:
-            assert guard is not None
-            verdict = guard.check(loss_sum, grad_norm)
+        assert guard is not None
+        verdict = guard.check(loss_sum, grad_norm)
     if isinstance(guard, DeviceGuard):
-        guard.step(parts.optimizer)  # a bad step is skipped on the device, without the host knowing yet
+        guard.step(parts.optimizer)  # masked on the device where the flag says; it moves the schedule too
     elif verdict.kind == "nonfinite":
         parts.precision.skip_step()  # the update never happens; the scaler (if any) still lowers its scale
     else:
         parts.precision.step(parts.optimizer)  # on "overflow" the GradScaler skips the update itself
     parts.optimizer.zero_grad(set_to_none=not parts.persistent_grads)
-    # a skipped step does not move the LR schedule; the device guard's skip mode moves it itself
-    if verdict.kind == "apply" or (isinstance(guard, DeviceGuard) and guard.steps_host_schedules):
+    if verdict.kind == "apply":  # a skipped step does not move the LR schedule
         parts.scheduler.step()
     if parts.timer is not None:
         parts.timer.mark("optimizer")

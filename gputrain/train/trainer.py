@@ -250,7 +250,7 @@ class Trainer:
         guard, state = self._device_guard, self.state
         if guard is None:
             return
-        bad = guard.settle(state.global_step, self.scheduler)
+        bad = guard.settle(state.global_step)
         if bad and self.config.train.on_nonfinite == "stop":
             # every update from the first bad step on was masked: the run is where that step began
             undone = state.global_step - (bad[0].step - 1)

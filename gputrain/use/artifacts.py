@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from gputrain.checkpoint.io import save_weights
 from gputrain.config import load_config
 from gputrain.data.spec import DataSpec
-from gputrain.errors import UsageError
+from gputrain.errors import UsageError, first_line
 from gputrain.train.run_files import write_json, write_text
 from gputrain.use.loaded import build_trained_model
 from gputrain.use.preprocess import Preprocessing, ServedModel
@@ -64,7 +63,8 @@ def export_program(served: ServedModel, example: torch.Tensor, pre: Preprocessin
             return torch.export.export(served, (example,), dynamic_shapes=dynamic_shapes(pre))
     except Exception as err:  # noqa: BLE001 - whatever the tracer meets is the model's property
         raise UsageError(
-            f"torch.export cannot capture this model ({_first_line(err)}); --format safetensors can (weights + config)"
+            f"torch.export cannot capture this model ({first_line(err, 300)}); "
+            "--format safetensors can (weights + config)"
         ) from None
 
 
@@ -110,13 +110,7 @@ def compile_aoti(program: torch.export.ExportedProgram, out: Path) -> str:
 
 
 def load_aoti(out: Path, device: torch.device) -> Runner:
-    compiled = load_aoti_package(out / "model-aoti.pt2")
-
-    def run(x: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return compiled(x.to(device)).float().cpu()
-
-    return run
+    return _module_runner(load_aoti_package(out / "model-aoti.pt2"), device)
 
 
 def write_onnx(served: ServedModel, example: torch.Tensor, pre: Preprocessing, out: Path) -> list[str]:
@@ -138,7 +132,8 @@ def write_onnx(served: ServedModel, example: torch.Tensor, pre: Preprocessing, o
             )
     except Exception as err:  # noqa: BLE001 - the exporter's failures are many kinds
         raise UsageError(
-            f"ONNX (opset {ONNX_OPSET}) cannot export this model ({_first_line(err)}); --format pt2 or safetensors can"
+            f"ONNX (opset {ONNX_OPSET}) cannot export this model ({first_line(err, 300)}); "
+            "--format pt2 or safetensors can"
         ) from None
     assert program is not None
     program.save(str(out / "model.onnx"))
@@ -178,7 +173,7 @@ def _quiet_onnx_exporter() -> Iterator[None]:
         exporter_log.setLevel(level)
 
 
-def _module_runner(module: nn.Module, device: torch.device) -> Runner:
+def _module_runner(module: Callable[[torch.Tensor], torch.Tensor], device: torch.device) -> Runner:
     def run(x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return module(x.to(device)).float().cpu()
@@ -198,8 +193,3 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UsageError(f"{path}: not an export's JSON object; export again")
     return data
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__

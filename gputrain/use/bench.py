@@ -17,11 +17,11 @@ second at the largest, from the median call.
 from __future__ import annotations
 
 import contextlib
-import math
+import dataclasses
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from gputrain.bench.timing import measure
 from gputrain.errors import UsageError
 from gputrain.use import artifacts
 from gputrain.use.extras import INSTALL_HINT, missing_export_extra, require_export_extra
-from gputrain.use.held_out import held_out_batch
+from gputrain.use.held_out import example_pair, held_out_batch, tile
 from gputrain.use.loaded import LoadedRun
 
 MODES = ("eager", "compile", "export", "aoti", "onnxruntime")
@@ -85,14 +85,13 @@ def check_modes(modes: tuple[str, ...], *, asked: bool = False) -> None:
 def bench_inference(loaded: LoadedRun, options: BenchOptions) -> list[ModeResult]:
     """Every (device, mode) of `options`, timed (module docstring)."""
     check_modes(options.modes)
-    devices = options.devices or (("cpu", "cuda") if torch.cuda.is_available() else ("cpu",))
     held = held_out_batch(loaded, max(options.batches))
+    inputs = {b: tile(held.raw, b) for b in options.batches}
     results = []
     with _cpu_threads(options.threads):
-        for name in devices:
+        for name in _devices(options.devices):
             device = torch.device(name)
             served = loaded.served().to(device)
-            inputs = {b: _tile(held.raw, b) for b in options.batches}
             for mode in options.modes:
                 results.append(_bench_mode(mode, served, inputs, loaded, device, options))
     return results
@@ -110,10 +109,9 @@ def _cpu_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _tile(raw: torch.Tensor, batch: int) -> torch.Tensor:
-    """`batch` samples, the held-out ones repeated as needed."""
-    reps = math.ceil(batch / len(raw))
-    return raw.repeat(reps, *[1] * (raw.dim() - 1))[:batch].contiguous()
+def _devices(asked: tuple[str, ...]) -> tuple[str, ...]:
+    """The devices asked for; none asked: the CPU, and CUDA where there is a GPU."""
+    return asked or (("cpu", "cuda") if torch.cuda.is_available() else ("cpu",))
 
 
 def _bench_mode(
@@ -127,11 +125,11 @@ def _bench_mode(
     small, large = min(inputs), max(inputs)
     base = ModeResult(mode, str(device), small, throughput_batch=large)
     start = time.perf_counter()
-    with _workdir() as work:
+    with tempfile.TemporaryDirectory(prefix="gputrain-bench-infer-") as work:
         try:
-            prepared = _prepare(mode, served, inputs[large], loaded, device, work, options)
+            prepared = _prepare(mode, served, inputs[large], loaded, device, Path(work), options)
         except _Skip as skip:
-            return _replace(base, skipped=str(skip))
+            return dataclasses.replace(base, skipped=str(skip))
         call, runtime, on_host = prepared
         batches = {b: (x if on_host else x.to(device)) for b, x in inputs.items()}
         call(batches[small])  # compiles, where the mode compiles: the setup time
@@ -154,7 +152,7 @@ def _bench_mode(
             min_warmup_s=WARMUP_S,
         )
     times_ms = np.array(latency.times_s) * 1000
-    return _replace(
+    return dataclasses.replace(
         base,
         p50_ms=float(np.percentile(times_ms, 50)),
         p99_ms=float(np.percentile(times_ms, 99)),
@@ -182,7 +180,7 @@ def _prepare(
         return _no_grad(served), f"torch {torch.__version__}", False
     if mode == "compile":
         return _no_grad(torch.compile(served)), "torch.compile (inductor)", False
-    example = (example[:2] if len(example) > 1 else example.repeat(2, *[1] * (example.dim() - 1))).to(device)
+    example = example_pair(example).to(device)
     if mode in ("export", "aoti"):
         program = artifacts.export_program(served, example, loaded.pre)  # type: ignore[arg-type]
         if mode == "export":
@@ -209,16 +207,6 @@ def _no_grad(module: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tensor], 
             return module(x)
 
     return call
-
-
-@contextlib.contextmanager
-def _workdir() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="gputrain-bench-infer-") as path:
-        yield Path(path)
-
-
-def _replace(result: ModeResult, **changes: Any) -> ModeResult:
-    return ModeResult(**{**asdict(result), **changes})
 
 
 def results_table(results: list[ModeResult]) -> tuple[list[str], list[list[str]]]:
@@ -276,7 +264,7 @@ def generation_rates(loaded: LoadedRun, devices: tuple[str, ...], new_tokens: in
     if not isinstance(loaded.model, GPT):
         return []
     rates = []
-    for name in devices or (("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)):
+    for name in _devices(devices):
         model = loaded.model.to(torch.device(name))
         sampling = Sampling(max_new_tokens=new_tokens, temperature=0.0)
         for cache in (True, False):

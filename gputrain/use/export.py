@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 
-from gputrain.errors import RunError, UsageError
+from gputrain.errors import RunError, UsageError, first_line
 from gputrain.train.run_files import write_json
 from gputrain.use import artifacts
 from gputrain.use.artifacts import FORMATS, ONNX_OPSET, Runner
 from gputrain.use.extras import EXPORT_EXTRA, require_export_extra
-from gputrain.use.held_out import HeldOut, held_out_batch
+from gputrain.use.held_out import HeldOut, example_pair, held_out_batch
 from gputrain.use.loaded import LoadedRun, load_run
 from gputrain.use.options import output_dir
 
@@ -56,6 +56,11 @@ class ExportOptions:
     samples: int = VERIFY_SAMPLES
 
 
+def default_out(run_dir: Path, fmt: str) -> Path:
+    """Where an export goes without -o: RUN_DIR/export/FORMAT."""
+    return run_dir / "export" / fmt
+
+
 def export_run(run_dir: str | Path, options: ExportOptions) -> dict[str, Any]:
     """Export and verify; return export.json's content.
 
@@ -69,11 +74,10 @@ def export_run(run_dir: str | Path, options: ExportOptions) -> dict[str, Any]:
     if fmt == "onnx":
         require_export_extra("--format onnx")
     loaded = load_run(run_dir, checkpoint=options.checkpoint, device=options.device)
-    out = output_dir(options.out or loaded.run_dir / "export" / fmt, "-o")
+    out = output_dir(options.out or default_out(loaded.run_dir, fmt), "-o")
     held = held_out_batch(loaded, options.samples)
     served = loaded.served()
-    example = held.raw[:2] if len(held.raw) > 1 else held.raw.repeat(2, *[1] * (held.raw.dim() - 1))
-    example = example.to(loaded.device)  # two samples: a batch of one would fix the batch size at 1
+    example = example_pair(held.raw).to(loaded.device)
     files: list[str]
     extra: dict[str, Any] = {}
     if fmt == "safetensors":
@@ -176,8 +180,7 @@ def _check(
             worst_scale = max(worst_scale, float(eager.abs().max()))
             shapes.append(list(raw.shape))
     except Exception as err:  # noqa: BLE001 - an artifact that cannot even run fails its check
-        text = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
-        return {**result, "passed": False, "error": text}
+        return {**result, "passed": False, "error": first_line(err, 300)}
     result.update(
         batches=shapes,
         max_abs_diff=worst_abs,
@@ -213,7 +216,7 @@ def _aoti(program: torch.export.ExportedProgram, out: Path, mode: str, files: li
     try:
         name = artifacts.compile_aoti(program, out)
     except Exception as err:  # noqa: BLE001 - no compiler, an unsupported op: the ExportedProgram stands alone
-        text = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        text = first_line(err, 300)
         if mode == "on":
             raise RunError(f"AOTInductor could not compile the exported program: {text}") from None
         log.warning("AOTInductor could not compile the exported program (%s); model.pt2 is exported alone", text)

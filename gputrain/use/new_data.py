@@ -18,6 +18,7 @@ from gputrain.config.schema import DataConfig
 from gputrain.data.tensors import TensorData
 from gputrain.errors import ConfigError, DataError, UsageError
 from gputrain.use.generate import Tokenizer
+from gputrain.use.held_out import evenly_spaced
 from gputrain.use.preprocess import Preprocessing
 from gputrain.use.tables import read_rows
 
@@ -112,7 +113,7 @@ def _capped(data: Dataset, limit: int | None) -> Dataset:
     size = len(data)  # type: ignore[arg-type]
     if limit is None or size <= limit:
         return data
-    keep = np.linspace(0, size - 1, limit).round().astype(int).tolist()
+    keep = evenly_spaced(size, limit)
     if isinstance(data, TensorData):
         return TensorData(data.inputs[keep], data.targets[keep])
     return Subset(data, keep)

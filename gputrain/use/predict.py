@@ -7,6 +7,7 @@ Regression gives the predicted values, under the run's label column name.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def prediction_rows(
     if top_k is None and pre.class_names is not None and _are_images(path):
         top_k = IMAGE_TOP_K
     yield _header(loaded, top_k)
-    for batch in _chain(first, batches):
+    for batch in itertools.chain((first,), batches):
         outputs = _outputs(served, batch, loaded)
         for name, out in zip(batch.names, outputs):
             yield [name, *_cells(loaded, out, top_k)]
@@ -47,11 +48,6 @@ def prediction_rows(
 
 def _are_images(path: Path) -> bool:
     return path.is_dir() or path.suffix.lower() not in (".csv", ".npy")
-
-
-def _chain(first: InputBatch, rest: Iterator[InputBatch]) -> Iterator[InputBatch]:
-    yield first
-    yield from rest
 
 
 @torch.no_grad()

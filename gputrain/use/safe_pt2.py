@@ -31,6 +31,8 @@ import torch
 # which tests/unit/use/test_safe_pt2.py checks; the hostile-file scanner cannot see that guarantee
 from torch.export import load as _export_load
 
+from gputrain.errors import first_line
+
 _PICKLED_OBJECT_PREFIXES = ("custom_obj_", "opaque_obj_")
 """Constants that torch.export.load unpickles as arbitrary objects (pickle.loads, torchbind)."""
 _FORCE = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
@@ -58,7 +60,7 @@ def load_program(path: Path) -> torch.export.ExportedProgram:
         except Exception as err:
             if _is_unpickling_refusal(err):
                 raise UnsafeProgram(
-                    f"a pickled payload that is not plain tensors; refused ({_first_line(err)})"
+                    f"a pickled payload that is not plain tensors; refused ({first_line(err)})"
                 ) from None
             raise
 
@@ -95,8 +97,3 @@ def _is_unpickling_refusal(err: BaseException) -> bool:
             return True
         err = err.__cause__ or err.__context__  # type: ignore[assignment]
     return False
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:200] if text else type(err).__name__

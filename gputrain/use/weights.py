@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 from gputrain.checkpoint.fit import Spec, canonical_name, check_weights, tied_groups
 from gputrain.checkpoint.io import DCP_METADATA, CorruptCheckpoint, load_checkpoint, model_weights
 from gputrain.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpointContent, read_metadata
-from gputrain.errors import UsageError
+from gputrain.errors import UsageError, first_line
 from gputrain.use.run_dir import WeightsSource
 
 
@@ -49,8 +49,7 @@ def _load_file(path: Path, model: nn.Module) -> None:
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise UsageError(f"{path}: not a readable safetensors file ({first})") from None
+        raise UsageError(f"{path}: not a readable safetensors file ({first_line(err)})") from None
     # tied names absent from the file share the loaded tensor
     model.load_state_dict(model_weights(path, tensors, model), strict=False)
 

@@ -23,7 +23,6 @@ LINK_COM_POS_2 = 0.5
 LINK_MOI = 1.0
 MAX_VEL_1 = 4 * pi
 MAX_VEL_2 = 9 * pi
-AVAIL_TORQUE = (-1.0, 0.0, +1.0)
 
 
 def _dsdt(s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -83,7 +82,7 @@ class Acrobot(Dynamics):
         return uniform_between(uniform, -0.1, 0.1).to(torch.float32).to(dtype)
 
     def step(self, state: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        torque = (action - 1).to(state.dtype)  # AVAIL_TORQUE[action]: -1, 0, +1
+        torque = (action - 1).to(state.dtype)  # gymnasium's AVAIL_TORQUE[action]: -1, 0, +1
         ns = _rk4(state, torque, DT)
         theta1, theta2, dtheta1, dtheta2 = ns.unbind(-1)
         theta1, theta2 = _wrap(theta1), _wrap(theta2)

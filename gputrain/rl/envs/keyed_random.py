@@ -16,6 +16,8 @@ environments of a step ever get the same number.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 
 _MASK = 0xFFFFFFFF
@@ -27,15 +29,12 @@ ACTION = 2
 """Stream of the noise the policy turns into actions."""
 
 
-def _pcg(x: torch.Tensor) -> torch.Tensor:
-    """PCG's output permutation of 32-bit words held in int64 (every product stays below 2**62)."""
-    state = (x * 747796405 + 2891336453) & _MASK
-    word = (((state >> ((state >> 28) + 4)) ^ state) * 277803737) & _MASK
-    return (word >> 22) ^ word
+_Word = TypeVar("_Word", int, torch.Tensor)
 
 
-def _pcg_int(x: int) -> int:
-    """The same permutation on a Python int (the host's part of a key)."""
+def _pcg(x: _Word) -> _Word:
+    """PCG's output permutation of 32-bit words, on a Python int (the host's part of a key) or
+    elementwise on int64 tensors (every product stays below 2**62)."""
     state = (x * 747796405 + 2891336453) & _MASK
     word = (((state >> ((state >> 28) + 4)) ^ state) * 277803737) & _MASK
     return (word >> 22) ^ word
@@ -43,10 +42,10 @@ def _pcg_int(x: int) -> int:
 
 def step_key(seed: int, stream: int, step: int) -> int:
     """The host's part of a key: (seed, stream, step < 2**64) as one 32-bit word."""
-    h = _pcg_int(step & _MASK)
-    h = _pcg_int(h ^ ((step >> 32) & _MASK))
-    h = _pcg_int(h ^ stream)
-    return _pcg_int(h ^ (seed & _MASK))
+    h = _pcg(step & _MASK)
+    h = _pcg(h ^ ((step >> 32) & _MASK))
+    h = _pcg(h ^ stream)
+    return _pcg(h ^ (seed & _MASK))
 
 
 class KeyedUniform:

@@ -63,6 +63,7 @@ class TensorVecEnv:
         self.dtype = dtype
         self.seed = seed
         self.max_episode_steps = max_episode_steps or dynamics.max_episode_steps
+        self.first_env = first_env
         self.env_ids = torch.arange(first_env, first_env + num_envs, device=device, dtype=torch.int64)
         self.steps_taken = 0
         """Steps of the whole batch so far: the key of the next step's randomness."""

@@ -80,6 +80,12 @@ def test_plan_cli_prints_each_layout_and_auto(capsys: pytest.CaptureFixture[str]
     assert "auto picks: ddp" in out and "largest micro-batch that fits" in out
 
 
+def test_the_batch_is_divided_over_the_ranks(capsys: pytest.CaptureFixture[str]) -> None:
+    """train.batch_size is the global batch: 64 over 4 data-parallel ranks is 16 per device."""
+    assert main(["plan", "model.name=mlp", "train.batch_size=64", "--nproc-per-node", "4"]) == 0
+    assert "micro-batch 16 per device, 4 rank(s)" in capsys.readouterr().out
+
+
 def test_plan_cli_says_what_would_fit(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["plan", "model.name=mlp", "model.hidden_sizes=[1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024]", "--device-memory", "32MiB"])
     out = capsys.readouterr().out

@@ -49,7 +49,8 @@ def test_a_run_leaves_the_run_directory_of_any_gputrain_run(tmp_path: Path) -> N
     assert "iteration 6/6" in out and "rl: PPO (categorical policy" in out
     # the report draws what an RL run is judged by
     write_report([run_dir], tmp_path / "report.html")
-    titles = [html.unescape(t) for t in re.findall(r"<figcaption>([^<]*)</figcaption>", (tmp_path / "report.html").read_text())]
+    page = (tmp_path / "report.html").read_text()
+    titles = [html.unescape(t) for t in re.findall(r"<figcaption>([^<]*)</figcaption>", page)]
     for title in ("episodic return", "environment steps/s", "approximate KL", "clip fraction", "policy entropy"):
         assert title in titles, titles
 
