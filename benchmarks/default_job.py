@@ -88,8 +88,7 @@ def traced_run(args):
     import gputrain.train.trainer as T, gputrain.train.build as B, gputrain.data as D
     mark("gputrain's training modules imported")
     timed(D, "build_data", "data load")
-    timed(T, "build_training", "build (device, threads, layout, parts, metrics import)")
-    timed(B, "check_metrics_stack", "torchmetrics import")
+    timed(T, "build_training", "build (device, threads, layout, parts)")
     timed(T.Trainer, "_start", "run files + tensorboard + console")
     timed(T, "train_step", "training steps")
     timed(T.Trainer, "_evaluate", "evaluation")

@@ -248,8 +248,10 @@ def child(runner: str, case: str, seed: int, epochs: int, out: Path, tree: Path)
         import accelerate  # noqa: F401
     if runner == "gputrain":  # what it imports lazily, as Lightning imports it up front
         import rich.progress  # noqa: F401
-        import torch.utils.tensorboard
-        import torchmetrics.classification  # noqa: F401
+        import torch.utils.tensorboard  # noqa: F401
+
+        if importlib.util.find_spec("torchmetrics"):  # what an older tree (--before) evaluates with
+            import torchmetrics.classification  # noqa: F401
 
         import gputrain.train.trainer  # noqa: F401
     make_model, x, y, xv, yv = load_case(case)

@@ -48,6 +48,19 @@ def snapshot(obj: Any, memo: dict[tuple, torch.Tensor] | None = None) -> Any:
     return obj
 
 
+class HostCopy:
+    """A checkpoint's weights and state copied to host memory, to be written later."""
+
+    def __init__(self, weights: _Weights, state: dict[str, Any]) -> None:
+        self.weights = weights
+        self.state = state
+
+    @classmethod
+    def of(cls, model: nn.Module, state: dict[str, Any]) -> HostCopy:
+        memo: dict[tuple, torch.Tensor] = {}
+        return cls(_Weights(snapshot(model.state_dict(), memo)), snapshot(state, memo))
+
+
 class AsyncSaver:
     """One background checkpoint at a time; `wait()` joins it and re-raises its failure."""
 
@@ -66,13 +79,15 @@ class AsyncSaver:
     ) -> Path:
         """Snapshot now, write in the background; return the path the checkpoint will have."""
         self.wait()
-        memo: dict[tuple, torch.Tensor] = {}
-        weights = _Weights(snapshot(model.state_dict(), memo))
-        frozen = snapshot(state, memo)
+        return self.save_copy(root, step, HostCopy.of(model, state), after)
+
+    def save_copy(self, root: Path, step: int, copy: HostCopy, after: Callable[[Path], None] | None = None) -> Path:
+        """Write a copy already in host memory in the background (after the save in flight)."""
+        self.wait()
         self._pending = root / f"step-{step}"
         self._thread = threading.Thread(
             target=self._write,
-            args=(root, step, weights, frozen, after),
+            args=(root, step, copy.weights, copy.state, after),
             name=f"gputrain-checkpoint-{step}",
             daemon=True,
         )

@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> NoReturn:
     """The process's entry (`gputrain`, `python -m gputrain`): `main`, then exit without tearing the
-    interpreter down. Freeing every module and object of torch, torchmetrics and their imports one by
+    interpreter down. Freeing every module and object of torch, tensorboard and their imports one by
     one took 0.5-2 s of CPU after a run had finished; the OS frees the process at once. What a normal
     exit does first still runs: the exit handlers (logging's flush, multiprocessing's clean-up of
     worker processes, torch's) and a flush of stdout and stderr. Only once torch is loaded (a usage

@@ -167,6 +167,7 @@ LIMITS: dict[str, Range] = {
     "checkpoint.every_steps": _non_negative(COUNT_MAX),
     "checkpoint.every_epochs": _non_negative(COUNT_MAX),
     "checkpoint.keep_last": _positive(COUNT_MAX),
+    "checkpoint.max_overhead": Range(0.0, 1.0, high_open=True, text="0 (save every time) up to below 1"),
     "log.every_steps": _positive(COUNT_MAX),
     "log.breakdown_every": _non_negative(COUNT_MAX),
     # parallel
@@ -482,6 +483,8 @@ class CheckpointConfig:
     """Keep this many recent checkpoints (the best one is kept as well)."""
     keep_best: bool = True
     """Also keep the checkpoint with the best monitored validation metric."""
+    max_overhead: float = 0.05
+    """One process: an every_epochs/every_steps checkpoint is put off while saving would take more than this fraction of the run's time so far (a new best is kept in host memory and written with the next save); the run's end, early stop and Ctrl-C/SIGTERM always save. 0: save every time."""
     async_save: bool = False
     """Write checkpoints in the background while training continues (one save in flight): one process copies the state to host memory and writes it in a thread; several ranks use torch.distributed.checkpoint's async save."""
     resume: str = "auto"

@@ -247,7 +247,7 @@ class PPOTrainer:
             return None
         state = training_state(self.parts.scheduler, self.parts.precision, self.state, self.place.device, None, None)
         state[ENV_KEY] = self.envs.state_dict()  # collective: every rank's environments
-        return self.checkpointer.save(self.state.global_step, state)
+        return self.checkpointer.save(self.state.global_step, lambda: state)
 
     def _interrupted(self) -> None:
         path = self._save()

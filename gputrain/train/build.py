@@ -47,7 +47,7 @@ from gputrain.train import device_guard
 from gputrain.train.batches import BatchPlan
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
 from gputrain.train.device_guard import DeviceGuard
-from gputrain.train.evaluate import EarlyStopping, Evaluator, check_metrics_stack, resolve_metrics
+from gputrain.train.evaluate import EarlyStopping, Evaluator, resolve_metrics
 from gputrain.train.feed import BatchFeed
 from gputrain.train.metrics import MetricsLogger
 from gputrain.train.nonfinite import NonFiniteGuard
@@ -154,7 +154,6 @@ def build_training(
     loss_fn: LossFn | None = None,
     step_fn: ComputeLoss | None = None,
     eval_fn: ComputeLoss | None = None,
-    evaluates: bool = True,
     spec: DataSpec | None = None,
     run_dir: str | Path | None = None,
     names: tuple[str, str] | None = None,
@@ -180,8 +179,6 @@ def build_training(
     task = resolve_task(model, train_data, spec=spec, loss_fn=loss_fn, step_fn=step_fn)
     metric_names = resolve_metrics(cfg.eval.metrics, task.kind)
     early_stopping = EarlyStopping(cfg.eval, metric_names)
-    if evaluates:
-        check_metrics_stack(metric_names)
     model_name, data_name = names or (type(model).__name__.lower(), type(train_data).__name__.lower())
     run_path = agree_on_path(Path(run_dir) if run_dir is not None else default_run_dir(model_name, data_name), dist)
     install_test_fault(model, dist.rank)  # no-op unless GPUTRAIN_TEST_FAULT is set (tests only)

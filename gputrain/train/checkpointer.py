@@ -3,10 +3,19 @@
 Three back-ends sit behind one `save`/`wait`: a plain synchronous save (one process), a background
 thread (one process, `checkpoint.async_save`), and torch.distributed.checkpoint shards written by
 every rank (several ranks; asynchronous too when asked). The loop never needs to know which.
+
+In one process, a periodic save (every_epochs, every_steps) is put off while saving would take more
+than `checkpoint.max_overhead` of the run's time so far: with epochs of milliseconds, a checkpoint
+each epoch costs more than the epoch (a 20-epoch tiny MLP spent 20-25% of its time saving). A new
+best that is put off is copied to host memory and written with the next save, so the best
+checkpoint is never lost to the rule; the run's end, early stop and a signal always save. Several
+ranks save every time: their clocks differ, and a save is collective.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +23,7 @@ import torch
 from torch import nn
 
 from gputrain.checkpoint import CorruptCheckpoint, find_resumable, rotate_checkpoints, save_checkpoint
-from gputrain.checkpoint.async_save import AsyncSaver
+from gputrain.checkpoint.async_save import AsyncSaver, HostCopy
 from gputrain.checkpoint.io import DCP_METADATA, checkpoint_step, prepare_checkpoint_load, save_weights
 from gputrain.config.paths import check_resume_setting
 from gputrain.config.schema import CheckpointConfig
@@ -55,6 +64,10 @@ class Checkpointer:
 
             self._sharded = ShardedSaver(dist, config.async_save)
         self._background = AsyncSaver() if not dist.enabled and config.async_save else None
+        self._started = time.perf_counter()
+        self._spent = 0.0  # seconds the loop has spent in saves
+        self._last_cost = 0.0
+        self._held: tuple[int, HostCopy] | None = None  # a best checkpoint put off, written with the next save
 
     @property
     def enabled(self) -> bool:
@@ -115,27 +128,65 @@ class Checkpointer:
 
         return CheckedCheckpoint(saved, apply_weights=apply_weights, step=checkpoint_step(path))
 
-    def save(self, step: int, state: dict[str, Any], keep_step: int | None = None) -> Path | None:
-        """Save step `step` with `state` (the loop's training state), then drop all but the last
-        `keep_last` and `keep_step` (the best one). Collective when several ranks run.
-        Returns the checkpoint's final path (written in the background with async_save)."""
+    def save(
+        self,
+        step: int,
+        state_of: Callable[[], dict[str, Any]],
+        keep_step: int | None = None,
+        *,
+        periodic: bool = False,
+    ) -> Path | None:
+        """Save step `step` with `state_of()` (the loop's training state, asked for only when it is
+        needed), then drop all but the last `keep_last` and `keep_step` (the best one). Collective
+        when several ranks run. `periodic`: an every_epochs/every_steps save, which the overhead
+        rule may put off (see the module docstring). Returns the checkpoint's final path (written
+        in the background with async_save), or None when nothing was saved."""
         if not self.config.enabled:
             return None
-        keep = {keep_step} if self.config.keep_best and keep_step else set()
+        if periodic and self._puts_off():
+            if keep_step == step:  # the new best: kept in host memory until the next save
+                self._held = (step, HostCopy.of(self.model, self._one_process_state(state_of())))
+            return None
+        started = time.perf_counter()
+        path = self._write(step, state_of(), keep_step)
+        self._last_cost = time.perf_counter() - started
+        self._spent += self._last_cost
+        return path
 
-        def rotate(*_: Any) -> None:
-            rotate_checkpoints(self.root, self.config.keep_last, keep)
+    def _puts_off(self) -> bool:
+        """Whether one more save now would take the time spent saving past `max_overhead`."""
+        budget = self.config.max_overhead
+        if budget <= 0 or self.dist.enabled:
+            return False
+        return self._spent + self._last_cost > budget * (time.perf_counter() - self._started)
 
-        state = {**state, "optimizer_kind": type(self.optimizer).__name__}  # named in a mismatch on resume
-        if self._sharded is not None:  # every rank writes its shards; rank 0 commits and rotates
-            return self._sharded.save(self.root, step, self.model, self.optimizer, state, on_commit=rotate)
-        state = {
+    def _one_process_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {
             **state,
+            "optimizer_kind": type(self.optimizer).__name__,  # named in a mismatch on resume
             "optimizer": self.optimizer.state_dict(),
             # parameter names, in the order the optimizer's state numbers them (group by group), let a
             # multi-rank job resume a one-process checkpoint
             "param_names": optimizer_param_names(self.model, self.optimizer),
         }
+
+    def _write(self, step: int, state: dict[str, Any], keep_step: int | None) -> Path:
+        keep = {keep_step} if self.config.keep_best and keep_step else set()
+
+        def rotate(*_: Any) -> None:
+            rotate_checkpoints(self.root, self.config.keep_last, keep)
+
+        if self._sharded is not None:  # every rank writes its shards; rank 0 commits and rotates
+            state = {**state, "optimizer_kind": type(self.optimizer).__name__}
+            return self._sharded.save(self.root, step, self.model, self.optimizer, state, on_commit=rotate)
+        held, self._held = self._held, None
+        if held is not None and held[0] != step:  # the best that was put off goes first
+            held_step, copy = held
+            if self._background is not None:
+                self._background.save_copy(self.root, held_step, copy)
+            else:
+                save_checkpoint(self.root, held_step, copy.weights, copy.state)  # type: ignore[arg-type]
+        state = self._one_process_state(state)
         if self._background is not None:  # rotation runs once the background save has committed
             return self._background.save(self.root, step, self.model, state, after=rotate)
         path = save_checkpoint(self.root, step, self.model, state)

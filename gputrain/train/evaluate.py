@@ -1,4 +1,4 @@
-"""Evaluation over a split: loss plus the task's torchmetrics, computed on the device; the
+"""Evaluation over a split: loss plus the task's metrics (eval_metrics.py), computed on the device; the
 `Evaluator` a loop holds for its splits, and early stopping on what it reports."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader, Dataset
 from gputrain.config.schema import EvalConfig
 from gputrain.data.guard import BadSample
 from gputrain.distributed.context import DistContext
-from gputrain.errors import ConfigError, UsageError, first_line
+from gputrain.errors import ConfigError
+from gputrain.train.eval_metrics import EvalMetrics
 from gputrain.train.eval_shares import (
     Lockstep,
     dp_group,
@@ -53,63 +54,6 @@ def resolve_metrics(requested: list[str] | str, task: str | None) -> list[str]:
             requested,
         )
     return list(requested)
-
-
-def check_metrics_stack(names: list[str]) -> None:
-    """Import what computing `names` needs, now rather than after an epoch of training: torchmetrics,
-    and with it torchvision where installed (a torchvision built for another torch breaks it).
-
-    Raises:
-        UsageError: naming the package that fails and the fix.
-    """
-    if not set(names) - {"loss", "perplexity"}:
-        return
-    try:
-        import torchmetrics.classification
-        import torchmetrics.regression  # noqa: F401
-    except Exception as err:  # noqa: BLE001 - any import failure is the same answer for the user
-        first = first_line(err, 10_000)
-        hint = (
-            "; torchvision does not match the installed torch: `pip uninstall torchvision`, or install the "
-            "torchvision release made for this torch"
-            if "torchvision" in str(err)
-            else "; reinstall it: pip install --force-reinstall torchmetrics"
-        )
-        raise UsageError(
-            f"evaluation ({', '.join(names)}) needs torchmetrics, whose import fails here: {first}{hint}; or set "
-            'eval.metrics=["loss"] to evaluate the loss only'
-        ) from None
-
-
-def _build_metrics(
-    names: list[str], task: str, num_classes: int | None, device: torch.device, across_ranks: bool, group: Any = None
-) -> dict[str, Any]:
-    if not set(names) - {"loss", "perplexity"}:
-        return {}  # computed here without torchmetrics, whose import alone takes seconds
-    import torchmetrics.classification as C
-    import torchmetrics.regression as R
-
-    builders: dict[str, Callable[..., Any]] = {}
-    if task == "classification":
-        assert num_classes is not None
-        k = num_classes
-        builders = {
-            "accuracy": lambda **kw: C.MulticlassAccuracy(num_classes=k, average="micro", **kw),
-            "precision": lambda **kw: C.MulticlassPrecision(num_classes=k, average="macro", **kw),
-            "recall": lambda **kw: C.MulticlassRecall(num_classes=k, average="macro", **kw),
-            "f1": lambda **kw: C.MulticlassF1Score(num_classes=k, average="macro", **kw),
-            "auroc": lambda **kw: C.MulticlassAUROC(num_classes=k, average="macro", **kw),
-        }
-    elif task == "regression":
-        builders = {"mse": R.MeanSquaredError, "mae": R.MeanAbsoluteError}
-    # across_ranks: each rank saw its own share, and compute() gathers the states of the ranks of
-    # `group` (the data-parallel ones: TP peers saw the same samples). Otherwise every rank evaluated
-    # the whole split, and syncing would only gather duplicates.
-    return {
-        name: builders[name](sync_on_compute=across_ranks, process_group=group).to(device)
-        for name in names
-        if name in builders
-    }
 
 
 @torch.no_grad()
@@ -161,14 +105,14 @@ def evaluate_split(
     split: str | None = None,
     count_skipped: Callable[[], int] | None = None,
     keeper: ScoreKeeper | None = None,
-    metrics: dict[str, Any] | None = None,
+    metrics: EvalMetrics | None = None,
     lockstep: int | None = None,
     group: Any = None,
 ) -> tuple[dict[str, float], int]:
     """`evaluate`, plus the samples the reader left out as unreadable (`count_skipped`, asked once
     the batches are read: an `EvalBatches`'s count in data.on_error=skip mode), summed over the
-    ranks when they shared the split. `metrics`: the torchmetrics objects of `_build_metrics`, built
-    once by the caller and reset here (building them costs more than a small model's evaluation).
+    ranks when they shared the split. `metrics`: the caller's `EvalMetrics`, reset here (one per
+    evaluator, so a split's evaluation allocates nothing it allocated before).
 
     lockstep: the model's forward is collective (FSDP, TP): every rank makes exactly this many
     forward passes, padding past the end of its share (see eval_shares.Lockstep).
@@ -182,10 +126,8 @@ def evaluate_split(
     was_training = model.training
     model.eval()
     if metrics is None:
-        metrics = _build_metrics(metric_names, task, num_classes, device, across_ranks, group)
-    for metric in metrics.values():
-        metric.reset()
-    updates = _MetricUpdates(metrics, task, num_classes)
+        metrics = EvalMetrics(metric_names, task, num_classes, device)
+    metrics.reset()
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     count = 0
     unreadable: BadSample | None = None
@@ -214,7 +156,7 @@ def evaluate_split(
             outputs = outputs.float()
             if keeper is not None:
                 keeper.add(outputs, targets)
-            updates.add(outputs, targets)
+            metrics.update(outputs, targets)
     except BadSample as err:
         if not across_ranks:
             raise
@@ -240,8 +182,7 @@ def evaluate_split(
     if count == 0 and skipped:
         where = f"{split} split: " if split else ""
         raise BadSample(f"{where}all {skipped} samples are unreadable (data.on_error=skip): nothing to evaluate")
-    updates.flush()
-    results: dict[str, float] = {name: float(metric.compute()) for name, metric in metrics.items()}
+    results = metrics.compute(group, across_ranks)
     if count and ("loss" in metric_names or "perplexity" in metric_names):
         mean_loss = loss_total / count
         if "loss" in metric_names:
@@ -249,70 +190,6 @@ def evaluate_split(
         if "perplexity" in metric_names:
             results["perplexity"] = math.exp(min(mean_loss, 700.0))
     return {name: results[name] for name in metric_names if name in results}, skipped
-
-
-_FLUSH_EVERY = 32
-"""Batches held back before the metrics are updated with all of them at once."""
-
-
-class _MetricUpdates:
-    """Feeds the torchmetrics objects a few large updates instead of one per batch and metric: an
-    update costs ~0.1 ms of Python and argument checks whatever its size, five of them per batch
-    cost a small model's evaluation several times over.
-
-    Classification metrics count integers (and AUROC keeps every score until `compute`), so one
-    update with the labels of many batches gives exactly the figures of per-batch updates. The
-    labels are the argmax torchmetrics would take; a batch whose outputs it would refuse is passed
-    to it as it is, so its error is the same. Regression metrics sum floats, which would round
-    differently in other groupings: they are updated per batch, as before.
-    """
-
-    def __init__(self, metrics: dict[str, Any], task: str, num_classes: int | None) -> None:
-        self.metrics = metrics
-        self.per_batch = task != "classification"
-        self.num_classes = num_classes
-        self.counted = [metric for name, metric in metrics.items() if name != "auroc"]
-        self.auroc = metrics.get("auroc")
-        self.labels: list[torch.Tensor] = []
-        self.scores: list[torch.Tensor] = []
-        self.targets: list[torch.Tensor] = []
-
-    def add(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
-        if not self.metrics:
-            return
-        if self.per_batch:
-            for metric in self.metrics.values():
-                metric.update(outputs.view_as(targets) if outputs.numel() == targets.numel() else outputs, targets)
-            return
-        if not (
-            outputs.ndim == targets.ndim + 1
-            and outputs.shape[1] == self.num_classes
-            and outputs.shape[2:] == targets.shape[1:]
-        ):  # not (N, C, ...) logits for (N, ...) targets: torchmetrics judges it (and raises)
-            self.flush()
-            for name, metric in self.metrics.items():
-                metric.update(outputs.softmax(dim=-1) if name == "auroc" else outputs, targets)
-            return
-        if self.counted:
-            self.labels.append(outputs.argmax(dim=1))
-        if self.auroc is not None:
-            self.scores.append(outputs.softmax(dim=-1))
-        self.targets.append(targets)
-        if len(self.targets) >= _FLUSH_EVERY:
-            self.flush()
-
-    def flush(self) -> None:
-        """Update the metrics with the batches held back."""
-        if not self.targets:
-            return
-        targets = torch.cat(self.targets)
-        if self.labels:
-            labels = torch.cat(self.labels)
-            for metric in self.counted:
-                metric.update(labels, targets)
-        if self.scores and self.auroc is not None:
-            self.auroc.update(torch.cat(self.scores), targets)
-        self.labels, self.scores, self.targets = [], [], []
 
 
 def _batch_size(batch: Any) -> int:
@@ -383,7 +260,7 @@ class Evaluator:
         self.scores: dict[str, Scores] = {}
         """Per split evaluated with `keep_scores`: what the model said about each sample (scores.py),
         on every rank (shares gathered when the ranks shared the split)."""
-        self._metrics: dict[bool, dict[str, Any]] = {}  # built once per layout, reset per evaluation
+        self._metrics: EvalMetrics | None = None  # built at the first evaluation, reset per evaluation
 
     def evaluate(self, data: Dataset | DataLoader, split: str, keep_scores: bool = False) -> dict[str, float]:
         """The split's metrics (the same figures on every rank); with `keep_scores`, also each
@@ -426,7 +303,7 @@ class Evaluator:
             split=split,
             count_skipped=lambda: reader.skipped,
             keeper=keeper,
-            metrics=self._metrics_for(shared),
+            metrics=self._metrics_for(),
             lockstep=steps,
             group=self._group if shared else None,
         )
@@ -442,16 +319,11 @@ class Evaluator:
         self.skipped[split] = skipped
         return metrics
 
-    def _metrics_for(self, across_ranks: bool) -> dict[str, Any]:
-        """The torchmetrics objects, built at the first evaluation and reused (reset) after."""
-        if across_ranks not in self._metrics:
-            kind, classes = self.task.kind, self.task.num_classes
-            assert kind is not None
-            group = self._group if across_ranks else None
-            self._metrics[across_ranks] = _build_metrics(
-                self.metric_names, kind, classes, self.device, across_ranks, group
-            )
-        return self._metrics[across_ranks]
+    def _metrics_for(self) -> EvalMetrics:
+        if self._metrics is None:
+            assert self.task.kind is not None
+            self._metrics = EvalMetrics(self.metric_names, self.task.kind, self.task.num_classes, self.device)
+        return self._metrics
 
 
 class EarlyStopping:

@@ -86,7 +86,6 @@ class Trainer:
             loss_fn=loss_fn,
             step_fn=step_fn,
             eval_fn=eval_fn,
-            evaluates=val_data is not None or test_data is not None,
             spec=spec,
             run_dir=run_dir,
             names=names,
@@ -279,8 +278,10 @@ class Trainer:
             ending.val = self._evaluate(self.val_data, "val", ending)
             stop_early = self.early_stopping.update(state, ending.val)
         every_epoch_ckpt = cfg.checkpoint.every_epochs
-        if (every_epoch_ckpt and state.epoch % every_epoch_ckpt == 0) or ends or stop_early:
+        if ends or stop_early:
             self._save()
+        elif every_epoch_ckpt and state.epoch % every_epoch_ckpt == 0:
+            self._save(periodic=True)
         if stop_early:
             self.console.info(
                 f"early stop: {cfg.eval.early_stop_metric} has not improved for {cfg.eval.patience} evaluations"
@@ -304,19 +305,21 @@ class Trainer:
         return metrics
 
     # ----------------------------------------------------------------- checkpoints
-    def _save(self) -> Path | None:
+    def _save(self, periodic: bool = False) -> Path | None:
+        """Checkpoint now; `periodic` (every_epochs, every_steps): the overhead rule may put it off."""
         self._settle()  # a checkpoint never holds a step the device masked without the host knowing
-        if not self.checkpointer.enabled:
-            return None  # not even the state: capturing every RNG costs more than a small model's step
-        state = training_state(
-            self.scheduler, self.precision, self.state, self.device, self.task.kind, self.task.num_classes
-        )
-        return self.checkpointer.save(self.state.global_step, state, keep_step=self.state.best_step)
+
+        def state_of() -> dict[str, Any]:  # only when saved: capturing every RNG costs more than a small step
+            return training_state(
+                self.scheduler, self.precision, self.state, self.device, self.task.kind, self.task.num_classes
+            )
+
+        return self.checkpointer.save(self.state.global_step, state_of, self.state.best_step, periodic=periodic)
 
     def _save_outside(self, clock: float) -> float:
         """Save at a step boundary, leaving the save's time out of the training time."""
         self.state.train_time_s += time.perf_counter() - clock
-        self._save()
+        self._save(periodic=True)
         return time.perf_counter()
 
     def _interrupted(self) -> None:

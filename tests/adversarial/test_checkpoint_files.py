@@ -50,6 +50,7 @@ from tests.unit.reliability.chaos import differences
 BASE = ["model.name=mlp", "model.hidden_sizes=[8]", "data.name=synthetic", "data.shape=[4]", "data.num_samples=128",
         "train.batch_size=32", "train.device=cpu", "train.deterministic=true", "log.progress=none",
         "log.tensorboard=false", "log.every_steps=1", "checkpoint.every_steps=1", "checkpoint.keep_last=3",
+        "checkpoint.max_overhead=0",
         "eval.every_epochs=0"]
 SAVED_STEPS = 3  # the source run: step-1, step-2, step-3
 RESUMED = ["train.max_steps=4"]

@@ -151,7 +151,8 @@ def test_an_unfinished_run_continues_from_one_of_its_own_earlier_checkpoints(tmp
         return F.cross_entropy(outputs, targets)
 
     trainers.append(Trainer(nn.Linear(6, 3), _data(), loss_fn=stop_at_6,
-                            config={**QUIET, "checkpoint.every_steps": 2, "checkpoint.keep_last": 5}, run_dir=run_dir))
+                            config={**QUIET, "checkpoint.every_steps": 2, "checkpoint.keep_last": 5,
+                                    "checkpoint.max_overhead": 0}, run_dir=run_dir))
     with pytest.raises(Exception, match="stopped by SIGTERM at step 6"):
         trainers[0].fit()
     summary = _trainer(run_dir, **{"checkpoint.resume": str(run_dir / "checkpoints" / "step-4")}).fit()
@@ -160,7 +161,7 @@ def test_an_unfinished_run_continues_from_one_of_its_own_earlier_checkpoints(tmp
 
 def test_rewinding_a_completed_run_to_an_older_checkpoint_is_refused(tmp_path: Path) -> None:
     run_dir = tmp_path / "r"
-    _trainer(run_dir, **{"checkpoint.every_steps": 2, "checkpoint.keep_last": 5}).fit()
+    _trainer(run_dir, **{"checkpoint.every_steps": 2, "checkpoint.keep_last": 5, "checkpoint.max_overhead": 0}).fit()
     before = _fingerprint(run_dir)
     with pytest.raises(UsageError, match="would rewrite its records"):
         _trainer(run_dir, **{"train.epochs": 3, "checkpoint.resume": str(run_dir / "checkpoints" / "step-4")}).fit()

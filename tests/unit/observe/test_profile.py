@@ -73,6 +73,7 @@ def test_gputrains_own_syncs_are_counted_apart(tmp_path: Path, monkeypatch: pyte
     guard (an optimizer that cannot skip an update itself) reads its flag every step."""
     data = TensorData(torch.randn(64, 8), torch.randint(0, 2, (64,)))
     config = {**QUIET, "log.breakdown_every": 100}  # the time split reads the clock's events on its sampled steps
+    monkeypatch.setattr(device_guard, "ON_CPU", True)  # a GPU's guard, on CPU tensors
     on_device = Trainer(nn.Linear(8, 2), data, config=config, run_dir=tmp_path / "device").profile().facts
     monkeypatch.setattr(device_guard, "fits", lambda *args: False)
     on_host = Trainer(nn.Linear(8, 2), data, config=config, run_dir=tmp_path / "host").profile().facts

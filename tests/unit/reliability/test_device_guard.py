@@ -36,6 +36,18 @@ class CountHostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.fixture(autouse=True)
+def _device_guard_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard a GPU gets, on CPU tensors: a CPU itself gets the host guard (device_guard.ON_CPU)."""
+    monkeypatch.setattr(device_guard, "ON_CPU", True)
+
+
+def test_a_cpu_gets_the_host_guard_where_reading_the_flag_waits_for_nothing(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_guard, "ON_CPU", False)
+    assert isinstance(_trainer(tmp_path).step_parts.guard, NonFiniteGuard)
+
+
 def _data() -> TensorData:
     g = torch.Generator().manual_seed(0)
     return TensorData(torch.randn(256, 8, generator=g), torch.randint(0, 3, (256,), generator=g))

@@ -48,7 +48,8 @@ def _trainer(run_dir: Path, mode: str, inject_step: int | None, kind: str, max_s
 
     config = {"train.max_steps": max_steps, "train.epochs": 1, "train.batch_size": 16, "train.device": "cpu",
               "train.on_nonfinite": mode, "optim.schedule": "cosine", "log.progress": "none",
-              "log.tensorboard": False, "log.every_steps": 4, "checkpoint.every_steps": 3, "checkpoint.keep_last": 1}
+              "log.tensorboard": False, "log.every_steps": 4, "checkpoint.every_steps": 3, "checkpoint.keep_last": 1,
+              "checkpoint.max_overhead": 0}
     return Trainer(model, _data(), step_fn=step_fn, config=config, run_dir=run_dir), seen
 
 

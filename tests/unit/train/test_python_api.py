@@ -3,9 +3,7 @@ messages in the API's own terms."""
 
 from __future__ import annotations
 
-import builtins
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -121,28 +119,6 @@ def test_an_unknown_task_names_both_ways_out_before_training(tmp_path: Path) -> 
     with pytest.raises(UsageError, match=r"cannot tell the task from outputs \(2, 4, 2\) and targets \(2,\): "
                                          r"pass loss_fn=\(outputs, targets\) -> loss, or step_fn="):
         Trainer(Odd(), TensorDataset(x, torch.randint(0, 3, (32,))), config=QUIET, run_dir=tmp_path)
-
-
-def test_a_broken_metrics_stack_is_named_at_start_not_after_an_epoch(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    real_import = builtins.__import__
-
-    def broken(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name.startswith("torchmetrics"):
-            raise RuntimeError("operator torchvision::nms does not exist")
-        return real_import(name, *args, **kwargs)
-
-    import sys
-
-    for module in [m for m in sys.modules if m.startswith("torchmetrics")]:
-        monkeypatch.delitem(sys.modules, module)
-    monkeypatch.setattr(builtins, "__import__", broken)
-    x, y = _blobs()
-    with pytest.raises(UsageError) as err:
-        Trainer(nn.Linear(5, 3), TensorDataset(x, y), val_data=TensorDataset(x, y), config=QUIET, run_dir=tmp_path)
-    message = str(err.value)
-    assert "needs torchmetrics, whose import fails here: operator torchvision::nms does not exist" in message
-    assert "pip uninstall torchvision" in message and 'eval.metrics=["loss"]' in message
 
 
 def test_an_interrupted_fit_says_how_to_resume_in_python(tmp_path: Path) -> None:
