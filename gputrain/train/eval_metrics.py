@@ -23,8 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
+
+_HOLD = 32
+"""Classification batches held back before they are counted together."""
 
 CLASSIFICATION = ("accuracy", "precision", "recall", "f1", "auroc")
 REGRESSION = ("mse", "mae")
@@ -66,6 +70,7 @@ class EvalMetrics:
         self.counts = torch.zeros(k * k + 1, dtype=torch.int64, device=self.device)
         self.scores: list[torch.Tensor] = []
         self.targets: list[torch.Tensor] = []
+        self._held: list[tuple[torch.Tensor, torch.Tensor]] = []  # batches not yet counted (see `update`)
         self.errors = torch.zeros(3, dtype=_sum_dtype(self.device), device=self.device)  # squared, absolute, values
 
     def update(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
@@ -84,8 +89,20 @@ class EvalMetrics:
                 f"classes of the task) for targets [N, ...]: got outputs {tuple(outputs.shape)} and targets "
                 f"{tuple(targets.shape)}; the model's number of outputs must equal the number of classes"
             )
-        logits = outputs.movedim(1, -1).reshape(-1, k)
-        labels = targets.reshape(-1).long()
+        # held back and counted _HOLD batches at a time: a handful of small ops per batch cost
+        # more than a small model's forward, the same ops over 32 batches hardly more than over one
+        self._held.append((outputs.movedim(1, -1).reshape(-1, k), targets.reshape(-1)))
+        if len(self._held) >= _HOLD:
+            self._count_held()
+
+    def _count_held(self) -> None:
+        if not self._held:
+            return
+        k = self.num_classes
+        assert k is not None
+        logits = torch.cat([lg for lg, _ in self._held]) if len(self._held) > 1 else self._held[0][0]
+        labels = (torch.cat([t for _, t in self._held]) if len(self._held) > 1 else self._held[0][1]).long()
+        self._held = []
         if self.counted:
             valid = (labels >= 0) & (labels < k)
             slot = torch.where(valid, labels * k + logits.argmax(dim=1), k * k)
@@ -113,6 +130,7 @@ class EvalMetrics:
         """
         if not self.names:
             return {}
+        self._count_held()
         counts, errors = self.counts, self.errors
         scores, targets = self._ranked_inputs()
         if across_ranks:
@@ -181,24 +199,33 @@ def _macro_auroc(scores: torch.Tensor, targets: torch.Tensor, k: int) -> torch.T
     n = scores.shape[0]
     if n == 0:
         return torch.tensor(float("nan"), dtype=dtype, device=scores.device)
-    ordered, order = scores.sort(dim=0)
-    positive = targets.unsqueeze(1) == torch.arange(k, device=scores.device)
-    positive = positive.gather(0, order)
+    classes = torch.arange(k, device=scores.device)
+    ordered, order = _sort_rows(scores.t().contiguous())  # one row per class
+    positive = (targets.unsqueeze(0) == classes.unsqueeze(1)).gather(1, order)
     starts = torch.ones_like(ordered, dtype=torch.int64)
-    starts[1:] = (ordered[1:] != ordered[:-1]).long()
-    run = starts.cumsum(dim=0) - 1  # the run of equal scores each sorted row belongs to, per column
-    slot = (run + torch.arange(k, device=scores.device) * n).reshape(-1)
-    rank = torch.arange(1, n + 1, device=scores.device, dtype=dtype).unsqueeze(1).expand(n, k).reshape(-1)
+    starts[:, 1:] = (ordered[:, 1:] != ordered[:, :-1]).long()
+    run = starts.cumsum(dim=1) - 1  # the run of equal scores each sorted entry belongs to, per class
+    slot = (run + classes.unsqueeze(1) * n).reshape(-1)
+    rank = torch.arange(1, n + 1, device=scores.device, dtype=dtype).repeat(k)
     rank_sums = torch.zeros(n * k, dtype=dtype, device=scores.device).scatter_add_(0, slot, rank)
     run_sizes = torch.zeros(n * k, dtype=dtype, device=scores.device).scatter_add_(0, slot, torch.ones_like(rank))
-    mid_rank = (rank_sums / run_sizes.clamp(min=1)).gather(0, slot).view(n, k)
-    pos = positive.sum(dim=0).to(dtype)
+    mid_rank = (rank_sums / run_sizes.clamp(min=1)).gather(0, slot).view(k, n)
+    pos = positive.sum(dim=1).to(dtype)
     neg = n - pos
-    u = (mid_rank * positive).sum(dim=0) - pos * (pos + 1) / 2
+    u = (mid_rank * positive).sum(dim=1) - pos * (pos + 1) / 2
     defined = (pos > 0) & (neg > 0)
     area = torch.where(defined, u / (pos * neg).clamp(min=1), torch.zeros_like(u))
     count = defined.sum()
     return torch.where(count > 0, area.sum() / count.clamp(min=1), torch.full_like(area.sum(), float("nan")))
+
+
+def _sort_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rows.sort(dim=1)`; on a CPU through numpy, whose sort is ~30x faster than torch's there
+    (0.4 ms against 13 us for 10 rows of 1,024 scores: more than the rest of a small evaluation)."""
+    if rows.device.type != "cpu":
+        return rows.sort(dim=1)
+    order = torch.from_numpy(np.argsort(rows.numpy(), axis=1))
+    return rows.gather(1, order), order
 
 
 def _gather_rows(rows: torch.Tensor, group: Any) -> torch.Tensor:
