@@ -459,7 +459,7 @@ class EvalConfig:
     every_epochs: int = 1
     """Validate every N epochs (0: only at the end)."""
     metrics: list[str] | Literal["auto"] = "auto"
-    """Metrics to compute; auto: accuracy, precision, recall, f1, auroc, loss (classification), mse, mae (regression), loss, perplexity (lm)."""
+    """Metrics to compute; auto: accuracy, precision, recall, f1, auroc, loss (classification), mse, mae (regression), loss, perplexity (lm). Precision, recall and F1 are macro averages over the classes among the targets or predictions, AUROC one-vs-rest over the classes with positives and negatives (scikit-learn's definitions)."""
     early_stop_metric: str | None = None
     """Stop when this validation metric (e.g. loss, accuracy) has not improved for `patience` evaluations."""
     patience: int = 5
