@@ -1,7 +1,9 @@
 """`gputrain plan`: will it fit? Bytes per device for each layout, which fit, what auto takes and why.
 
-One training step is measured on fake tensors (shapes only: no memory, no compute), then composed
-into each strategy's bytes per device, with and without activation checkpointing and CPU offload.
+One training step (its train.grad_accum micro-batches) is measured on fake tensors (shapes only: no
+memory, no compute), then composed into each strategy's bytes per device, with and without activation
+checkpointing and CPU offload; pp is measured stage by stage, each through its part of the schedule.
+Checked against the CPU allocator's peak in real Trainer runs: benchmarks/plan_accuracy.py.
 Exit codes: 0 a layout fits; 1 none does (the output says by how much and what would); 2 bad usage.
 """
 

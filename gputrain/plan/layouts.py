@@ -1,17 +1,21 @@
 """Per-device bytes of each layout (strategy × activation checkpointing × CPU offload), composed from
 the measured step (`measure.py`): each phase's measured parts, divided where the layout shards them,
-plus what the layout adds (DDP's gradient buckets, FSDP's gathered block).
+plus what the layout adds (DDP's gradient buckets, FSDP's gathered blocks), at the point of the
+forward/backward pass where the layout's own sum peaks (the measured frontier of gradients against
+activations and temporaries).
 
-none, ddp and fsdp are checked against measured runs (benchmarks/plan_accuracy.py); tp and pp are
-modelled: tp shards the block weights and about half of the activations (the matmul outputs; norms and
-residuals stay whole), pp keeps 1/pp of the weights and, under 1F1B, up to pp micro-batches in flight.
+Checked against the CPU allocator's peak in real runs of the Trainer, 1 and 2 gloo ranks
+(benchmarks/plan_accuracy.py, RESULTS.md). pp is measured stage by stage (pipeline.py) where the
+schedule is 1F1B or GPipe; tp is modelled: it shards the weights and about half of the activations
+(the matmul outputs; norms and residuals stay whole), and so is interleaved pp: 1/pp of the weights
+and up to pp micro-batches in flight.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gputrain.plan.measure import Phase, StepMemory
+from gputrain.plan.measure import StepMemory
 
 STRATEGIES = ("none", "ddp", "fsdp", "tp", "pp", "hybrid")
 USABLE_FRACTION = 0.85
@@ -28,6 +32,9 @@ class ModelShape:
     outside_blocks_bytes: int
     """Parameters outside the blocks (embeddings, head): FSDP's root unit, gathered for the whole step."""
     has_blocks: bool
+    second_block_bytes: int = -1
+    """Parameters of the second largest block: the most the block FSDP prefetches beside the largest
+    can hold (-1: as the largest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +47,7 @@ class LayoutBytes:
     """At the peak (during backward only some gradients exist yet)."""
     optimizer: int
     activations: int
+    """Saved for backward at the peak, and the step's input micro-batches."""
     buffers: int
     workspace: int
     """Temporaries, and gathered/bucketed copies the layout adds."""
@@ -60,6 +68,17 @@ def _activation_factor(strategy: str, degree: int, accum: int, schedule: str) ->
     return 1.0
 
 
+def _fsdp_gather(shape: ModelShape, param_bytes_factor: float) -> int:
+    """What FSDP holds unsharded besides the sharded states: the root unit (gathered for the whole
+    step), the block being computed and the one prefetched beside it, and the block's unsharded
+    gradient before its reduce-scatter."""
+    if not shape.has_blocks:  # one unit: the whole model gathered, and its whole gradient
+        return int(shape.outside_blocks_bytes * (param_bytes_factor + 1))
+    block = shape.largest_block_bytes
+    second = block if shape.second_block_bytes < 0 else shape.second_block_bytes
+    return int((block + second + shape.outside_blocks_bytes) * param_bytes_factor + block)
+
+
 def layout_bytes(
     step: StepMemory,
     shape: ModelShape,
@@ -71,40 +90,73 @@ def layout_bytes(
     accum: int = 1,
     pp_schedule: str = "1f1b",
     param_bytes_factor: float = 1.0,
+    stages: list[StepMemory] | None = None,
 ) -> LayoutBytes:
     """Bytes per device of one layout on `world` ranks, at the measured micro-batch.
 
     Args:
-        step: measured with activation checkpointing `ac` already applied.
+        step: measured with activation checkpointing `ac` already applied, over the step's `accum`
+            micro-batches.
         param_bytes_factor: gathered parameters' size over their stored size (0.5 under bf16 FSDP).
+        stages: pp only: each stage's step, measured through its part of the schedule
+            (pipeline.py); the row is the stage that needs the most. None: pp is modelled.
     """
+    if strategy == "pp" and stages:
+        rows = [_compose(s, "pp", 1, 1.0, 1.0, 0, ac, False) for s in stages]
+        return max(rows, key=lambda r: r.total)
     shard = 1 if strategy in ("none", "ddp") else world
     sharded = strategy in ("fsdp", "hybrid")
     act = _activation_factor(strategy, world, accum, pp_schedule)
-    gather = 0
+    # gradients: sharded with the weights, except FSDP's while micro-batches accumulate (without
+    # gradient sync each rank keeps the whole model's unsharded gradients until the last one)
+    grad_scale = 1.0 if sharded and step.accum > 1 else 1 / shard
+    extra = 0
     if sharded and (world > 1 or offload):
-        block = shape.largest_block_bytes * param_bytes_factor
-        # one block gathered, the next prefetched, its unsharded gradient before the reduce-scatter
-        gather = int(2 * block + shape.outside_blocks_bytes * param_bytes_factor + shape.largest_block_bytes)
+        extra = _fsdp_gather(shape, param_bytes_factor)
+    if strategy == "ddp" and world > 1:
+        extra += step.gradients  # the reducer's buckets hold a second copy of the gradients
+    return _compose(step, strategy, shard, grad_scale, act, extra, ac, offload and sharded)
 
-    def at(phase: Phase, activations: int, optimizer_phase: bool) -> LayoutBytes:
-        states = (phase.weights, phase.gradients, phase.optimizer)
-        w, g, o = (int(x / shard) for x in states)
-        # the optimizer's temporaries are per parameter: sharded with them
-        other = int(phase.other / shard) if optimizer_phase else int(phase.other * act)
-        acts = 0 if optimizer_phase else min(other, int(activations * act))
-        extra = 0 if optimizer_phase else gather
-        if strategy == "ddp" and world > 1:
-            extra += step.gradients  # the reducer's buckets hold a second copy of the gradients
-        host = 0
-        if offload and sharded:
-            host, w, g, o = w + g + o, 0, 0, 0
-        return LayoutBytes(strategy, ac, offload, w, g, o, acts, phase.buffers, other - acts + extra, host)
 
-    fb = at(step.forward_backward, step.activations, False)
-    opt = at(step.optimizer_step, 0, True)
-    if offload and sharded:  # the optimizer steps on the CPU
+def _compose(
+    step: StepMemory,
+    strategy: str,
+    shard: int,
+    grad_scale: float,
+    act: float,
+    extra: int,
+    ac: str,
+    offload: bool,
+) -> LayoutBytes:
+    """The larger of the layout's forward/backward peak (the frontier point where its own sum is
+    largest) and its optimizer-step peak."""
+    fb_phase = step.forward_backward
+    inputs = step.inputs * step.accum  # the loop holds the step's micro-batches through it
+    points = step.frontier or ((fb_phase.gradients, fb_phase.other),)
+    grads, other = max(points, key=lambda p: p[0] * grad_scale + p[1] * act)
+    w, o = int(fb_phase.weights / shard), int(fb_phase.optimizer / shard)
+    g, other = int(grads * grad_scale), int(other * act)
+    acts = min(other, int(step.activations * act))
+    host = 0
+    if offload:
+        host, w, g, o = w + g + o, 0, 0, 0
+    fb = LayoutBytes(strategy, ac, offload, w, g, o, acts + inputs, fb_phase.buffers, other - acts + extra, host)
+    if offload:  # the optimizer steps on the CPU
         return fb
+    # the optimizer's temporaries are per parameter: sharded with them
+    p = step.optimizer_step
+    opt = LayoutBytes(
+        strategy,
+        ac,
+        offload,
+        int(p.weights / shard),
+        int(p.gradients / shard),
+        int(p.optimizer / shard),
+        inputs,
+        p.buffers,
+        int(p.other / shard),
+        host,
+    )
     return fb if fb.total >= opt.total else opt
 
 

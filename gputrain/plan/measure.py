@@ -1,12 +1,20 @@
 """One training step's memory, measured: two steps (the second is steady state: optimizer state
 exists, gradients were freed by zero_grad) under the live-bytes tracker, on fake tensors for the plan
-(`measure_fake`) or on real ones to check the plan (`measure_real`).
+(`measure_fake`). Each step runs the loop's micro-batches (train.grad_accum of them), so the
+gradients already accumulated are there during the later ones' backward passes, with each new
+gradient beside the sum it is added into.
 
 The parts of the peak: weights, buffers, gradients and optimizer state are the tensors of those
 kinds (the tracker files each by where it comes from); what else is live is the activations saved
 for backward (live at the end of the forward pass) and temporary workspace. The forward/backward
 phase and the optimizer phase are measured apart, so a layout that shards some parts and not others
-can be composed from them (see `layouts.py`).
+can be composed from them (see `layouts.py`); over forward/backward the tracker also keeps every
+(gradients, other) point where no other point has more of both, so a layout that scales the two
+differently finds its own peak. The micro-batch itself, made before the step, is counted apart
+(`inputs`).
+
+What this cannot see, the check against the CPU allocator (allocator.py, benchmarks/plan_accuracy.py)
+does: buffers a kernel allocates inside itself (on fake tensors no kernel runs).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_leaves
 
 from gputrain.distributed.ac import ACMode, apply_ac
 from gputrain.plan.tracker import LiveBytes
@@ -48,10 +57,17 @@ class StepMemory:
     gradients: int
     optimizer: int
     activations: int
-    """Saved for backward: the bytes the forward pass leaves live (the loss and outputs included)."""
+    """Saved for backward: the bytes a micro-batch's forward pass leaves live (the loss and outputs
+    included)."""
     forward_backward: Phase
     optimizer_step: Phase
     micro_batch: int
+    frontier: tuple[tuple[int, int], ...] = ()
+    """(gradients, other) over forward/backward: the points no other one exceeds in both."""
+    inputs: int = 0
+    """Bytes of one micro-batch as the step receives it (inputs and targets)."""
+    accum: int = 1
+    """Micro-batches per step, as measured."""
 
     @property
     def peak(self) -> int:
@@ -74,25 +90,35 @@ def measure_steps(
     make_optimizer: MakeOptimizer,
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
     micro_batch: int = 0,
+    accum: int = 1,
 ) -> StepMemory:
-    """Two training steps of `model` on `batch`, the second measured (fake or real tensors alike)."""
+    """Two training steps of `model`, each of `accum` micro-batches `batch`, the second measured (fake
+    or real tensors alike)."""
     params = [p for p in model.parameters() if p.requires_grad]
     tracker = LiveBytes()
     tracker.track(model.parameters(), "weights")
     tracker.track(model.buffers(), "buffers")
     hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.track([p.grad], "gradients")) for p in params]
     optimizer = make_optimizer(params)
+    batch_tensors = [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)]
+    tracker.track(batch_tensors, "inputs")
+    inputs = sum(t.untyped_storage().nbytes() for t in batch_tensors)
     try:
         with tracker:
             for step in range(2):
                 tracker.reset_peak()
-                before = tracker.bytes["other"]
-                with autocast():
-                    loss = loss_of(model, batch)
-                saved = tracker.bytes["other"] - before
-                loss.backward()
-                del loss
+                if step == 1:
+                    tracker.start_recording()
+                saved = 0
+                for _ in range(max(1, accum)):
+                    before = tracker.bytes["other"]
+                    with autocast():
+                        loss = loss_of(model, batch)
+                    saved = tracker.bytes["other"] - before
+                    loss.backward()
+                    del loss
                 forward_backward = _phase(tracker)
+                frontier = tracker.frontier()
                 tracker.reset_peak()
                 optimizer.step()
                 tracker.track(_optimizer_tensors(optimizer), "optimizer")
@@ -110,6 +136,9 @@ def measure_steps(
                     forward_backward=forward_backward,
                     optimizer_step=optimizer_step,
                     micro_batch=micro_batch,
+                    frontier=frontier,
+                    inputs=inputs,
+                    accum=max(1, accum),
                 )
     finally:
         for hook in hooks:
@@ -118,7 +147,8 @@ def measure_steps(
 
 
 measure_real = measure_steps
-"""The same two steps on real tensors: what the plan is checked against."""
+"""The same two steps on real tensors (the same tracker: a check of the fake tensors, not of the
+plan; the plan is checked against the allocator, allocator.py)."""
 
 
 @contextlib.contextmanager
@@ -157,6 +187,7 @@ def measure_fake(
     device: torch.device,
     ac: ACMode = "none",
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    accum: int = 1,
 ) -> StepMemory | None:
     """The step's memory at `micro_batch` on fake tensors; None where the model cannot run on them.
 
@@ -167,6 +198,6 @@ def measure_fake(
             fake = apply_ac(fake_copy(model, device), ac)
             one = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: mode.from_tensor(t).to(device), sample)
             batch = repeat_sample(one, micro_batch)
-            return measure_steps(fake, batch, loss_of, make_optimizer, autocast, micro_batch)
+            return measure_steps(fake, batch, loss_of, make_optimizer, autocast, micro_batch, accum)
     except Exception:  # noqa: BLE001 - the model's own code on fake tensors (values read on the host)
         return None

@@ -43,14 +43,46 @@ class PlanTarget:
     optimizer_states: int = 2
     """fp32 tensors per parameter, for the estimate of a model that cannot run on fake tensors."""
     _cache: dict[tuple[int, str], StepMemory | None] = field(default_factory=dict)
+    _stages: dict[tuple[int, int, str], list[StepMemory] | None] = field(default_factory=dict)
 
     def step(self, micro_batch: int, ac: ACMode = "none") -> StepMemory | None:
+        """One step of `accum` micro-batches, measured on fake tensors (None: the model does not run on them)."""
         key = (micro_batch, ac)
         if key not in self._cache:
             self._cache[key] = measure_fake(
-                self.model, self.sample, micro_batch, self.loss_of, self.make_optimizer, self.device, ac, self.autocast
+                self.model,
+                self.sample,
+                micro_batch,
+                self.loss_of,
+                self.make_optimizer,
+                self.device,
+                ac,
+                self.autocast,
+                self.accum,
             )
         return self._cache[key]
+
+    def pipeline_stages(self, micro_batch: int, stages: int, ac: ACMode = "none") -> list[StepMemory] | None:
+        """Each of `stages` pipeline stages measured through its part of the schedule (pipeline.py);
+        None where that cannot be done (the layout is then modelled)."""
+        from gputrain.plan.pipeline import measure_pipeline
+
+        key = (micro_batch, stages, ac)
+        if key not in self._stages:
+            self._stages[key] = measure_pipeline(
+                self.model,
+                self.sample,
+                micro_batch,
+                self.loss_of,
+                self.make_optimizer,
+                self.device,
+                stages,
+                self.accum,
+                self.pp_schedule,
+                ac,
+                self.autocast,
+            )
+        return self._stages[key]
 
     def step_or_states(self, micro_batch: int, ac: ACMode = "none") -> tuple[StepMemory, bool]:
         """(the measured step, True), or the states alone with no activations (False)."""
@@ -64,9 +96,11 @@ class PlanTarget:
 
     def shape(self) -> ModelShape:
         blocks = find_blocks(self.model)
-        sizes = [sum(p.numel() * p.element_size() for p in b.parameters()) for _, b in blocks]
+        sizes = sorted((sum(p.numel() * p.element_size() for p in b.parameters()) for _, b in blocks), reverse=True)
         total = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return ModelShape(max(sizes, default=total), total - sum(sizes), bool(blocks))
+        largest = sizes[0] if sizes else total
+        second = sizes[1] if len(sizes) > 1 else 0
+        return ModelShape(largest, total - sum(sizes), bool(blocks), second)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +139,7 @@ def layout_row(
 ) -> tuple[Row, bool]:
     """(the row, whether its activations were measured)."""
     step, measured = target.step_or_states(micro, ac)
+    stages = target.pipeline_stages(micro, world, ac) if strategy == "pp" and measured and world > 1 else None
     layout = layout_bytes(
         step,
         target.shape(),
@@ -115,6 +150,7 @@ def layout_row(
         accum=target.accum,
         pp_schedule=target.pp_schedule,
         param_bytes_factor=target.param_bytes_factor,
+        stages=stages,
     )
     return Row(layout, layout.total <= usable_bytes(device_bytes), world), measured
 
