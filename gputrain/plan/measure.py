@@ -83,6 +83,60 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
 
 
+class StepHarness:
+    """What every measured step shares: a tracker over the module's weights, buffers and gradients
+    (filed as gradients from the moment autograd makes them), its optimizer, the optimizer's half of
+    the step, and the StepMemory at the end. Used as a context manager: the hooks go on exit."""
+
+    def __init__(self, holder: nn.Module, make_optimizer: MakeOptimizer) -> None:
+        self.params = [p for p in holder.parameters() if p.requires_grad]
+        self.tracker = tracker = LiveBytes()
+        tracker.track(holder.parameters(), "weights")
+        tracker.track(holder.buffers(), "buffers")
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(lambda p: tracker.track([p.grad], "gradients")) for p in self.params
+        ]
+        self.optimizer = make_optimizer(self.params)
+
+    def __enter__(self) -> StepHarness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+    def optimizer_half(self) -> tuple[Phase, Any, Phase]:
+        """After the step's backward passes: (their phase, the tracker's frontier, the optimizer
+        step's phase), with the optimizer's state tracked and the gradients set to None."""
+        tracker = self.tracker
+        forward_backward = _phase(tracker)
+        frontier = tracker.frontier()
+        tracker.reset_peak()
+        self.optimizer.step()
+        tracker.track(_optimizer_tensors(self.optimizer), "optimizer")
+        optimizer_step = _phase(tracker)
+        self.optimizer.zero_grad(set_to_none=True)
+        return forward_backward, frontier, optimizer_step
+
+    def result(
+        self, halves: tuple[Phase, Any, Phase], *, activations: int, micro_batch: int, inputs: int, accum: int
+    ) -> StepMemory:
+        forward_backward, frontier, optimizer_step = halves
+        return StepMemory(
+            weights=self.tracker.bytes["weights"],
+            buffers=self.tracker.bytes["buffers"],
+            gradients=sum(p.numel() * p.element_size() for p in self.params),
+            optimizer=self.tracker.bytes["optimizer"],
+            activations=activations,
+            forward_backward=forward_backward,
+            optimizer_step=optimizer_step,
+            micro_batch=micro_batch,
+            frontier=frontier,
+            inputs=inputs,
+            accum=accum,
+        )
+
+
 def measure_steps(
     model: nn.Module,
     batch: Any,
@@ -94,16 +148,11 @@ def measure_steps(
 ) -> StepMemory:
     """Two training steps of `model`, each of `accum` micro-batches `batch`, the second measured (fake
     or real tensors alike)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    tracker = LiveBytes()
-    tracker.track(model.parameters(), "weights")
-    tracker.track(model.buffers(), "buffers")
-    hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.track([p.grad], "gradients")) for p in params]
-    optimizer = make_optimizer(params)
-    batch_tensors = [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)]
-    tracker.track(batch_tensors, "inputs")
-    inputs = sum(t.untyped_storage().nbytes() for t in batch_tensors)
-    try:
+    with StepHarness(model, make_optimizer) as harness:
+        tracker = harness.tracker
+        batch_tensors = [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)]
+        tracker.track(batch_tensors, "inputs")
+        inputs = sum(t.untyped_storage().nbytes() for t in batch_tensors)
         with tracker:
             for step in range(2):
                 tracker.reset_peak()
@@ -117,32 +166,11 @@ def measure_steps(
                     saved = tracker.bytes["other"] - before
                     loss.backward()
                     del loss
-                forward_backward = _phase(tracker)
-                frontier = tracker.frontier()
-                tracker.reset_peak()
-                optimizer.step()
-                tracker.track(_optimizer_tensors(optimizer), "optimizer")
-                optimizer_step = _phase(tracker)
-                optimizer.zero_grad(set_to_none=True)
-                if step == 0:
-                    continue
-                grads = sum(p.numel() * p.element_size() for p in params)
-                return StepMemory(
-                    weights=tracker.bytes["weights"],
-                    buffers=tracker.bytes["buffers"],
-                    gradients=grads,
-                    optimizer=tracker.bytes["optimizer"],
-                    activations=saved,
-                    forward_backward=forward_backward,
-                    optimizer_step=optimizer_step,
-                    micro_batch=micro_batch,
-                    frontier=frontier,
-                    inputs=inputs,
-                    accum=max(1, accum),
-                )
-    finally:
-        for hook in hooks:
-            hook.remove()
+                halves = harness.optimizer_half()
+                if step == 1:
+                    return harness.result(
+                        halves, activations=saved, micro_batch=micro_batch, inputs=inputs, accum=max(1, accum)
+                    )
     raise AssertionError("unreachable")
 
 
@@ -178,6 +206,12 @@ def repeat_sample(sample: Any, micro_batch: int) -> Any:
     )
 
 
+def fake_batch(mode: FakeTensorMode, sample: Any, micro_batch: int, device: torch.device) -> Any:
+    """`micro_batch` copies of one real sample, as fake tensors on `device` (made inside `fake_mode`)."""
+    one = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: mode.from_tensor(t).to(device), sample)
+    return repeat_sample(one, micro_batch)
+
+
 def measure_fake(
     model: nn.Module,
     sample: Any,
@@ -196,8 +230,7 @@ def measure_fake(
     try:
         with fake_mode() as mode:
             fake = apply_ac(fake_copy(model, device), ac)
-            one = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: mode.from_tensor(t).to(device), sample)
-            batch = repeat_sample(one, micro_batch)
+            batch = fake_batch(mode, sample, micro_batch, device)
             return measure_steps(fake, batch, loss_of, make_optimizer, autocast, micro_batch, accum)
     except Exception:  # noqa: BLE001 - the model's own code on fake tensors (values read on the host)
         return None

@@ -23,11 +23,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves, tree_map_only
+from torch.utils._pytree import tree_leaves
 
 from gputrain.distributed.ac import ACMode, apply_ac
-from gputrain.plan.measure import LossOf, MakeOptimizer, Phase, StepMemory, fake_copy, fake_mode, repeat_sample
-from gputrain.plan.tracker import LiveBytes
+from gputrain.plan.measure import LossOf, MakeOptimizer, StepHarness, StepMemory, fake_batch, fake_copy, fake_mode
 
 Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
 
@@ -84,8 +83,7 @@ def measure_pipeline(
         return None
     try:
         with fake_mode() as mode:
-            one = tree_map_only(torch.Tensor, lambda t: mode.from_tensor(t).to(device), sample)
-            inputs, targets = repeat_sample(one, micro_batch)
+            inputs, targets = fake_batch(mode, sample, micro_batch, device)
             x = inputs
             out: list[StepMemory] = []
             for stage in range(stages):
@@ -132,93 +130,69 @@ def _measure_stage(
     autocast: Autocast,
     micro_batch: int,
 ) -> StepMemory:
-    params = [p for p in holder.parameters() if p.requires_grad]
-    tracker = LiveBytes()
-    tracker.track(holder.parameters(), "weights")
-    tracker.track(holder.buffers(), "buffers")
-    hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.track([p.grad], "gradients")) for p in params]
-    optimizer = make_optimizer(params)
+    harness = StepHarness(holder, make_optimizer)
+    tracker = harness.tracker
     inputs, targets = batch
     loop_batches = [(inputs.clone(), targets.clone()) for _ in range(micro_batches)]  # the loop's group
     tracker.track(tree_leaves(loop_batches), "inputs")
     received: list[torch.Tensor] = []
     grads_back: list[torch.Tensor] = []
-    try:
-        with tracker:
-            for step in range(2):
-                tracker.reset_peak()
-                if step == 1:
-                    tracker.start_recording()
-                for buffer in received:  # the schedule's step start: last step's input gradients go
-                    buffer.grad = None
-                outputs: list[Any] = []  # the last stage's outputs, kept for the step's result
-                cache: dict[int, Any] = {}
-                start = tracker.bytes["other"]
-                saved = 0  # the most the forwards in flight keep at once
-                # pp.py concatenates the step's micro-batches on every rank; the schedule splits them
-                step_inputs = torch.cat([b[0] for b in loop_batches])
-                step_targets = torch.cat([b[1] for b in loop_batches])
-                if not first and not received:  # receive buffers: made once, kept for the run
-                    received = [torch.empty_like(x).requires_grad_() for _ in range(micro_batches)]
-                for kind, i in order:
-                    if kind == "F":
-                        xi = step_inputs.chunk(micro_batches)[i] if first else received[i]
-                        with autocast():
-                            if last:  # the schedule keeps each output until the next step
-                                cache[i] = loss_of(_Keep(module, outputs), (xi, step_targets.chunk(micro_batches)[i]))
-                            else:
-                                cache[i] = module(xi)
-                        if not last and not grads_back:
-                            grads_back = [torch.empty_like(cache[i]) for _ in range(micro_batches)]
-                        saved = max(saved, tracker.bytes["other"] - start)
-                    else:
-                        value = cache.pop(i)
-                        if last:
-                            (value / micro_batches).backward()
-                            for kept in tree_leaves(outputs[i]):
-                                if isinstance(kept, torch.Tensor) and not kept._is_view():
-                                    kept.detach_()  # as the stage does: the graph goes, the output stays
+    with harness, tracker:
+        for step in range(2):
+            tracker.reset_peak()
+            if step == 1:
+                tracker.start_recording()
+            for buffer in received:  # the schedule's step start: last step's input gradients go
+                buffer.grad = None
+            outputs: list[Any] = []  # the last stage's outputs, kept for the step's result
+            cache: dict[int, Any] = {}
+            start = tracker.bytes["other"]
+            saved = 0  # the most the forwards in flight keep at once
+            # pp.py concatenates the step's micro-batches on every rank; the schedule splits them
+            step_inputs = torch.cat([b[0] for b in loop_batches])
+            step_targets = torch.cat([b[1] for b in loop_batches])
+            if not first and not received:  # receive buffers: made once, kept for the run
+                received = [torch.empty_like(x).requires_grad_() for _ in range(micro_batches)]
+            for kind, i in order:
+                if kind == "F":
+                    xi = step_inputs.chunk(micro_batches)[i] if first else received[i]
+                    with autocast():
+                        if last:  # the schedule keeps each output until the next step
+                            cache[i] = loss_of(_Keep(module, outputs), (xi, step_targets.chunk(micro_batches)[i]))
                         else:
-                            torch.autograd.backward(value, grads_back[i])
-                        del value
-                del cache
-                if tied is not None:  # pp.py: the last stage's gradient of the tied matrix into the first's
-                    param = holder.get_parameter(tied)
-                    if first and param.grad is not None:
-                        extra = torch.empty_like(param.grad)
-                        param.grad.add_(extra)
-                        del extra
-                    elif not first:
-                        param.grad = None
-                forward_backward = Phase(*_parts(tracker))
-                frontier = tracker.frontier()
-                tracker.reset_peak()
-                optimizer.step()
-                tracker.track(
-                    [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)],
-                    "optimizer",
-                )
-                optimizer_step = Phase(*_parts(tracker))
-                optimizer.zero_grad(set_to_none=True)
-                del outputs
-                if step == 0:
-                    continue
-                return StepMemory(
-                    weights=tracker.bytes["weights"],
-                    buffers=tracker.bytes["buffers"],
-                    gradients=sum(p.numel() * p.element_size() for p in params),
-                    optimizer=tracker.bytes["optimizer"],
+                            cache[i] = module(xi)
+                    if not last and not grads_back:
+                        grads_back = [torch.empty_like(cache[i]) for _ in range(micro_batches)]
+                    saved = max(saved, tracker.bytes["other"] - start)
+                else:
+                    value = cache.pop(i)
+                    if last:
+                        (value / micro_batches).backward()
+                        for kept in tree_leaves(outputs[i]):
+                            if isinstance(kept, torch.Tensor) and not kept._is_view():
+                                kept.detach_()  # as the stage does: the graph goes, the output stays
+                    else:
+                        torch.autograd.backward(value, grads_back[i])
+                    del value
+            del cache
+            if tied is not None:  # pp.py: the last stage's gradient of the tied matrix into the first's
+                param = holder.get_parameter(tied)
+                if first and param.grad is not None:
+                    extra = torch.empty_like(param.grad)
+                    param.grad.add_(extra)
+                    del extra
+                elif not first:
+                    param.grad = None
+            halves = harness.optimizer_half()
+            del outputs
+            if step == 1:
+                return harness.result(
+                    halves,
                     activations=saved,
-                    forward_backward=forward_backward,
-                    optimizer_step=optimizer_step,
                     micro_batch=micro_batch,
-                    frontier=frontier,
                     inputs=inputs.nbytes + targets.nbytes,
                     accum=micro_batches,
                 )
-    finally:
-        for hook in hooks:
-            hook.remove()
     raise AssertionError("unreachable")
 
 
@@ -234,8 +208,3 @@ class _Keep(nn.Module):
         out = self.module(*args, **kwargs)
         self.sink.append(out)
         return out
-
-
-def _parts(tracker: LiveBytes) -> tuple[int, int, int, int, int, int]:
-    b = tracker.at_peak
-    return tracker.peak, b["weights"], b["buffers"], b["gradients"], b["optimizer"], b["other"]

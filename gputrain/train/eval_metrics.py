@@ -60,9 +60,6 @@ class EvalMetrics:
             assert num_classes is not None
         self.reset()
 
-    def __bool__(self) -> bool:
-        return bool(self.names)
-
     def reset(self) -> None:
         k = self.num_classes or 0
         # the confusion counts, rows the target and columns the prediction, plus one slot that

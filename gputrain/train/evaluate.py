@@ -17,7 +17,7 @@ from gputrain.config.schema import EvalConfig
 from gputrain.data.guard import BadSample
 from gputrain.distributed.context import DistContext
 from gputrain.errors import ConfigError
-from gputrain.train.eval_metrics import EvalMetrics
+from gputrain.train.eval_metrics import CLASSIFICATION, REGRESSION, EvalMetrics
 from gputrain.train.eval_shares import (
     Lockstep,
     dp_group,
@@ -33,8 +33,8 @@ from gputrain.train.tasks import DEFAULT_METRICS, LossFn, Task, dict_batch_loss,
 log = logging.getLogger("gputrain")
 
 _KNOWN = {
-    "classification": {"accuracy", "precision", "recall", "f1", "auroc", "loss"},
-    "regression": {"mse", "mae", "loss"},
+    "classification": {*CLASSIFICATION, "loss"},
+    "regression": {*REGRESSION, "loss"},
     "lm": {"loss", "perplexity"},
     "custom": {"loss"},
 }
