@@ -393,7 +393,7 @@ def _guard(
     if mode == "off":
         return None
     scaler_active = precision.scaler is not None
-    if not pipelined and device_guard.fits(optimizer, scheduler, mode, scaler_active, total_steps):
+    if not pipelined and device_guard.fits(optimizer, scheduler, mode, scaler_active, total_steps, distributed):
         return DeviceGuard(
             mode, scheduler, distributed=distributed, window=cfg.log.every_steps, total_steps=total_steps
         )

@@ -56,12 +56,17 @@ a longer run keeps the host guard."""
 ON_CPU = False
 """Whether parameters on a CPU get the device-side guard too. They do not: there the host's read of
 the flag waits for no device, and it costs ~11 us a step where the device guard's masked update
-costs ~36 us (tiny MLP, `benchmarks/overhead_cpu.py`). Tests set it to run the GPU's code path on
-CPU tensors."""
+costs ~36 us (tiny MLP, `benchmarks/overhead_cpu.py`). Several ranks keep the device guard, whose
+flags meet in one collective on logging steps. Tests set it to run the GPU's code path on CPU tensors."""
 
 
 def fits(
-    optimizer: torch.optim.Optimizer, scheduler: LRScheduler, mode: str, scaler_active: bool, total_steps: int
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    mode: str,
+    scaler_active: bool,
+    total_steps: int,
+    distributed: bool = False,
 ) -> bool:
     """Whether the device-side guard can and should run this step: parameters on an accelerator (see
     ON_CPU), a fused optimizer over plain tensors, no GradScaler (it owns `found_inf` itself), and in
@@ -69,8 +74,8 @@ def fits(
     if mode not in ("stop", "skip") or scaler_active or not optimizer.defaults.get("fused"):
         return False
     first = next((p for group in optimizer.param_groups for p in group["params"]), None)
-    if first is not None and first.device.type == "cpu" and not ON_CPU:
-        return False
+    if first is not None and first.device.type == "cpu" and not ON_CPU and not distributed:
+        return False  # several CPU ranks keep the device guard: one collective at logging steps, not one a step
     if any(is_dtensor(p) for group in optimizer.param_groups for p in group["params"]):
         return False  # DTensor's fused-kernel rules do not take a plain found_inf tensor
     return mode == "stop" or (isinstance(scheduler, LambdaLR) and total_steps <= MAX_TABLE_STEPS)

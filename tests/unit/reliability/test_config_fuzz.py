@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gputrain.cli import main
-from gputrain.config.schema import SECTIONS
+from gputrain.config.schema import LIMITS, SECTIONS
 from tests.unit.reliability.chaos import REPO
 
 FIELDS = {(s, f.name): typing.get_type_hints(cls)[f.name] for s, cls in SECTIONS.items()
@@ -107,8 +107,9 @@ def malformed(draw: st.DrawFn) -> tuple[str, Any, str]:
         section, key = draw(st.sampled_from({"non_finite": FLOATS, "huge_int": INTS, "control_char": TEXTS}[kind]))
         if kind == "non_finite":
             value: Any = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
-        elif kind == "huge_int":
-            value = draw(st.integers(min_value=2**32, max_value=2**80))
+        elif kind == "huge_int":  # past 2**32 and past the field's own limit (rl.total_timesteps takes 2**40)
+            low = max(2**32, int(LIMITS[f"{section}.{key}"].high) + 1)
+            value = draw(st.integers(min_value=low, max_value=2**80))
         else:
             value = draw(st.text(max_size=4)) + draw(st.sampled_from(["\n", "\x00", "\x1b", "\x7f", "\x85"]))
         if "list[" in str(FIELDS[section, key]):
