@@ -6,6 +6,8 @@ part that fails, hangs or crashes is recorded with its error and the next part r
 
     doctor     `gputrain doctor --json`
     nccl       single-rank NCCL init and one all-reduce
+    smoke      scripts/gpu_smoke.py: each CUDA-only path (bf16 guard, FSDP2 optimizers, pinned batches,
+               syncs, RNG restore, peak lookup, prefetch, CUDA graphs), one line per check
     pipeline   the prefetcher's overlap (share of host→device copy time hidden) and syncs per step
     default_job  `gputrain train` with no arguments, on CUDA
     gpt2       GPT-2 124M, bf16, T=1024, compile, fused AdamW: gputrain against a hand loop
@@ -49,6 +51,7 @@ from proof_report import render_markdown  # noqa: E402
 PARTS: list[tuple[str, str, int]] = [
     ("doctor", "proof_parts", 45),
     ("nccl", "proof_parts", 45),
+    ("smoke", "proof_parts", 90),
     ("pipeline", "proof_pipeline", 60),
     ("default_job", "proof_parts", 60),
     ("gpt2", "proof_models", 150),

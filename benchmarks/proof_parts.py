@@ -120,6 +120,22 @@ def part_nccl(ctx: Context) -> dict[str, Any]:
             "backend": backend, "nccl_version": version, "init_s": init_s, "allreduce_4mib_s": reduce_s}
 
 
+def part_smoke(ctx: Context) -> dict[str, Any]:
+    """scripts/gpu_smoke.py: one line per CUDA-only path (issue 20's faults), each a check of its own."""
+    device = "cpu" if ctx.dry_run else "cuda"
+    code, out = run_capped([sys.executable, "scripts/gpu_smoke.py", "--device", device],
+                           timeout_s=max(5.0, ctx.budget_s - 5))
+    print(out)
+    checks = {m.group(2): m.group(1) for m in re.finditer(r"^(PASS|FAIL|SKIP)  ([^(:]+?)(?: \(|:)", out, re.M)}
+    failed = [name for name, status in checks.items() if status == "FAIL"]
+    if code != 0 or not checks:
+        raise RuntimeError(f"gpu_smoke exit {code}; failed: {', '.join(failed) or 'see the log'}")
+    passed = sum(status == "PASS" for status in checks.values())
+    return {"summary": f"{passed} of {len(checks)} checks passed"
+            + (f", {len(checks) - passed} skipped (need CUDA)" if passed < len(checks) else ""),
+            "checks": checks}
+
+
 def part_default_job(ctx: Context) -> dict[str, Any]:
     from default_job import run_once
 

@@ -34,7 +34,10 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     if is_launcher(args):
+        from gputrain.rl.settings import check_layout
         from gputrain.train.run_files import check_run_dir, default_run_dir
+
+        check_layout(config, args.nproc_per_node * args.nnodes)
 
         # one run directory for every rank and every restart, so resume=auto finds the checkpoints
         run_dir = args.run_dir or str(default_run_dir("ppo", config.rl.env))

@@ -73,3 +73,13 @@ def resolve_device(requested: str) -> tuple[torch.device, str]:
             )
         return torch.device("cuda", index), f"requested ({torch.cuda.get_device_name(index)})"
     raise ConfigError("train.device", "unknown device", requested, hint="choose from auto, cpu, cuda, cuda:N, mps")
+
+
+def queued_copy(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` (on the host) on `device`, the copy queued on the current stream. To a CUDA device it
+    goes through pinned memory: from pageable memory the host would wait for the copy."""
+    if device == tensor.device:
+        return tensor
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)

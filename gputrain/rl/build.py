@@ -32,7 +32,7 @@ from gputrain.rl.normalize import ObsNormalizer, RewardNormalizer
 from gputrain.rl.pipeline import TrainingEnvs
 from gputrain.rl.policy import ActorCritic, build_policy
 from gputrain.rl.rollout import Rollout
-from gputrain.rl.settings import PPOSettings
+from gputrain.rl.settings import PPOSettings, check_layout
 from gputrain.train.build import Placement, place_run
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
 from gputrain.train.metrics import MetricsLogger
@@ -70,23 +70,6 @@ class RLParts:
     """Iterations between checkpoints."""
 
 
-def _check_layout(config: Config, settings: PPOSettings, world: int) -> None:
-    strategy = config.parallel.strategy
-    if strategy not in ("auto", "none", "ddp"):
-        raise ConfigError(
-            "parallel.strategy",
-            "gputrain rl trains data-parallel (each rank its own environments): use auto, ddp or none",
-            strategy,
-        )
-    if settings.num_envs % world:
-        raise ConfigError(
-            "rl.num_envs",
-            f"must divide evenly over the {world} ranks (each steps num_envs / ranks environments)",
-            settings.num_envs,
-            hint=f"use a multiple of {world}",
-        )
-
-
 def _placement_config(config: Config, world: int) -> Config:
     """The config `place_run` and `parallelize` see: data parallelism by DDP (none on one process),
     and a train.batch_size of one sample per rank, the smallest batch whose split over the ranks
@@ -115,7 +98,7 @@ def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
     cfg = config
     s = PPOSettings.from_config(cfg.rl)
     _, world, _ = env_world()
-    _check_layout(cfg, s, world)
+    check_layout(cfg, world)
     check_resume_setting(cfg.checkpoint)
     seed_everything(cfg.train.seed)  # the initial weights: the same on every rank
     dynamics = ENVS[s.env]()

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from gputrain.distributed.context import DistContext, all_gather_cat, all_reduce_sum
+from gputrain.env.device import queued_copy
 
 WINDOW = 100
 """Episodes in the running mean (gymnasium's RecordEpisodeStatistics keeps 100 too)."""
@@ -99,7 +100,7 @@ class EpisodeTracker:
         self.finished_return += torch.where(done, returns, 0.0).sum(0)
         self.finished_length += torch.where(done, lengths, 0).sum(0)
         self.finished += done.sum(0)
-        steps = torch.tensor(self._steps, dtype=torch.int64).to(done.device, non_blocking=True)
+        steps = queued_copy(torch.tensor(self._steps, dtype=torch.int64), done.device)
         keys = (steps.unsqueeze(1) * self.total_envs + self.env_ids).flatten()
         done = done.flatten()
         position = torch.cumsum(done, 0)  # 1-based among the episodes that ended

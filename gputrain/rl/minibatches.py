@@ -14,6 +14,8 @@ import hashlib
 
 import torch
 
+from gputrain.env.device import queued_copy
+
 
 def shuffle_key(seed: int, iteration: int, epoch: int) -> int:
     """A 64-bit seed for one epoch's permutation (stable across processes, unlike hash())."""
@@ -41,7 +43,7 @@ def epoch_minibatches(
     step, env = chosen // total_envs, chosen % total_envs
     rows = step * local_envs + (env - first_env)
     if local_envs == total_envs:  # one process: every row is this rank's
-        return list(rows.to(device, non_blocking=True).unbind(0))
+        return list(queued_copy(rows, device).unbind(0))
     mine = (env >= first_env) & (env < first_env + local_envs)
     counts = mine.sum(1).tolist()
-    return list(rows[mine].to(device, non_blocking=True).split(counts))
+    return list(queued_copy(rows[mine], device).split(counts))

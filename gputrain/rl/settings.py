@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gputrain.config.names import ENV_ACTIONS
-from gputrain.config.schema import RLConfig
+from gputrain.config.schema import Config, RLConfig
+from gputrain.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,4 +97,24 @@ class PPOSettings:
             f"{self.num_iterations} iterations ({self.num_iterations * self.batch_size:,} env steps), "
             f"{self.update_epochs} epochs × {self.num_minibatches} minibatches of {self.minibatch_size}, "
             f"lr {self.learning_rate:g}{' annealed' if self.anneal_lr else ''}"
+        )
+
+
+def check_layout(config: Config, world: int) -> None:
+    """The job's shape fits RL's data parallelism (each rank its own environments): checked in the
+    launching command too, so a bad --nproc-per-node is one line before any rank starts."""
+    strategy = config.parallel.strategy
+    if strategy not in ("auto", "none", "ddp"):
+        raise ConfigError(
+            "parallel.strategy",
+            "gputrain rl trains data-parallel (each rank its own environments): use auto, ddp or none",
+            strategy,
+        )
+    num_envs = int(config.rl.value("num_envs"))
+    if num_envs % world:
+        raise ConfigError(
+            "rl.num_envs",
+            f"must divide evenly over the {world} ranks (each steps num_envs / ranks environments)",
+            num_envs,
+            hint=f"use a multiple of {world}",
         )

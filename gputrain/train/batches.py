@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gputrain.env.device import queued_copy
+
 
 @dataclass(slots=True)
 class BatchPlan:
@@ -83,8 +85,4 @@ class PlanBatchSampler(torch.utils.data.Sampler[list[int]]):
 
 
 def _on_device(order: torch.Tensor, device: torch.device | None) -> torch.Tensor:
-    if device is None or device == order.device:
-        return order
-    if device.type == "cuda":  # from pinned memory the copy is queued; the host does not wait for it
-        return order.pin_memory().to(device, non_blocking=True)
-    return order.to(device)
+    return order if device is None else queued_copy(order, device)

@@ -281,6 +281,7 @@ def build_training(
         batch_transform=pixels,
         on_error=cfg.data.on_error,
         sharded=sharded,
+        graphed=cuda_graphs,
     )
     checkpointer = Checkpointer(cfg.checkpoint, run_path, dist, par.model, optimizer, pipelined=dims.pp_enabled)
     metrics = MetricsLogger(

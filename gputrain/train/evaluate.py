@@ -108,6 +108,7 @@ def evaluate_split(
     metrics: EvalMetrics | None = None,
     lockstep: int | None = None,
     group: Any = None,
+    graphed: bool = False,
 ) -> tuple[dict[str, float], int]:
     """`evaluate`, plus the samples the reader left out as unreadable (`count_skipped`, asked once
     the batches are read: an `EvalBatches`'s count in data.on_error=skip mode), summed over the
@@ -117,6 +118,9 @@ def evaluate_split(
     lockstep: the model's forward is collective (FSDP, TP): every rank makes exactly this many
     forward passes, padding past the end of its share (see eval_shares.Lockstep).
     group: the process group the shares are combined over (None: all ranks).
+    graphed: the model replays CUDA graphs (train.cuda_graphs): each forward starts a graph step of
+        its own and its outputs are copied out of the graph pool, where the next replay would
+        overwrite the batches the metrics still hold.
 
     Raises:
         BadSample: a sample could not be read (fail mode), or none could (skip mode). When the
@@ -135,6 +139,8 @@ def evaluate_split(
     paired: Iterable[tuple[Any, bool]] = steps if steps is not None else ((b, True) for b in batches)
     try:
         for batch, real in paired:
+            if graphed:
+                torch.compiler.cudagraph_mark_step_begin()
             with autocast():
                 outputs: torch.Tensor | None
                 loss: torch.Tensor | None
@@ -153,7 +159,7 @@ def evaluate_split(
             count += size
             if outputs is None or targets is None:
                 continue
-            outputs = outputs.float()
+            outputs = outputs.float().clone() if graphed else outputs.float()
             if keeper is not None:
                 keeper.add(outputs, targets)
             metrics.update(outputs, targets)
@@ -217,6 +223,7 @@ class Evaluator:
         device, autocast: where and in what precision.
         step_fn: the user's eval_fn or step_fn, whose loss is then the one evaluated (no grad, eval mode).
         batch_transform: applied to each batch on the device first (uint8 images to floats).
+        graphed: `step_model` replays CUDA graphs (train.cuda_graphs): its outputs are copied.
         on_error: data.on_error for samples that cannot be read: fail (a `BadSample` naming the
             split and the sample) or skip (left out of the figures and counted in `skipped`).
     """
@@ -237,6 +244,7 @@ class Evaluator:
         on_error: str = "fail",
         *,
         sharded: bool = False,
+        graphed: bool = False,
     ) -> None:
         self.step_model = step_model
         self.model = model
@@ -254,6 +262,7 @@ class Evaluator:
         self.step_fn = step_fn if step_fn is not None else dict_batch_loss if task.dict_batches else None
         self.batch_transform = batch_transform
         self.on_error = on_error
+        self.graphed = graphed
         self.skipped: dict[str, int] = {}
         """Per split: the unreadable samples left out of its latest evaluation (data.on_error=skip),
         over all ranks; every split evaluated so far has an entry (0 when none was skipped)."""
@@ -306,6 +315,7 @@ class Evaluator:
             metrics=self._metrics_for(),
             lockstep=steps,
             group=self._group if shared else None,
+            graphed=self.graphed and model is self.step_model,
         )
         if keeper is not None:
             kept = keeper.result()

@@ -20,6 +20,8 @@ from typing import TypeVar
 
 import torch
 
+from gputrain.env.device import queued_copy
+
 _MASK = 0xFFFFFFFF
 _TWO_32 = float(2**32)
 
@@ -66,7 +68,7 @@ class KeyedUniform:
         """The numbers of `count` consecutive steps from `first`, shape (count, N, draws): a rollout's
         worth in one go, equal to `at` step by step."""
         keys = [step_key(self.seed, self.stream, first + i) for i in range(count)]
-        key = torch.tensor(keys, dtype=torch.int64).to(self._env_part.device, non_blocking=True)
+        key = queued_copy(torch.tensor(keys, dtype=torch.int64), self._env_part.device)
         return self._to_unit(_pcg(self._env_part.unsqueeze(0) ^ key.view(count, 1, 1)), dtype)
 
     @staticmethod

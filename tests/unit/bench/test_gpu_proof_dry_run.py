@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-PARTS = ["doctor", "nccl", "pipeline", "default_job", "gpt2", "fp8", "resnet50", "tests_gpu", "bench"]
+PARTS = ["doctor", "nccl", "smoke", "pipeline", "default_job", "gpt2", "fp8", "resnet50", "tests_gpu", "bench"]
 
 
 @pytest.mark.slow
@@ -29,6 +29,9 @@ def test_dry_run_runs_every_part_and_reports_it(tmp_path):
     assert all(r["result"]["summary"] for r in by_part.values())
 
     assert by_part["nccl"]["result"]["backend"] == "gloo"
+    smoke = by_part["smoke"]["result"]["checks"]
+    assert smoke["bf16 guard"] == "PASS" and smoke["cuda_graphs with grad_accum=2"] == "PASS"
+    assert smoke["pinned batches"] == "SKIP" and len(smoke) == 8
     gpt2 = by_part["gpt2"]["result"]
     assert gpt2["gputrain"]["tokens_per_s"] > 0 and gpt2["hand"]["tokens_per_s"] > 0 and gpt2["throughput_ratio"] > 0
     fp8 = by_part["fp8"]["result"]

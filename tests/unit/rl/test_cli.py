@@ -87,6 +87,18 @@ def test_environments_that_do_not_divide_over_the_ranks(tmp_path: Path, monkeypa
     assert code == 2 and "rl.num_envs = 8: must divide evenly over the 3 ranks" in err
 
 
+def test_the_launching_command_refuses_them_before_any_rank_starts(tmp_path: Path) -> None:
+    probe = ("import sys, runpy; sys.argv = ['gputrain', 'rl', '--nproc-per-node', '2', '--run-dir', sys.argv[1],"
+             " 'rl.num_envs=3'];\n"
+             "try:\n    runpy.run_module('gputrain', run_name='__main__')\n"
+             "except SystemExit as e:\n    print('torch' in sys.modules, e.code)")
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "run")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.split() == ["False", "2"], done.stdout + done.stderr
+    assert done.stderr.strip() == ("gputrain rl: config error: rl.num_envs = 3: must divide evenly over the 2 ranks "
+                                   "(each steps num_envs / ranks environments); use a multiple of 2")
+
+
 def test_a_real_process_answers_bad_input_before_importing_torch(tmp_path: Path) -> None:
     probe = ("import sys, runpy; sys.argv = ['gputrain', 'rl', 'rl.env=Cartpole'];\n"
              "try:\n    runpy.run_module('gputrain', run_name='__main__')\n"

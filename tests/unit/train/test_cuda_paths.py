@@ -203,6 +203,40 @@ def clean_tf32() -> Any:
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
 
 
+class ReplayedOutputs(nn.Module):
+    """Returns its output in one buffer that each call overwrites, as a CUDA-graph replay returns
+    the graph pool's memory: an output held past the next call changes under the holder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 4)
+        self.register_buffer("pool", torch.zeros(0))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        out = self.linear(inputs).detach()
+        if self.pool.shape != out.shape:
+            self.pool = torch.empty_like(out)
+        return self.pool.copy_(out)
+
+
+def test_evaluation_under_cuda_graphs_copies_each_batchs_outputs_before_the_next_replay() -> None:
+    import contextlib
+
+    from gputrain.train.evaluate import evaluate_split
+
+    torch.manual_seed(0)
+    model = ReplayedOutputs()
+    batches = [(torch.randn(8, 6), torch.randint(0, 4, (8,))) for _ in range(6)]
+    plain = nn.Sequential(model.linear)  # the same weights, fresh outputs every call
+
+    def figures(net: nn.Module, graphed: bool) -> dict[str, float]:
+        return evaluate_split(net, batches, task="classification", metric_names=["accuracy", "auroc", "loss"],
+                              loss_fn=F.cross_entropy, num_classes=4, device=torch.device("cpu"),
+                              autocast=contextlib.nullcontext, graphed=graphed)[0]
+
+    assert figures(model, graphed=True) == figures(plain, graphed=False)
+
+
 def test_precision_objects_no_longer_touch_process_wide_tf32(clean_tf32: Any) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     Precision("bf16", torch.device("cuda", 0))
