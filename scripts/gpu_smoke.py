@@ -178,7 +178,8 @@ def no_syncs(device: torch.device) -> str:
 
             counts[guard] = _sync_warnings(three)
     assert counts["off"] == 0, f"{counts['off']} syncs in 3 steps with the guard off (the data path syncs)"
-    return f"guard off: {counts['off']} syncs in 3 steps; guard on: {counts['stop']} (its one flag per step)"
+    return (f"guard off: {counts['off']} syncs in 3 steps; guard on: {counts['stop']} "
+            "(a device guard reads its flags on logging steps only)")
 
 
 @check("rng restore from more devices", cuda_only=True)
