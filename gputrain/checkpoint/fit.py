@@ -190,17 +190,18 @@ def check_weights(
             f"{shape_text(expected[name].shape)} in this run's model{more}",
         )
     dtypes = [
-        n
+        (n, were, are)
         for n in expected
-        if n in saved and None not in (saved[n].dtype, expected[n].dtype) and saved[n].dtype != expected[n].dtype
+        if n in saved
+        for were, are in [(saved[n].dtype, expected[n].dtype)]
+        if were is not None and are is not None and were != are
     ]
     if dtypes:
-        name = dtypes[0]
+        name, were, are = dtypes[0]
         more = f" ({len(dtypes) - 1} more differ)" if len(dtypes) > 1 else ""
         raise CheckpointMismatch(
             path,
-            f"{label}: {name} is {dtype_text(saved[name].dtype)} in the checkpoint, "  # type: ignore[arg-type]
-            f"{dtype_text(expected[name].dtype)} in this run's model{more}",  # type: ignore[arg-type]
+            f"{label}: {name} is {dtype_text(were)} in the checkpoint, {dtype_text(are)} in this run's model{more}",
         )
 
 

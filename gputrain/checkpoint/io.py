@@ -250,9 +250,11 @@ def _inside(file: Path, root: Path) -> bool:
 
 
 def _check_location(path: Path) -> None:
-    """A checkpoint directory that is a symbolic link must stay inside its run directory (the parent of
-    `checkpoints/`): one leading elsewhere would resume another run's, or anyone's, files."""
-    if path.is_symlink() and not _inside(path, path.absolute().parent.parent):
+    """A checkpoint directory reached through a symbolic link (step-N itself, or the run's
+    `checkpoints/` folder) must stay inside its run directory (the parent of `checkpoints/`): one
+    leading elsewhere would resume another run's, or anyone's, files."""
+    linked = path.is_symlink() or (path.parent.name == "checkpoints" and path.parent.is_symlink())
+    if linked and not _inside(path, path.absolute().parent.parent):
         raise CorruptCheckpoint(f"{path}: a symbolic link leading out of the run directory (to {path.resolve()})")
 
 

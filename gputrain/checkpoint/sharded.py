@@ -134,7 +134,8 @@ class ShardedSaver:
                 # interleave with the step's and mismatch; and it coordinates over CPU (gloo)
                 self._gloo = dist.new_group(backend="gloo")
             future = dcp.async_save(payload, storage_writer=writer, process_group=self._gloo)
-            self._pending = (future, commit)  # type: ignore[assignment]
+            assert isinstance(future, Future)  # the default stager copies before returning: an upload future
+            self._pending = (future, commit)
         else:
             dcp.save(payload, storage_writer=writer)
             commit()

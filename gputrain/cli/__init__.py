@@ -150,10 +150,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_config(args)
         module = importlib.import_module(SUBCOMMANDS[name][0])
-        return int(module.run(args) or 0)
+        from gputrain.train.run_files import command_line_words
+
+        with command_line_words():  # messages say --run-dir, not Python's run_dir=
+            return int(module.run(args) or 0)
     except GputrainError as err:
         # Rank 0 (and the launcher) speak for a multi-rank job when every rank meets the same
         # error: bad usage (each rank read the same command line) or an interrupt.
+        if not str(err):
+            return err.exit_code  # said already (by the ranks of a job the launcher started)
         if isinstance(err, UsageError):  # one line: a hint on its own line joins the message
             _say(f"gputrain {name}: " + "; ".join(filter(None, map(str.strip, str(err).splitlines()))), err.exit_code)
         elif _rank() == 0 or not isinstance(err, Interrupted):

@@ -14,7 +14,7 @@ Latency: p50 and p99 of single calls at the smallest --batch; throughput: sample
 Speed-ups are against eager PyTorch on the same device. A language model also reports its generation
 rate with and without the KV cache. The figures go to RUN_DIR/bench-infer.json.
 modes: eager, compile, export, aoti (AOTInductor; compiling takes tens of seconds on a CPU), onnxruntime
-(needs the export extra: pip install -e '.[export]'; skipped with that note when missing).
+(needs the export extra: pip install 'gputrain[export]'; skipped with that note when missing).
 """
 
 
@@ -39,7 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--modes", type=_names, default=None, help="comma-separated (default eager,compile,export,onnxruntime)"
     )
     parser.add_argument(
-        "--device", type=_names, default=(), help="cpu, cuda or both (default: cpu, and cuda if present)"
+        "--device",
+        type=_names,
+        default=(),
+        help="cpu, cuda, cuda:N, or several: cpu,cuda (default: cpu, and cuda if present)",
     )
     parser.add_argument("--repeats", type=positive_int, default=100, help="timed calls per batch size (default 100)")
     parser.add_argument(
@@ -59,17 +62,23 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from gputrain.train.run_files import write_json
-    from gputrain.use.bench import DEFAULT_MODES, BenchOptions, bench_inference, check_modes, generation_rates
+    from gputrain.use.bench import (
+        DEFAULT_MODES,
+        BenchOptions,
+        bench_devices,
+        bench_inference,
+        check_modes,
+        generation_rates,
+    )
     from gputrain.use.loaded import load_run
 
     modes = args.modes or DEFAULT_MODES
     check_modes(modes, asked=args.modes is not None)
+    devices = bench_devices(args.device)  # before the run is loaded: a device that is not here, in one line
     if args.threads is not None:  # the generation rates too, not only the table (bench_inference sets its own)
         torch.set_num_threads(args.threads)
     loaded = load_run(args.run_dir, checkpoint=args.checkpoint, device="cpu")
-    options = BenchOptions(
-        batches=args.batch, modes=modes, devices=args.device, repeats=args.repeats, threads=args.threads
-    )
+    options = BenchOptions(batches=args.batch, modes=modes, devices=devices, repeats=args.repeats, threads=args.threads)
     results = bench_inference(loaded, options)
     rates = generation_rates(loaded, options.devices)
     record = {

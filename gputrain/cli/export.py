@@ -14,7 +14,7 @@ formats:
   safetensors  the weights (tied ones once), config.toml, spec.json and preprocess.json; verified bitwise
   pt2          a torch.export ExportedProgram (model.pt2) and its AOTInductor package (model-aoti.pt2)
   onnx         the dynamo exporter's graph (opset 18), verified with ONNX Runtime; needs the export extra:
-               pip install -e '.[export]'
+               pip install 'gputrain[export]'
 Graphs take samples as the run's data source gives them (CSV features, pixels, uint8 images, token ids),
 with the run's normalisation inside, and a dynamic batch dimension (and sequence length, for a GPT).
 Every export is run against the eager model on a held-out batch: export.json holds the max absolute and

@@ -1,11 +1,21 @@
-"""The launch options `train` and `profile` share: with --nproc-per-node the command starts
-torchrun, which runs the same command (minus these options) once per rank."""
+"""What `train`, `profile` (and `rl`) share: the checks before a run starts, and the launch options:
+with --nproc-per-node the command starts torchrun, which runs the same command (minus these options)
+once per rank."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gputrain.errors import Interrupted, UsageError
+
+if TYPE_CHECKING:
+    from gputrain.config import Config
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser, restarts: bool = True) -> None:
@@ -29,9 +39,74 @@ def is_launcher(args: argparse.Namespace) -> bool:
     return args.nproc_per_node is not None and "WORLD_SIZE" not in os.environ
 
 
+def _job_ranks(args: argparse.Namespace) -> int:
+    """The processes of the job this command starts (launcher) or belongs to (a rank)."""
+    if is_launcher(args):
+        return int(args.nproc_per_node) * int(args.nnodes)
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+def prepare_run(
+    args: argparse.Namespace,
+    *,
+    registry_model: bool,
+    forced: tuple[str, ...] = (),
+    suffix: str = "",
+    default_name: Callable[[Config], tuple[str, str]] | None = None,
+) -> tuple[Config, Path | None]:
+    """The config and run directory of a command that trains, checked before torch loads: the
+    config (a run directory's own config.toml where it holds a run, with the overrides and `forced`
+    on top), every path it names, the layout a registry model supports (`registry_model`) in a job
+    of several ranks, and the run directory (it takes files, its entries are right, a run it holds
+    is this one). The directory is the default (named by `default_name(config)` (model, data), else
+    the config's model and data, plus `suffix`) where none is given and one process or the launcher
+    decides it; None in a rank of a job started without one (the ranks agree on one later).
+
+    Raises:
+        UsageError: naming the field, file or directory.
+    """
+    from gputrain.config.paths import check_config_paths
+    from gputrain.config.validate import check_registry_layout
+    from gputrain.train.run_files import (
+        check_resume_never,
+        check_run_dir,
+        check_same_run,
+        default_run_dir,
+        load_run_config,
+        prior_run,
+        run_dir_path,
+    )
+
+    run_dir = run_dir_path(args.run_dir) if args.run_dir is not None else None
+    config = load_run_config(run_dir, args.config, [*args.overrides, *forced])
+    check_config_paths(config)
+    ranks = _job_ranks(args)
+    if registry_model and ranks > 1:
+        check_registry_layout(config)
+    if run_dir is None and (is_launcher(args) or ranks == 1):
+        model, data = default_name(config) if default_name else (config.model.name, config.data.name)
+        run_dir = Path(f"{default_run_dir(model, data)}{suffix}")
+    if run_dir is not None:
+        check_run_dir(run_dir)
+        prior = prior_run(run_dir)
+        check_same_run(run_dir, config, prior)
+        check_resume_never(run_dir, prior, config.checkpoint.resume)
+    return config, run_dir
+
+
 def launch_ranks(args: argparse.Namespace, command: str, run_dir: str, options: tuple[str, ...] = ()) -> int:
     """Run `gputrain <command>` on every rank with the user's config file and overrides, the
     command's own `options`, and one run directory for all ranks and restarts."""
+    from gputrain.interrupts import startup_signals
+
+    with startup_signals(command):  # until torchrun's agent takes the signals: one line and exit 130, not 143
+        return _launch(args, command, run_dir, options)
+
+
+def _launch(args: argparse.Namespace, command: str, run_dir: str, options: tuple[str, ...]) -> int:
     from gputrain.distributed.launch import LaunchOptions, launch
 
     child_argv = [
@@ -49,4 +124,44 @@ def launch_ranks(args: argparse.Namespace, command: str, run_dir: str, options: 
         rdzv_endpoint=args.rdzv_endpoint,
         max_restarts=getattr(args, "max_restarts", 0),
     )
-    return launch(opts, child_argv, Path(run_dir))
+    _quiet_torchrun()
+    began = time.time() - 1.0  # file-system timestamps may be coarse
+    try:
+        return launch(opts, child_argv, Path(run_dir))
+    except UsageError:
+        # every rank refused the input: rank 0 has printed that one line; the launcher adds none
+        raise UsageError("") from None
+    except Interrupted:
+        if not _recorded_since(Path(run_dir), began):
+            raise Interrupted("") from None  # the ranks were still starting: rank 0 said so, no checkpoint
+        raise
+
+
+def _recorded_since(run_dir: Path, began: float) -> bool:
+    """Whether the ranks wrote a summary in this launch (a run that began, then stopped)."""
+    try:
+        return (run_dir / "summary.json").stat().st_mtime >= began
+    except OSError:
+        return False
+
+
+_AGENT_LINES = (
+    "Sending process %s closing signal %s",  # torchrun stopping the other ranks once one failed
+    "failed (exitcode: %s)",  # a rank's exit status, which the launcher names itself
+    "Received %s death signal, shutting down workers",  # a signal the launcher reports itself
+)
+
+
+class _AgentNoise(logging.Filter):
+    """Drops torchrun's lines about stopping ranks: the launcher says in one line which rank failed
+    first and how (distributed/launch.py), after the rank's own message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(str(record.msg).startswith(line) for line in _AGENT_LINES)
+
+
+def _quiet_torchrun() -> None:
+    for name in ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _AgentNoise) for f in logger.filters):
+            logger.addFilter(_AgentNoise())

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 _FORCED = ("checkpoint.enabled=false", "checkpoint.resume=never", "log.tensorboard=false", "log.breakdown_every=0")
 _STOPPED = {
     "completed": "ran every step",
-    "diverged": "stopped: the smoothed loss rose past 4× its lowest",
+    "diverged": "stopped: the running average of the loss rose past 4× its lowest",
     "nonfinite": "stopped: the loss was not finite",
     "overflow": "stopped: fp16 gradients overflowed at every loss scale",
 }
@@ -109,7 +109,20 @@ def run(args: argparse.Namespace) -> int:
         world = parts.place.dist.world_size
         if suggestion.ranks_agreeing < world:  # cannot happen with the same averaged losses; said if it does
             print(f"warning: {suggestion.ranks_agreeing} of {world} ranks computed this suggestion; rank 0's is used")
+        _note_rank_dependence(parts, world)
     return 0
+
+
+def _note_rank_dependence(parts: TrainingParts, world: int) -> None:
+    """Where N ranks sweep the one-process curve and where not: said under several ranks."""
+    from gputrain.train.lr_find import rank_dependent_layers
+
+    layers = rank_dependent_layers(parts.model) if world > 1 else []
+    if layers:
+        print(
+            f"note: the model has {' and '.join(layers)}, so {world} ranks sweep a curve equal to one "
+            "process's in distribution, not point for point"
+        )
 
 
 def _write(parts: TrainingParts, curve: LRCurve, sweep: Sweep, suggestion: Suggestion | None, config: Config) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gputrain.config.docs import fields_help_text
 
 if TYPE_CHECKING:
+    from gputrain.distributed.parallel_dims import Strategy
     from gputrain.plan.planner import MemoryPlan, PlanTarget
 
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*", re.IGNORECASE)
@@ -102,7 +103,7 @@ def would_fit(target: PlanTarget, plan: MemoryPlan) -> list[str]:
             f"CPU offload: parallel.strategy=fsdp parallel.cpu_offload=true parallel.activation_checkpointing=full "
             f"({format_bytes(row.layout.total)} per device, {format_bytes(row.layout.host)} in host memory)"
         )
-    strategy = "none" if plan.world == 1 else "fsdp"
+    strategy: Strategy = "none" if plan.world == 1 else "fsdp"
     micro = plan_micro_batch(target, plan.world, plan.device_bytes, strategy, "full", cap=plan.micro_batch - 1)
     if micro:
         ideas.append(f"a smaller batch: train.micro_batch_size={micro} (or less) with activation checkpointing full")
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
             if plan.auto
             else auto_candidates(plan.world)[-1]
         )
-        found = plan_micro_batch(target, plan.world, device_bytes, strategy, ac)  # type: ignore[arg-type]
+        found = plan_micro_batch(target, plan.world, device_bytes, strategy, ac)
     if args.json:
         out = {
             "micro_batch": plan.micro_batch,

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks
+from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks, prepare_run
 from gputrain.config.docs import fields_help_text
 from gputrain.errors import UsageError
+
+if TYPE_CHECKING:
+    from gputrain.observe.profiler import ProfileReport
+    from gputrain.train.trainer import Trainer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,15 +42,7 @@ def _fmt_us(us: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from rich.console import Console
-    from rich.table import Table
-
-    from gputrain.config import load_config
-    from gputrain.observe.console import format_split
-    from gputrain.train.run_files import default_run_dir
-    from gputrain.train.trainer import Trainer
+    from gputrain.interrupts import startup_signals
 
     if args.steps < 3:
         raise UsageError(f"--steps must be at least 3 (1 skipped, 1 warm-up, 1 or more recorded), got {args.steps}")
@@ -56,21 +54,35 @@ def run(args: argparse.Namespace) -> int:
         f"log.every_steps={args.steps}",
         "log.breakdown_every=1",
     ]
-    config = load_config(args.config, [*args.overrides, *forced])
-    run_dir = (
-        Path(args.run_dir) if args.run_dir else Path(f"{default_run_dir(config.model.name, config.data.name)}-profile")
-    )
+    # a profile is a new run of its own (checkpoint.resume=never): refused, before torch loads, in a
+    # directory that holds a run
+    config, run_dir = prepare_run(args, registry_model=True, forced=tuple(forced), suffix="-profile")
     if is_launcher(args):  # every rank profiles itself into the one run directory
+        assert run_dir is not None
         return launch_ranks(args, "profile", str(run_dir), ("--steps", str(args.steps), "--top", str(args.top)))
-    from gputrain.distributed.context import shutdown_distributed
+    with startup_signals("profile"):  # before torch loads: a signal while starting is one line and exit 130
+        from gputrain.distributed.context import shutdown_distributed
+        from gputrain.train.run_record import recording_start_up
+        from gputrain.train.trainer import Trainer
 
-    trainer = Trainer.from_config(config, run_dir=run_dir, evaluate=False)  # profile the training step only
-    try:
-        report = trainer.profile(top=args.top)
-    finally:
-        shutdown_distributed()
+        try:
+            with recording_start_up(run_dir):
+                trainer = Trainer.from_config(config, run_dir=run_dir, evaluate=False)  # the training step only
+            report = trainer.profile(top=args.top)
+        finally:
+            shutdown_distributed()
     if not trainer.dist.is_main:
         return 0  # rank 0 speaks for the job; every rank's files are in the run directory
+    _show(report, trainer, run_dir)
+    return 0
+
+
+def _show(report: ProfileReport, trainer: Trainer, run_dir: Path | None) -> None:
+    """The top ops, the step time and its split, the advisor's findings, the files written."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from gputrain.observe.console import format_split
 
     console = Console(highlight=False)
     for title, rows in (
@@ -107,4 +119,3 @@ def run(args: argparse.Namespace) -> int:
             f"ranks 1..{trainer.dist.world_size - 1} wrote their own trace-rank<N>.json and "
             f"profile-rank<N>.json into {run_dir}"
         )
-    return 0

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks
+from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks, prepare_run
 from gputrain.config.docs import fields_help_text
 
 EXAMPLES = """examples:
@@ -30,27 +29,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gputrain.config import load_config
+    from gputrain.interrupts import startup_signals
 
-    config = load_config(args.config, args.overrides)
+    # one run directory for every rank and every restart, so resume=auto finds the checkpoints; one
+    # that holds a run continues it with its own config.toml
+    config, run_dir = prepare_run(args, registry_model=False, default_name=lambda c: ("ppo", c.rl.env))
     if is_launcher(args):
         from gputrain.rl.settings import check_layout
-        from gputrain.train.run_files import check_run_dir, default_run_dir
 
         check_layout(config, args.nproc_per_node * args.nnodes)
+        return launch_ranks(args, "rl", str(run_dir))
+    with startup_signals("rl"):  # before torch loads: a signal while starting is one line and exit 130
+        from gputrain.distributed.context import shutdown_distributed
+        from gputrain.rl.trainer import PPOTrainer
+        from gputrain.train.run_record import recording_start_up
+        from gputrain.train.signals import StoppedBySignal
 
-        # one run directory for every rank and every restart, so resume=auto finds the checkpoints
-        run_dir = args.run_dir or str(default_run_dir("ppo", config.rl.env))
-        check_run_dir(Path(run_dir))
-        return launch_ranks(args, "rl", run_dir)
-    from gputrain.distributed.context import shutdown_distributed
-    from gputrain.rl.trainer import PPOTrainer
-    from gputrain.train.signals import StoppedBySignal
-
-    try:
-        summary = PPOTrainer(config, run_dir=args.run_dir).fit()
-    except StoppedBySignal as err:
-        raise err.for_cli() from None  # the command line's way to resume
-    finally:
-        shutdown_distributed()
+        try:
+            with recording_start_up(run_dir):
+                trainer = PPOTrainer(config, run_dir=run_dir)
+            summary = trainer.fit()
+        except StoppedBySignal as err:
+            raise err.for_cli("rl") from None  # the command line's way to resume
+        finally:
+            shutdown_distributed()
     return 0 if summary["status"] in ("completed", "stopped_early") else 1

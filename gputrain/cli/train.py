@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks
+from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks, prepare_run
 from gputrain.config.docs import fields_help_text
 
 if TYPE_CHECKING:
@@ -15,7 +15,12 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.toml", help="TOML config file (overrides still apply on top)")
-    parser.add_argument("--run-dir", metavar="DIR", help="run directory (default runs/<model>-<data>-<time>/)")
+    parser.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        help="run directory (default runs/<model>-<data>-<time>/); one that holds a run continues it with "
+        "its own config.toml (overrides apply on top of it)",
+    )
     add_launch_arguments(parser)
     parser.add_argument(
         "overrides",
@@ -27,36 +32,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gputrain.config import load_config
-    from gputrain.config.paths import check_config_paths
-    from gputrain.train.run_files import check_run_dir
-
-    config = load_config(args.config, args.overrides)
-    # every path the config names, and the run directory, before torch loads: a typo answers at once
-    check_config_paths(config)
+    # the config (a run directory's own, where it holds a run), every path it names and the run
+    # directory, before torch loads: a typo answers at once, and before any rank starts
+    config, run_dir = prepare_run(args, registry_model=True)
     if is_launcher(args):
-        return _launch(args, config)
-    if args.run_dir is not None:
-        check_run_dir(Path(args.run_dir))
-    from gputrain.distributed.context import shutdown_distributed
-    from gputrain.train.signals import StoppedBySignal
-    from gputrain.train.trainer import Trainer
+        assert run_dir is not None
+        return launch_ranks(args, "train", str(run_dir))
+    return _train(config, run_dir)
 
-    trainer = Trainer.from_config(config, run_dir=args.run_dir)
-    try:
-        summary = trainer.fit()
-    except StoppedBySignal as err:
-        raise err.for_cli() from None  # the command line's way to resume
-    finally:
-        shutdown_distributed()
+
+def _train(config: Config, run_dir: Path | None) -> int:
+    from gputrain.interrupts import startup_signals
+
+    with startup_signals("train"):  # before torch loads: a signal while starting is one line and exit 130
+        from gputrain.distributed.context import shutdown_distributed
+        from gputrain.train.run_record import recording_start_up
+        from gputrain.train.signals import StoppedBySignal
+        from gputrain.train.trainer import Trainer
+
+        try:
+            with recording_start_up(run_dir):
+                trainer = Trainer.from_config(config, run_dir=run_dir)
+            summary = trainer.fit()
+        except StoppedBySignal as err:
+            raise err.for_cli("train") from None  # the command line's way to resume
+        finally:
+            shutdown_distributed()
     return 0 if summary["status"] in ("completed", "stopped_early") else 1
-
-
-def _launch(args: argparse.Namespace, config: Config) -> int:
-    """Start the ranks under torchrun with the same command minus the launch options (no recursion)."""
-    from gputrain.train.run_files import check_run_dir, default_run_dir
-
-    # one run directory for every rank and every restart, so resume=auto finds the checkpoints
-    run_dir = args.run_dir or str(default_run_dir(config.model.name, config.data.name))
-    check_run_dir(Path(run_dir))  # before any rank starts
-    return launch_ranks(args, "train", run_dir)

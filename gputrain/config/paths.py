@@ -8,6 +8,8 @@ Only existence is checked here: what a file holds is read (and checked) by its l
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from gputrain.config.schema import CheckpointConfig, Config, DataConfig, ModelConfig
@@ -20,23 +22,65 @@ FOLDER_SOURCES = ("mnist", "image_folder")
 TOKEN_FILE_HINT = "no such token file (flat uint16 ids, e.g. nanoGPT's prepare.py writes train.bin and val.bin)"
 
 
+def kind_of(path: Path) -> str | None:
+    """What `path` is ("a directory", "a regular file", "a FIFO (named pipe)", "a character device",
+    ...), links followed; None where nothing is there."""
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):  # missing, a name too long, a NUL byte
+        return None
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "neither a file nor a directory"
+
+
+def not_a_file(path: Path, what: str = "no such file") -> str:
+    """Why `path` cannot be read as a file: `what` where nothing is there, else what it is."""
+    kind = kind_of(path)
+    return f"{what}: {path}" if kind is None else f"{path} is {kind}, not a regular file"
+
+
 def check_data_path(config: DataConfig) -> None:
-    """data.path (and data.val_path) of the built-in sources that read files exist.
+    """data.path (and data.val_path) of the built-in sources that read files name a file or a folder
+    as the source reads: a regular file (not a directory, a device or a FIFO, whose reading would
+    never end) or a folder.
 
     Raises:
-        DataError: naming the missing file or folder.
+        DataError: naming the path and what is (or is not) there.
     """
     if config.path is None:
         return  # the source says what it needs (a source without files needs none)
+    for field, given in (("data.path", config.path), ("data.val_path", config.val_path)):
+        if given is not None and not given.strip():
+            raise ConfigError(field, "is empty; give the path of the data (or leave it unset)", given)
     path = Path(config.path)
     if config.name in FILE_SOURCES and not path.is_file():
-        raise DataError(f"data.path: no such file: {path}")
+        raise DataError(f"data.path: {not_a_file(path)}" + _one_file(config.name, path))
     if config.name in FOLDER_SOURCES and not path.is_dir():
-        raise DataError(f"data.path: no such folder: {path}")
+        kind = kind_of(path)
+        raise DataError(
+            f"data.path: no such folder: {path}"
+            if kind is None
+            else f"data.path: {path} is {kind}, not a folder; data.name={config.name} reads a folder"
+        )
     if config.name == "tokens":
-        for given in (path, Path(config.val_path) if config.val_path is not None else None):
-            if given is not None and not given.exists():
-                raise DataError(f"{given}: {TOKEN_FILE_HINT}")
+        if not path.is_dir() and not path.is_file():
+            raise DataError(not_a_file(path, TOKEN_FILE_HINT) if path.exists() else f"{path}: {TOKEN_FILE_HINT}")
+        if config.val_path is not None and not Path(config.val_path).is_file():
+            val = Path(config.val_path)
+            raise DataError(not_a_file(val, TOKEN_FILE_HINT) if val.exists() else f"{val}: {TOKEN_FILE_HINT}")
+
+
+def _one_file(source: str, path: Path) -> str:
+    return f"; data.name={source} reads one file" if path.is_dir() else ""
 
 
 def check_weights_path(path: Path) -> None:
@@ -63,17 +107,49 @@ def check_hf_config_path(path_text: str) -> None:
         raise ConfigError("model.hf_config", "no such file or directory", path_text)
 
 
+# checkpoint/io.py's marker and manifest names (that module needs torch; this one runs before it loads)
+CHECKPOINT_FILES = ("COMMITTED", "manifest.json")
+RESUME_FORMS = (
+    "use auto, never, a checkpoint (runs/NAME/checkpoints/step-100), or a run directory or its checkpoints "
+    "folder (its latest checkpoint)"
+)
+
+
+def resume_root(path: Path) -> Path | None:
+    """The checkpoints folder whose latest checkpoint `checkpoint.resume=PATH` means: PATH when it
+    holds step-N checkpoints, PATH/checkpoints for a run directory; None where PATH is a checkpoint
+    itself (its COMMITTED marker or manifest is there) or none of these."""
+    if any(os.path.lexists(path / name) for name in CHECKPOINT_FILES):
+        return None
+    for root in (path, path / "checkpoints"):
+        if root.is_dir() and any(p.is_dir() for p in root.glob("step-*")):
+            return root
+    return None
+
+
 def check_resume_setting(config: CheckpointConfig) -> None:
-    """checkpoint.resume names auto, never or an existing checkpoint directory.
+    """checkpoint.resume names auto, never, a checkpoint directory, or a run directory or checkpoints
+    folder that holds checkpoints (its latest is meant).
 
     Raises:
-        ConfigError: naming checkpoint.resume.
+        ConfigError: naming checkpoint.resume and what the path is.
     """
-    if config.resume not in ("auto", "never") and not Path(config.resume).is_dir():
+    resume = config.resume
+    if resume in ("auto", "never"):
+        return
+    if not resume.strip():
+        raise ConfigError("checkpoint.resume", f"is empty; {RESUME_FORMS}", resume)
+    path = Path(resume)
+    if not path.is_dir():
+        kind = kind_of(path)
+        problem = "no such checkpoint directory" if kind is None else f"is {kind}, not a checkpoint directory"
+        raise ConfigError("checkpoint.resume", f"{problem}; {RESUME_FORMS}", resume)
+    if resume_root(path) is None and not any(os.path.lexists(path / name) for name in CHECKPOINT_FILES):
         raise ConfigError(
             "checkpoint.resume",
-            "no such checkpoint directory; use auto, never or a path like runs/NAME/checkpoints/step-100",
-            config.resume,
+            "not a checkpoint: the folder has no COMMITTED marker or manifest.json, no step-N checkpoints and "
+            f"no checkpoints/ folder with any; {RESUME_FORMS}",
+            resume,
         )
 
 

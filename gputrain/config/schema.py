@@ -326,7 +326,7 @@ class DataConfig:
     test_fraction: float = 0.2
     """Share of the samples held out for the final test (seeded split)."""
     num_workers: int | Literal["auto"] = "auto"
-    """DataLoader worker processes; auto: none for in-memory data, else from the CPU count."""
+    """DataLoader worker processes; auto: none for in-memory data or samples that read in a few us (timed at start), else from the CPU count."""
     normalize: bool = True
     """Standardise features/pixels with statistics from the training split only."""
     label_column: str | None = None
@@ -348,7 +348,7 @@ class DataConfig:
     augment: list[str] = field(default_factory=list)
     """On-device augmentation of training image batches: any of "crop" (random crop, zero padding H/8) and "flip" (horizontal)."""
     on_error: Literal["fail", "skip"] = "fail"
-    """A sample that cannot be read (corrupt image, bad row) in any split or pass: fail naming the file, split and step, or skip it (counted in summary.json data.skipped_samples, and eval_skipped_samples per split)."""
+    """A sample that cannot be read (corrupt image, bad row) in any split or pass: fail naming the file, split and step, or skip it (counted in summary.json data.skipped_samples, and eval_skipped_samples per split; a training step none of whose samples can be read is left out, with no update, in one process; a split none of whose samples can be read fails)."""
 
     def __post_init__(self) -> None:
         check_values("data", self)

@@ -10,17 +10,28 @@ What the data adds, activations and optimizer state are the trainer's estimate (
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gputrain.config.presets import gpt_size
 from gputrain.config.schema import Config
-from gputrain.errors import ConfigError
+from gputrain.errors import ConfigError, UsageError
 
-__all__ = ["Demand", "check_fits_in_memory", "data_demand", "machine_memory_bytes", "model_demand"]
+__all__ = [
+    "Demand",
+    "check_fits_in_memory",
+    "check_training_state_fits",
+    "data_demand",
+    "machine_memory_bytes",
+    "memory_limit",
+    "model_demand",
+]
 
 FP32_BYTES = 4
 # Weights of the convolutions in the stages of gputrain's ResNets, per base_width² (the stem and
@@ -40,21 +51,75 @@ class Demand:
     bytes: int
 
 
-def machine_memory_bytes() -> int | None:
-    """Physical memory, or the container's memory limit where that is lower (cgroup v2 or v1)."""
+SKIP_MEMORY_CHECK_ENV = "GPUTRAIN_SKIP_MEMORY_CHECK"
+"""Set to 1 to try a model that the memory checks say cannot fit (the estimate's own risk: an
+allocation that fails is then recorded as the run's failure)."""
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _cgroup_paths(self_cgroup: str) -> list[Path]:
+    """The memory-limit files that bound this process, from /proc/self/cgroup's text: its own cgroup's
+    and every ancestor's (a limit set higher up bounds it too), for cgroup v2 (`0::/path`,
+    memory.max) and v1 (`N:memory:/path`, memory/memory.limit_in_bytes). Inside a container the path
+    may not exist under /sys/fs/cgroup (its root is the container's own cgroup): the root's file
+    is then the container's limit, so it is always among them."""
+    files: list[Path] = []
+    for line in self_cgroup.splitlines():
+        _, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if controllers == "":  # v2
+            base, name = CGROUP_ROOT, "memory.max"
+        elif "memory" in controllers.split(","):  # v1
+            base, name = CGROUP_ROOT / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        parts = Path(path.strip() or "/").parts[1:]
+        files += [base.joinpath(*parts[:depth]) / name for depth in range(len(parts), -1, -1)]
+    return files or [CGROUP_ROOT / "memory.max", CGROUP_ROOT / "memory" / "memory.limit_in_bytes"]
+
+
+def _self_cgroup() -> str:
+    """/proc/self/cgroup: which cgroup (of each hierarchy) this process is in; "" where there is none."""
     try:
-        total: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        total = None
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        return Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return ""
+
+
+def memory_limit() -> tuple[int, str] | None:
+    """(bytes, what bounds them) for the memory this process can have: physical memory, its cgroup's
+    limit (v2 or v1, its own cgroup's, from /proc/self/cgroup) or its address-space limit (`ulimit -v`),
+    whichever is lowest; None where none can be read."""
+    found: list[tuple[int, str]] = []
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        found.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory"))
+    for limit_file in _cgroup_paths(_self_cgroup()):
         try:
-            text = Path(limit_file).read_text().strip()
+            text = limit_file.read_text().strip()
         except OSError:
             continue
         if text.isdigit():
-            limit = int(text)
-            total = limit if total is None else min(total, limit)
-    return total
+            found.append((int(text), f"this process's cgroup memory limit ({limit_file})"))
+    try:
+        import resource
+
+        for which, name in ((resource.RLIMIT_AS, "ulimit -v"), (resource.RLIMIT_DATA, "ulimit -d")):
+            soft = resource.getrlimit(which)[0]
+            if soft != resource.RLIM_INFINITY and soft > 0:
+                found.append((soft, f"this process's memory limit ({name})"))
+    except (ImportError, ValueError, OSError):
+        pass
+    return min(found) if found else None
+
+
+def machine_memory_bytes() -> int | None:
+    """The memory this process can have: physical memory, or its cgroup's or ulimit's limit where lower."""
+    limit = memory_limit()
+    return None if limit is None else limit[0]
+
+
+def memory_check_skipped() -> bool:
+    return os.environ.get(SKIP_MEMORY_CHECK_ENV, "") not in ("", "0")
 
 
 def _params(count: float) -> str:
@@ -131,7 +196,7 @@ def check_fits_in_memory(config: Config, memory_bytes: int | None = None) -> Non
         ConfigError: naming the field that sets the size, with the bytes asked and the bytes there are.
     """
     memory = machine_memory_bytes() if memory_bytes is None else memory_bytes
-    if not memory:
+    if not memory or memory_check_skipped():
         return
     for demand in (model_demand(config), data_demand(config)):
         if demand is not None and demand.bytes > memory:
@@ -139,5 +204,70 @@ def check_fits_in_memory(config: Config, memory_bytes: int | None = None) -> Non
                 demand.field,
                 f"asks for {demand.what}: {_gib(demand.bytes)} or more, but this machine has {_gib(memory)} of memory",
                 demand.value,
-                hint=f"use a smaller {demand.field}",
+                hint=f"use a smaller {demand.field} (or set {SKIP_MEMORY_CHECK_ENV}=1 to try anyway)",
             )
+
+
+def training_state_bytes(parameters: Iterable[Any], states_per_param: int) -> tuple[int, int, int, int]:
+    """(parameters, weight bytes, gradient bytes, optimizer-state bytes) of the model's parameters
+    (tensors, real or on the meta device): what training holds before any activation.
+    `states_per_param`: tensors of optimizer state per trained parameter (optim/states.py)."""
+    count = weights = grads = 0
+    for p in parameters:
+        size = p.numel() * p.element_size()
+        count += p.numel()
+        weights += size
+        grads += size if p.requires_grad else 0
+    return count, weights, grads, grads * states_per_param
+
+
+def state_memory(device: Any, offload: bool = False) -> tuple[tuple[int, str] | None, str]:
+    """((bytes, what bounds them), the place's name) of the memory that holds a rank's training state:
+    the GPU's (a CUDA device), else this process's share of host memory (the ranks of a node share
+    it; parallel.cpu_offload keeps the state there too)."""
+    if device.type == "cuda" and not offload:
+        import torch  # only once a run is being built
+
+        return (int(torch.cuda.get_device_properties(device).total_memory), f"{device}'s memory"), str(device)
+    limit = memory_limit()
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    if limit is None or ranks == 1:
+        return limit, "the host"
+    return (limit[0] // ranks, f"{limit[1]}, shared by {ranks} ranks"), "each rank's share of the host"
+
+
+def check_training_state_fits(
+    config: Config, model: Any, states_per_param: int, shards: int, memory: tuple[int, str] | None, where: str
+) -> None:
+    """Refuse, before the model is materialised, a model whose weights, gradients and optimizer state
+    (`states_per_param` tensors the size of each trained parameter) alone (its parameters, real or
+    on the meta device, split over `shards` ranks) exceed the memory (`memory`: bytes and what bounds
+    them) of the device that holds them (`where`): it could only fail while building or at step 1.
+
+    Raises:
+        UsageError: naming the sizes, the limit and what to change (ConfigError naming the field that
+            sets the model's size, for a model of gputrain's own families).
+    """
+    if memory is None or memory_check_skipped():
+        return
+    cfg = config.optim
+    count, weights, grads, state = training_state_bytes(model.parameters(), states_per_param)
+    per_rank = (weights + grads + state) / max(1, shards)
+    if per_rank <= memory[0]:
+        return
+    split = f" over {shards} ranks" if shards > 1 else ""
+    problem = (
+        f"the model's {_params(count)} parameters need {_gib(weights)} of weights, {_gib(grads)} of gradients and "
+        f"{_gib(state)} of {cfg.name} state = {_gib(per_rank)} per rank{split}, before any activation, but "
+        f"{where} has {_gib(memory[0])} ({memory[1]})"
+    )
+    # the field that sizes it, where the config built it (a model of the user's ignores model.*)
+    demand = model_demand(config) if type(model).__module__.startswith("gputrain.models.") else None
+    smaller = f"a smaller {demand.field}" if demand is not None else "a smaller model"
+    hint = (
+        f"use {smaller}, parallel.strategy=fsdp over more ranks (each holds 1/N of it), or set "
+        f"{SKIP_MEMORY_CHECK_ENV}=1 to try anyway"
+    )
+    if demand is not None:
+        raise ConfigError(demand.field, problem, demand.value, hint=hint)
+    raise UsageError(f"{problem}; {hint}")

@@ -155,6 +155,41 @@ def check_pipeline_precision(precision: str, pipelined: bool) -> None:
         )
 
 
+PIPELINE_MODELS = ("mlp", "gpt")
+"""Registry models pipeline parallelism can cut: the mlp (an nn.Sequential) between layers, the gpt between blocks."""
+TP_MODELS = ("mlp", "gpt")
+"""Registry models with a tensor-parallel plan of their own (models/plans.py)."""
+
+
+def check_registry_layout(config: Config) -> None:
+    """The model the registry builds for `config` supports the tensor or pipeline parallelism the
+    config asks for. Checked from the config alone where a command builds the model by name (the
+    launcher, before torchrun starts, and each rank before torch loads); a model given in Python may
+    bring its own plan (`tp_plan=`) or be an nn.Sequential, so the Trainer checks the module itself.
+
+    Raises:
+        ConfigError: naming the parallel field, the model and what to use instead.
+    """
+    par, name = config.parallel, config.model.name
+    hybrid = par.strategy == "hybrid"
+    if (par.strategy == "pp" or (hybrid and par.pp > 1)) and name not in PIPELINE_MODELS:
+        raise ConfigError(
+            "parallel.pp" if hybrid else "parallel.strategy",
+            f"pipeline parallelism cuts the mlp between layers and the gpt between blocks (in Python, any "
+            f"nn.Sequential); model.name={name} is neither",
+            par.pp if hybrid else par.strategy,
+            hint="use parallel.strategy=fsdp or ddp for this model",
+        )
+    if (par.strategy == "tp" or (hybrid and par.tp > 1)) and name not in TP_MODELS:
+        raise ConfigError(
+            "parallel.tp" if hybrid else "parallel.strategy",
+            f"tensor parallelism needs a plan for the model: the mlp and the gpt have theirs, model.name={name} "
+            "has none (in Python, pass tp_plan= to the Trainer)",
+            par.tp if hybrid else par.strategy,
+            hint="use parallel.strategy=fsdp or ddp for this model",
+        )
+
+
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]{1,4})?")
 
 

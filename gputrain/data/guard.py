@@ -80,6 +80,16 @@ class GuardedDataset(Dataset):
         except Exception as err:  # noqa: BLE001 - any failure of user/reader code is reported, not raised here
             return _Failed(describe_sample(self.dataset, index, err), problem_of(err))
 
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A micro-batch's samples, read by the data set's own `__getitems__` where it has one (a
+        Hugging Face dataset reads a batch at once), in one guarded pass; a failure reads them
+        again one by one, so that each unreadable sample is named."""
+        try:
+            read = getattr(self.dataset, "__getitems__", None)
+            return list(read(indices)) if read is not None else [self.dataset[i] for i in indices]
+        except Exception:  # noqa: BLE001 - reported per sample by __getitem__ below
+            return [self[i] for i in indices]
+
 
 def guarded_collate(samples: list[Any]) -> GuardedBatch:
     good = [s for s in samples if not isinstance(s, _Failed)]
@@ -97,12 +107,26 @@ def bad_sample(split: str | None, where: str, problem: str, more: int = 0, hint:
 SKIP_HINT = "; set data.on_error=skip to skip unreadable samples"
 
 
-def unwrap(item: GuardedBatch, on_error: str, split: str | None = None, allow_empty: bool = False) -> tuple[Any, int]:
+ALONE_HINT = (
+    "; every sample of this rank's micro-batch was unreadable, and one rank of several cannot leave out a "
+    "step its peers take (they would wait for it): remove or repair the unreadable files"
+)
+
+
+def unwrap(item: GuardedBatch, on_error: str, split: str | None = None, allow_empty: bool = True) -> tuple[Any, int]:
     """(the batch, samples skipped). Raises BadSample naming the split and the first bad sample in
-    fail mode, or when a whole micro-batch was unreadable (a training step cannot be made of
-    nothing; `allow_empty`: an evaluation can, the batch is then None)."""
+    fail mode. In skip mode the batch is None where every sample was unreadable: an evaluation
+    leaves it out, and so does one training process (its step is left out, train/feed.py); not
+    `allow_empty` (a rank of several), that is an error too."""
     if item.failed and (on_error == "fail" or (item.batch is None and not allow_empty)):
         first = item.failed[0]
-        hint = SKIP_HINT if on_error == "fail" else "; every sample of the micro-batch was unreadable"
+        hint = SKIP_HINT if on_error == "fail" else ALONE_HINT
         raise bad_sample(split, first.where, first.problem, len(item.failed) - 1, hint)
     return item.batch, len(item.failed)
+
+
+def nothing_readable(split: str, samples: int, example: str | None) -> BadSample:
+    """The error for a split none of whose samples could be read (data.on_error=skip skips samples,
+    not a whole split)."""
+    seen = f" (e.g. {example})" if example else ""
+    return BadSample(f"{split} split: none of its {samples} samples could be read{seen}; check data.path")

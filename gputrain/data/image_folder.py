@@ -298,19 +298,18 @@ def build_image_folder(config: DataConfig, seed: int) -> DataBundle:
         raise ConfigError("data.path", "data.name=image_folder needs a folder with one sub-folder per class")
     check_data_path(config)
     root = Path(config.path)
-    size = (config.image_size, config.image_size) if isinstance(config.image_size, int) else tuple(config.image_size)
+    sides = [config.image_size] if isinstance(config.image_size, int) else config.image_size
+    size = (sides[0], sides[-1])  # [height, width], or one side for a square
     scan = _Scan()
     val: ImageFolderData | None
     test: ImageFolderData | None
     if (root / "train").is_dir() and _subfolders(root / "train"):
         classes, files, labels = scan_classes(root / "train", scan=scan)
-        train = ImageFolderData(files, labels, size)  # type: ignore[arg-type]
+        train = ImageFolderData(files, labels, size)
         val_dir = _val_folder(root)
-        val = ImageFolderData(*scan_classes(val_dir, classes, scan)[1:], size) if val_dir else None  # type: ignore[arg-type]
+        val = ImageFolderData(*scan_classes(val_dir, classes, scan)[1:], size) if val_dir else None
         test = (
-            ImageFolderData(*scan_classes(root / "test", classes, scan)[1:], size)  # type: ignore[arg-type]
-            if (root / "test").is_dir()
-            else None
+            ImageFolderData(*scan_classes(root / "test", classes, scan)[1:], size) if (root / "test").is_dir() else None
         )
     else:
         splits = [p.name for p in _subfolders(root) if p.name in _SPLIT_NAMES]
@@ -322,7 +321,7 @@ def build_image_folder(config: DataConfig, seed: int) -> DataBundle:
                 "each needs one sub-folder of images per class (train/<class>/...)"
             )
         classes, files, labels = scan_classes(root, scan=scan)
-        everything = ImageFolderData(files, labels, size)  # type: ignore[arg-type]
+        everything = ImageFolderData(files, labels, size)
         train_idx, val_idx, test_idx = split_indices(len(files), config.val_fraction, config.test_fraction, seed)
         if len(train_idx) == 0:
             raise ConfigError(
@@ -342,6 +341,7 @@ def build_image_folder(config: DataConfig, seed: int) -> DataBundle:
         uint8_pixels=True,
         pixel_mean=mean,
         pixel_std=std,
+        size_field="data.image_size",
     )
     return DataBundle(
         train=train, val=_cap(val, config.max_eval_samples), test=_cap(test, config.max_eval_samples), spec=spec

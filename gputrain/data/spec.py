@@ -28,6 +28,9 @@ class DataSpec:
     """Per-channel mean of the [0, 1]-scaled training images, subtracted on the device."""
     pixel_std: tuple[float, ...] | None = None
     """Per-channel standard deviation of the [0, 1]-scaled training images, divided by on the device."""
+    size_field: str | None = None
+    """The config field that sets the size of these samples (data.image_size for image folders,
+    data.shape for synthetic data); None where the source's size is fixed (digits, MNIST, a table)."""
 
     @property
     def num_model_outputs(self) -> int:

@@ -41,9 +41,11 @@ def build_synthetic(config: DataConfig, seed: int) -> DataBundle:
     if config.task == "regression":
         teacher = torch.randn(flat.shape[1], 1, generator=generator) / math.sqrt(flat.shape[1])
         targets = flat @ teacher + 0.01 * torch.randn(config.num_samples, 1, generator=generator)
-        spec = DataSpec(task="regression", input_shape=shape, num_outputs=1)
+        spec = DataSpec(task="regression", input_shape=shape, num_outputs=1, size_field="data.shape")
     else:
         teacher = torch.randn(flat.shape[1], config.num_classes, generator=generator)
         targets = (flat @ teacher).argmax(dim=1)
-        spec = DataSpec(task="classification", input_shape=shape, num_classes=config.num_classes)
+        spec = DataSpec(
+            task="classification", input_shape=shape, num_classes=config.num_classes, size_field="data.shape"
+        )
     return split_tensors(inputs, targets, spec, config, seed)

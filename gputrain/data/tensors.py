@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, Subset, TensorDataset
+from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
 from gputrain.config.schema import DataConfig
 from gputrain.data.registry import DataBundle
@@ -14,51 +14,103 @@ from gputrain.errors import ConfigError
 
 
 class TensorData(Dataset):
-    """Inputs and targets as whole tensors. The trainer indexes them a batch at a time
-    (no per-sample collate), and may move them to the device once when they are small."""
+    """Samples as rows of whole tensors of one length: (inputs, targets), or any other tuple of
+    them, as a TensorDataset holds. The trainer indexes them a batch at a time (no per-sample
+    collate), and may move them to the device once when they are small. A batch is the tuple of
+    each tensor's rows, as a sample is the tuple of each tensor's row."""
 
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        if len(inputs) != len(targets):
-            raise ValueError(f"{len(inputs)} inputs but {len(targets)} targets")
-        self.inputs = inputs
-        self.targets = targets
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        if not tensors:
+            raise ValueError("no tensors")
+        if any(len(t) != len(tensors[0]) for t in tensors):
+            raise ValueError("tensors of different lengths: " + ", ".join(str(len(t)) for t in tensors))
+        self.tensors = tensors
+
+    @property
+    def inputs(self) -> torch.Tensor:
+        return self.tensors[0]
+
+    @property
+    def targets(self) -> torch.Tensor:
+        """The second tensor: the targets of (inputs, targets) data."""
+        if len(self.tensors) != 2:
+            raise AttributeError(f"targets: this data holds {len(self.tensors)} tensors, not (inputs, targets)")
+        return self.tensors[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tensors[0].device
 
     def __len__(self) -> int:
-        return len(self.inputs)
+        return len(self.tensors[0])
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.inputs[index], self.targets[index]
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t[index] for t in self.tensors)
 
-    def batch(self, indices: torch.Tensor, pin: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, indices: torch.Tensor, pin: bool = False) -> tuple[torch.Tensor, ...]:
         """The samples at `indices`; `pin`: gathered straight into pinned host memory (for a copy
         to the GPU that does not block the host)."""
+        tensors = self.tensors
         if not pin:
-            return self.inputs[indices], self.targets[indices]
-        return _gather_pinned(self.inputs, indices), _gather_pinned(self.targets, indices)
+            if len(tensors) == 2:  # (inputs, targets): no loop, which costs a small model's step ~0.5 us
+                return tensors[0][indices], tensors[1][indices]
+            return tuple([t[indices] for t in tensors])
+        return tuple([_gather_pinned(t, indices) for t in tensors])
+
+    def rows(self, index: slice | torch.Tensor) -> TensorData:
+        """The samples at `index` (a slice is a view, an index tensor a copy)."""
+        return TensorData(*(t[index] for t in self.tensors))
 
     def to(self, device: torch.device) -> TensorData:
-        return TensorData(self.inputs.to(device), self.targets.to(device))
+        return TensorData(*(t.to(device) for t in self.tensors))
 
     @property
     def nbytes(self) -> int:
-        return self.inputs.nbytes + self.targets.nbytes
+        return sum(t.nbytes for t in self.tensors)
 
 
 def as_tensor_data(data: Any) -> Any:
-    """`data` as TensorData where its samples are rows of tensors held in memory: a TensorDataset
-    of (inputs, targets), or a Subset of one. Batches are then gathered by one index operation
-    each, with no worker processes and no per-sample collate; the samples and their order are the
-    same. Any other data set (or a DataLoader) is returned as it is."""
+    """`data` as TensorData where torch's own data set classes say its samples are rows of tensors
+    held in memory: a TensorDataset (of any number of tensors), a Subset of such data (nested or
+    not: its rows are gathered once, a copy), or a ConcatDataset of such parts whose tensors agree
+    in number, dtype and row shape (joined once, a copy). Batches are then gathered by one index
+    operation per tensor, with no worker processes and no per-sample collate; the samples and
+    their order are the same. Any other data set (or a DataLoader) is returned as it is: a
+    subclass's `__getitem__` is the user's code, which only it can run (train/feed.py reads such
+    data in this process when a sample is cheap to read)."""
     if isinstance(data, TensorData):
         return data
-    if isinstance(data, TensorDataset) and len(data.tensors) == 2:
+    if _reads_as(data, TensorDataset) and data.tensors and len({t.device for t in data.tensors}) == 1:
         return TensorData(*data.tensors)
-    if isinstance(data, Subset):
+    if _reads_as(data, Subset):
         inner = as_tensor_data(data.dataset)
         if isinstance(inner, TensorData):
-            index = torch.as_tensor(list(data.indices), dtype=torch.long)
-            return TensorData(inner.inputs[index], inner.targets[index])
+            return inner.rows(torch.as_tensor(list(data.indices), dtype=torch.long, device=inner.device))
+    if _reads_as(data, ConcatDataset):
+        return _joined([as_tensor_data(part) for part in data.datasets], data)
     return data
+
+
+def _reads_as(data: Any, cls: type) -> bool:
+    """`data` is a `cls` whose samples are read by `cls`'s own code: a subclass that overrides
+    `__getitem__` (a transform, say) reads them its own way, which only it can do."""
+    return isinstance(data, cls) and getattr(type(data), "__getitem__", None) is getattr(cls, "__getitem__", None)
+
+
+def _joined(parts: list[Any], data: ConcatDataset) -> Any:
+    """The parts of a ConcatDataset as one TensorData, or `data` itself where they cannot be joined."""
+    if not parts or not all(isinstance(p, TensorData) for p in parts):
+        return data
+    first = parts[0]
+
+    def kind(t: torch.Tensor) -> tuple[Any, ...]:
+        return t.dtype, t.device, t.shape[1:]
+
+    if any(len(p.tensors) != len(first.tensors) for p in parts) or any(
+        kind(t) != kind(u) for p in parts for t, u in zip(p.tensors, first.tensors)
+    ):
+        return data
+    return TensorData(*(torch.cat(columns) for columns in zip(*(p.tensors for p in parts))))
 
 
 def _gather_pinned(source: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,7 @@ def read_text(path: Path) -> str:
     """
     raw = path.read_bytes()
     body = raw[3:] if raw.startswith(b"\xef\xbb\xbf") else raw
+    check_not_binary(path, body, len(raw) - len(body))
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -48,6 +49,59 @@ def read_text(path: Path) -> str:
     if not text:
         raise DataError(f"{path}: the file is empty")
     return text
+
+
+_WIDE_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32-LE"),
+    (b"\x00\x00\xfe\xff", "UTF-32-BE"),
+    (b"\xff\xfe", "UTF-16-LE"),
+    (b"\xfe\xff", "UTF-16-BE"),
+)
+
+
+def wide_encoding(head: bytes) -> str | None:
+    """The UTF-16/32 encoding `head` (a file's first bytes) is in, from its byte-order mark or, without
+    one, from where its zero bytes fall (the high bytes of Latin text in UTF-16 are all zero); None."""
+    for bom, name in _WIDE_BOMS:
+        if head.startswith(bom):
+            return f"{name} (byte-order mark)"
+    n = len(head) - len(head) % 4
+    if n < 8:
+        return None
+    columns = [head[i:n:4] for i in range(4)]
+    zero = [c.count(0) / len(c) for c in columns]
+    if zero[1] > 0.9 and zero[2] > 0.9 and zero[3] > 0.9 and zero[0] < 0.5:
+        return "UTF-32-LE"
+    if zero[0] > 0.9 and zero[1] > 0.9 and zero[2] > 0.9 and zero[3] < 0.5:
+        return "UTF-32-BE"
+    odd, even = (zero[1] + zero[3]) / 2, (zero[0] + zero[2]) / 2
+    if odd > 0.9 and even < 0.5:
+        return "UTF-16-LE"
+    if even > 0.9 and odd < 0.5:
+        return "UTF-16-BE"
+    return None
+
+
+def check_not_binary(path: Path, body: bytes, offset: int = 0) -> None:
+    """Text has no NUL byte: refuse UTF-16/32 text (whose every other character would be a NUL
+    "character" of the vocabulary) and binary data, naming what the file looks like.
+
+    Raises:
+        DataError: naming the file, the first NUL byte (and its line) and what the file seems to be.
+    """
+    wide = wide_encoding(body[:4096])
+    if wide is not None:
+        raise DataError(
+            f"{path}: {wide} text, not UTF-8; data.name=text reads UTF-8 .txt files: convert it "
+            f"(e.g. iconv -f {wide.split()[0]} -t UTF-8)"
+        )
+    nul = body.find(b"\0")
+    if nul >= 0:
+        line = body[:nul].count(b"\n") + 1
+        raise DataError(
+            f"{path}: a NUL byte at byte {nul + offset} (line {line}): binary data, not text; data.name=text "
+            "reads UTF-8 .txt files (token ids in a .bin file: data.name=tokens)"
+        )
 
 
 def char_windows(text: str, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
@@ -89,4 +143,6 @@ def build_text(config: DataConfig, seed: int) -> DataBundle:
     def part(r: range) -> TensorData | None:
         return TensorData(x[r.start : r.stop], y[r.start : r.stop]) if len(r) else None
 
-    return DataBundle(train=part(train), val=part(val), test=part(test), spec=spec)  # type: ignore[arg-type]
+    training = part(train)
+    assert training is not None  # a text too short for one training window was refused above
+    return DataBundle(train=training, val=part(val), test=part(test), spec=spec)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gputrain.config.paths import TOKEN_FILE_HINT
+from gputrain.config.paths import TOKEN_FILE_HINT, not_a_file
 from gputrain.config.schema import DataConfig
 from gputrain.data.registry import DataBundle, register_data
 from gputrain.data.spec import DataSpec
@@ -83,7 +83,7 @@ def count_tokens(path: Path, seq_len: int) -> int:
         DataError: naming the file.
     """
     if not path.is_file():
-        raise DataError(f"{path}: {TOKEN_FILE_HINT}")
+        raise DataError(not_a_file(path, TOKEN_FILE_HINT) if path.exists() else f"{path}: {TOKEN_FILE_HINT}")
     size = path.stat().st_size
     if size % 2:
         raise DataError(f"{path}: odd byte count ({size}): not a flat array of uint16 token ids")
@@ -121,6 +121,35 @@ def check_width(path: Path) -> None:
             f"{path}: every second 16-bit value is 0: these look like {wide}-bit token ids, but token files hold "
             f"uint16 ids (write them with np.array(ids, dtype=np.uint16).tofile(...))"
         )
+
+
+_TEXT_SAMPLE = 1 << 16  # bytes looked at for text written where token ids belong
+
+
+def check_not_text(path: Path) -> None:
+    """Refuse a text file given as token ids: read as uint16, pairs of its bytes would become ids of
+    a vocabulary the model never had. Its first 64 KiB are text when no byte is a control character
+    other than white space (text in UTF-8, Latin-1 or cp1252 alike). A token stream always has such
+    bytes: every id below 8192 (a tokenizer's commonest tokens; all of a character-level or
+    byte-level file's) has a high byte below 0x20.
+
+    Raises:
+        DataError: naming the file and what it looks like.
+    """
+    with path.open("rb") as file:
+        head = file.read(_TEXT_SAMPLE)
+    # (UTF-16 text has zero bytes and is left alone: read as uint16 ids it gives the characters' code
+    # points, which is what a file of `ord(c)` ids holds, the same meaning)
+    if len(head) >= 16 and not head.translate(None, _TEXT_BYTES):
+        snippet = head[:60].decode("utf-8", errors="replace")
+        raise DataError(
+            f"{path}: looks like text ({snippet!r}...), not uint16 token ids; train on a .txt file with "
+            "data.name=text, or tokenise it into a .bin of uint16 ids (np.array(ids, dtype=np.uint16).tofile(...))"
+        )
+
+
+_TEXT_BYTES = bytes([*range(0x20, 0x7F), *range(0x80, 0x100), *b"\t\n\r\x0b\x0c"])
+"""The bytes text is made of: all but the control characters (other than white space) and DEL."""
 
 
 def check_vocab(path: Path, vocab_size: int) -> None:
@@ -161,6 +190,7 @@ def build_tokens(config: DataConfig, seed: int) -> DataBundle:
     val_windows = (count_tokens(val_path, T) - 1) // T if val_path is not None else 0
     files = [path] if val_path is None else [path, val_path]
     for file in files:
+        check_not_text(file)
         check_width(file)
     vocab_size = config.vocab_size
     if vocab_size is None:

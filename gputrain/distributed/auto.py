@@ -237,8 +237,8 @@ def choose_auto(
         if measured:
             layout = row.layout
             return StrategyChoice(
-                layout.strategy,  # type: ignore[arg-type]
-                given if given != "none" else layout.activation_checkpointing,  # type: ignore[arg-type]
+                layout.strategy,
+                given if given != "none" else layout.activation_checkpointing,
                 explain_layout(row, micro, device_bytes),
             )
     return quick

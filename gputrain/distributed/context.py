@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,8 +22,11 @@ if TYPE_CHECKING:
     from gputrain.distributed.parallel_dims import ParallelDims
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class DistContext:
+    """This rank's place in the job. `init_distributed` makes it; `parallelize.setup_parallel` returns
+    a copy laid out for the run's parallelism (degrees, mesh, data-parallel coordinates)."""
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -31,7 +35,7 @@ class DistContext:
     dp_size: int = 1
     """Number of data-parallel ranks the global batch is split over."""
     dims: ParallelDims | None = None
-    """Degrees of each parallelism (set by parallelize.setup_parallel)."""
+    """Degrees of each parallelism; None until laid out (parallelize.setup_parallel)."""
     mesh: DeviceMesh | None = None
     """The named world mesh (pp, dp_replicate, dp_shard, tp, and flattened dp); None on one process."""
 
@@ -141,17 +145,17 @@ def grad_sync(model: torch.nn.Module, enabled: bool) -> contextlib.AbstractConte
         return no_sync()
     setter = getattr(model, "set_requires_gradient_sync", None)
     if setter is not None:  # FSDP2
-        return _fsdp_no_sync(model)
+        return _fsdp_no_sync(setter)
     return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
-def _fsdp_no_sync(model: torch.nn.Module) -> Iterator[None]:
-    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+def _fsdp_no_sync(set_requires_gradient_sync: Callable[[bool], None]) -> Iterator[None]:
+    set_requires_gradient_sync(False)
     try:
         yield
     finally:
-        model.set_requires_gradient_sync(True)  # type: ignore[operator]
+        set_requires_gradient_sync(True)
 
 
 def agree_on_path(path: Path, ctx: DistContext) -> Path:
@@ -164,5 +168,15 @@ def agree_on_path(path: Path, ctx: DistContext) -> Path:
 
 
 def shutdown_distributed() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """Leave the job. After a clean end the ranks meet in a barrier first, so that none tears its
+    process group down while a peer still talks to it: under gloo, a rank that destroyed its group
+    and exited while its peer was still finishing (rank 0 writing the summary) left that peer's
+    transport threads joinable at exit, and it aborted ("terminate called without an active
+    exception", 2 of 12 two-rank runs). Called while an exception propagates (a failed rank), it
+    skips the barrier: the peers may be gone, and waiting for them would only hang until the timeout."""
+    if not dist.is_initialized():
+        return
+    if sys.exc_info()[0] is None:
+        with contextlib.suppress(RuntimeError):  # a peer that died after the run ended: leave anyway
+            dist.barrier()
+    dist.destroy_process_group()

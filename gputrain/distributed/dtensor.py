@@ -5,16 +5,19 @@ pays for the import."""
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
-def is_dtensor(value: Any) -> bool:
+
+def is_dtensor(value: Any) -> TypeGuard[DTensor]:
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and isinstance(value, module.DTensor)
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of a (possibly sharded) tensor."""
-    return tensor.to_local() if is_dtensor(tensor) else tensor  # type: ignore[attr-defined]
+    return tensor.to_local() if is_dtensor(tensor) else tensor

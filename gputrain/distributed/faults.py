@@ -1,4 +1,4 @@
-"""A test-only fault: make one rank die or raise at a chosen forward pass, to test failure handling.
+"""A test-only fault: make one rank die or raise at a chosen training forward pass, to test failure handling.
 
 Off unless GPUTRAIN_TEST_FAULT is set, and then only a forward pre-hook is added (nothing in the
 step itself). Format: "rank=1,forward=5,action=exit|raise[,once=/path/marker]". `exit` ends the
@@ -29,8 +29,10 @@ def install_test_fault(model: nn.Module, rank: int) -> None:
 
     def hook(module: nn.Module, args: object) -> None:
         nonlocal calls
+        if not module.training:  # evaluation passes (and the checks before training) do not count
+            return
         calls += 1
-        if calls != at or not module.training:
+        if calls != at:
             return
         if once is not None:
             marker = Path(once)

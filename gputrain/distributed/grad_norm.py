@@ -31,7 +31,7 @@ def grad_norm_and_clip(
     norms = []
     if sharded:  # FSDP/TP: each rank holds a partial norm of its shards
         partial = torch.nn.utils.get_total_norm([p.grad for p in sharded if p.grad is not None])
-        norms.append(partial.full_tensor() if is_dtensor(partial) else partial)  # type: ignore[attr-defined]
+        norms.append(partial.full_tensor() if is_dtensor(partial) else partial)
     if plain or not sharded:
         norms.append(_plain_norm([p.grad for p in plain if p.grad is not None]))
     norm = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))

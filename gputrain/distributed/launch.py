@@ -113,7 +113,7 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    from gputrain.train.signals import leave_130_on_further_signals
+    from gputrain.interrupts import leave_130_on_further_signals
 
     opts.check()
     # CPU threads per rank: share the cores (torchrun would set 1 and print a warning banner). A share
@@ -145,8 +145,11 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
         retries = f" after {opts.max_restarts} restart(s)" if opts.max_restarts else ""
         said = "(no message: a signal ends a process at once)" if code < 0 else "(its message is above)"
         message = f"rank {rank} failed first: it {how}{retries}{tail} {said}"
-        if code == UsageError.exit_code and all(f.exitcode == code for f in err.failures.values()):
-            raise UsageError(message) from None  # every rank refused the input (a checkpoint not this run's)
+        # every rank refused the input (a checkpoint not this run's), or was stopped by torchrun while it
+        # started (SIGTERM; 130 where gputrain's start-up handler caught it) before meeting it too
+        stopped = (code, 130, -signal.SIGTERM)
+        if code == UsageError.exit_code and all(f.exitcode in stopped for f in err.failures.values()):
+            raise UsageError(message) from None
         raise RunError(message) from None
     sys.stdout.flush()
     return 0

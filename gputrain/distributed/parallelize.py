@@ -11,7 +11,7 @@ models/meta.py) after FSDP and before DDP, which broadcasts real values.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,14 +45,15 @@ class Parallelized:
     """Pipeline schedule driving forward and backward when pipeline parallelism is on."""
 
 
-def setup_parallel(ctx: DistContext, choice: StrategyChoice, config: Config, device: torch.device) -> ParallelDims:
-    """Resolve the degrees, build the device mesh and set this rank's data-parallel coordinates."""
+def setup_parallel(
+    ctx: DistContext, choice: StrategyChoice, config: Config, device: torch.device
+) -> tuple[DistContext, ParallelDims]:
+    """Resolve the degrees and build the device mesh. Returns this rank's context in that layout (a
+    new one, with the mesh and this rank's data-parallel coordinates) and the degrees."""
     dims = dims_for_strategy(choice.strategy, config.parallel, ctx.world_size)
-    ctx.dims = dims
-    ctx.dp_rank, ctx.dp_size = dims.dp_rank(ctx.rank), dims.dp_size
-    if ctx.enabled:
-        ctx.mesh = dims.build_mesh(device.type)
-    return dims
+    mesh = dims.build_mesh(device.type) if ctx.enabled else None
+    laid_out = replace(ctx, dp_rank=dims.dp_rank(ctx.rank), dp_size=dims.dp_size, dims=dims, mesh=mesh)
+    return laid_out, dims
 
 
 def _apply_compile(model: nn.Module, mode: str | None = None) -> None:
@@ -115,7 +116,8 @@ def parallelize(
                 "loss_fn(outputs, targets) to the Trainer (step_fn cannot be split into stages)",
                 config.parallel.strategy,
             )
-        model, pipeline = apply_pp(model, mesh["pp"], config, device, grad_accum, loss_fn)  # type: ignore[index]
+        assert mesh is not None  # dims come with a mesh when the job is distributed
+        model, pipeline = apply_pp(model, mesh["pp"], config, device, grad_accum, loss_fn)
     # module names as built, before activation checkpointing wraps the blocks: materialising finds them so
     targets = dict(model.named_modules()) if meta_init is not None else {}
     chunks = pipeline.chunks if pipeline is not None else [model]

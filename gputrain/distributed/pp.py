@@ -151,10 +151,10 @@ class PipelineRunner:
         param = self.holder.get_parameter(self.tied)
         if param.grad is None:
             param.grad = torch.zeros_like(param)
-        elif is_dtensor(param.grad) and param.grad.placements != param.placements:  # type: ignore[attr-defined]
+        elif is_dtensor(param.grad) and is_dtensor(param) and param.grad.placements != param.placements:
             # a tensor-parallel embedding's gradient comes back replicated: shard it as the weight
             # is, so both stages exchange the same rows
-            param.grad = param.grad.redistribute(param.device_mesh, param.placements)  # type: ignore[attr-defined]
+            param.grad = param.grad.redistribute(param.device_mesh, param.placements)
         grad = local_tensor(param.grad)
         if self.has_first:
             received = torch.empty_like(grad)
@@ -208,9 +208,9 @@ class PipelineRunner:
 
     def _broadcast_tensor(self, value: torch.Tensor | None, owner: int) -> torch.Tensor:
         src = dist.get_global_rank(self.group, owner)
-        meta = [None if value is None else (tuple(value.shape), value.dtype)]
+        meta: list[Any] = [None if value is None else (tuple(value.shape), value.dtype)]
         dist.broadcast_object_list(meta, src=src, group=self.group)
-        shape, dtype = meta[0]  # type: ignore[misc]
+        shape, dtype = meta[0]  # the owner's: every rank gets a pair
         out = value.contiguous() if value is not None else torch.empty(shape, dtype=dtype, device=self.device)
         dist.broadcast(out, src=src, group=self.group)
         return out
@@ -249,7 +249,7 @@ def apply_pp(
         )
     virtual = 2 if schedule == "interleaved_1f1b" else 1
     num_stages = pp * virtual
-    units = layer_units(model) if cut is None else []  # type: ignore[arg-type]
+    units = layer_units(model) if isinstance(model, nn.Sequential) else []
     num_units = len(units) if cut is None else cut[0]
     if num_units < num_stages:
         what = "layers with parameters" if cut is None else "blocks"
@@ -279,7 +279,8 @@ def apply_pp(
     if cut is not None:
         chunks, tied = cut[1](holder, ranges, stage_ids)
     else:
-        chunks, tied = _cut_sequential(holder, units, ranges, stage_ids), None  # type: ignore[arg-type]
+        assert isinstance(holder, nn.Sequential)  # checked above: a model without a cut of its own is one
+        chunks, tied = _cut_sequential(holder, units, ranges, stage_ids), None
     runner = PipelineRunner(
         holder, chunks, stage_ids, num_stages, mesh, schedule, n_microbatches, device, loss_fn, tied=tied
     )

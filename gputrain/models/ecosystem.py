@@ -1,6 +1,6 @@
 """What the models of outside libraries (timm, torchvision, transformers) share when gputrain builds them.
 
-The libraries are optional (`pip install -e '.[ecosystem]'`): each is imported only when a config
+The libraries are optional (`pip install 'gputrain[ecosystem]'`): each is imported only when a config
 names one of its models, and a missing or broken one is a usage error that says how to install it.
 Nothing here downloads: models start from random weights, or from local files (`model.weights`,
 or the directory `model.hf_config` names).
@@ -20,8 +20,16 @@ from torch import nn
 from gputrain.data.spec import DataSpec
 from gputrain.errors import ConfigError, first_line
 
-INSTALL = "pip install -e '.[ecosystem]'"
+EXTRA = "gputrain[ecosystem]"
 """The extra that installs timm, torchvision and transformers (pyproject.toml)."""
+
+
+def install_hint(package: str) -> str:
+    """How to install one library of the extra: the extra, or the package alone (a source checkout
+    installs the extra with `pip install -e '.[ecosystem]'`)."""
+    return f"pip install '{EXTRA}' (or pip install {package})"
+
+
 _CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
@@ -45,10 +53,10 @@ def import_library(module: str, model_name: str) -> ModuleType:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         missing = (exc.name or module).split(".")[0]
-        hint = INSTALL
+        hint = install_hint(missing)
         # timm imports torchvision, which must be built for this torch: installed first, it is kept
         if module in ("timm", "torchvision") and importlib.util.find_spec("torchvision") is None:
-            hint = f"{_matching_torchvision()}, then {INSTALL}"
+            hint = _matching_torchvision() + ("" if missing == "torchvision" else f", then {hint}")
         raise ConfigError("model.name", f"needs {missing}, which is not installed", model_name, hint=hint) from exc
     except Exception as exc:  # a broken install, e.g. a torchvision built for another torch
         # the usual cause: a torchvision built for a CUDA torch beside a CPU one, whose C++ ops fail to load
@@ -96,6 +104,18 @@ def check_image_data(spec: DataSpec, model_name: str) -> int:
     return spec.input_shape[0]
 
 
+def larger_images_hint(spec: DataSpec) -> str:
+    """What would give the model larger images: the field that sizes this data's images, or, where
+    the source's size is fixed (digits 8×8, MNIST 28×28), the sources whose size is a field."""
+    if spec.size_field is not None:
+        return f"use larger images ({spec.size_field}) or another model"
+    size = "×".join(map(str, spec.input_shape[1:]))
+    return (
+        f"this data's images are {size} whatever the config: use another model, or data that sets its size "
+        "(data.name=image_folder with data.image_size, synthetic with data.shape)"
+    )
+
+
 def check_takes_images(model: nn.Module, spec: DataSpec, model_name: str) -> None:
     """Run two blank images of the data's shape through the model in training mode, so a model that
     cannot take this size (a ViT's patches larger than the image, too many stride-2 stages) or that
@@ -114,7 +134,7 @@ def check_takes_images(model: nn.Module, spec: DataSpec, model_name: str) -> Non
             "model.name",
             f"cannot take this data's {shape} images ({type(exc).__name__}: {first_line(exc)})",
             model_name,
-            hint="use larger images (data.image_size) or another model",
+            hint=larger_images_hint(spec),
         ) from exc
     expected = (2, spec.num_model_outputs)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:

@@ -122,7 +122,8 @@ class Block(nn.Module):
 
 
 def _normal_weight(module: nn.Module, std: float) -> None:
-    nn.init.normal_(module.weight, mean=0.0, std=std)  # type: ignore[arg-type]
+    assert isinstance(module, (nn.Linear, nn.Embedding))  # init_steps lists only these
+    nn.init.normal_(module.weight, mean=0.0, std=std)
 
 
 def _gpt2_init(module: nn.Module) -> None:
@@ -137,12 +138,13 @@ class GPT(nn.Module):
     def __init__(self, shape: GPTShape) -> None:
         super().__init__()
         self.shape = shape
-        self.wte = nn.Embedding(shape.vocab_size, shape.d_model)
-        self.wpe = nn.Embedding(shape.seq_len, shape.d_model)
+        # typed as modules: a pipeline stage's copy holds nn.Identity where another rank has the layer
+        self.wte: nn.Module = nn.Embedding(shape.vocab_size, shape.d_model)
+        self.wpe: nn.Module = nn.Embedding(shape.seq_len, shape.d_model)
         self.drop = nn.Dropout(shape.dropout)
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.n_layer))
-        self.ln_f = nn.LayerNorm(shape.d_model, bias=shape.bias)
-        self.lm_head = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
+        self.ln_f: nn.Module = nn.LayerNorm(shape.d_model, bias=shape.bias)
+        self.lm_head: nn.Module = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one matrix embeds and un-embeds
         run_init_steps(self, self.init_steps())
 
@@ -204,7 +206,7 @@ class KVCache:
     def __init__(self, model: GPT, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> None:
         shape = model.shape
         self.max_len = min(max_len or shape.seq_len, shape.seq_len)
-        weight = model.wte.weight
+        weight = model.get_parameter("wte.weight")
         size = (shape.n_layer, batch, shape.n_head, self.max_len, shape.d_model // shape.n_head)
         self.keys = torch.zeros(size, dtype=dtype or weight.dtype, device=weight.device)
         self.values = torch.zeros_like(self.keys)

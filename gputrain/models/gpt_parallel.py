@@ -55,12 +55,15 @@ class GPTStage(nn.Module):
         return self.lm_head(self.ln_f(x)) if self.last else x
 
 
-def gpt_pipeline_stages(holder: GPT, ranges: list[range], stage_ids: list[int]) -> tuple[list[nn.Module], str | None]:
-    """Cut `holder` (this rank's copy of the model) into its stages, the blocks of stage s being
+def gpt_pipeline_stages(
+    holder: nn.Module, ranges: list[range], stage_ids: list[int]
+) -> tuple[list[nn.Module], str | None]:
+    """Cut `holder` (this rank's copy of a GPT) into its stages, the blocks of stage s being
     `ranges[s]`; the layers of other ranks' stages become nn.Identity in `holder`, so the parameter
     names stay the whole model's. Returns the stage modules, and the name under which this rank
     holds the embedding/head matrix the first and last stages share (None where it holds neither).
     """
+    assert isinstance(holder, GPT)  # models/plans.py hands this cut only GPTs
     num_stages = len(ranges)
     first, last = 0 in stage_ids, num_stages - 1 in stage_ids
     stages: list[nn.Module] = [GPTStage(holder, ranges[s], first=s == 0, last=s == num_stages - 1) for s in stage_ids]
@@ -69,23 +72,24 @@ def gpt_pipeline_stages(holder: GPT, ranges: list[range], stage_ids: list[int]) 
         if i not in owned:
             holder.blocks[i] = nn.Identity()
     if not first:
-        holder.wpe = nn.Identity()  # type: ignore[assignment]
+        holder.wpe = nn.Identity()
     if not last:
-        holder.ln_f = nn.Identity()  # type: ignore[assignment]
+        holder.ln_f = nn.Identity()
     if not (first or last):
-        holder.wte, holder.lm_head = nn.Identity(), nn.Identity()  # type: ignore[assignment]
+        holder.wte, holder.lm_head = nn.Identity(), nn.Identity()
     # the first and last stages keep both names of the tied matrix (a one-process checkpoint holds
     # one of them); pp.py keeps the name the stage does not run pointing at the one it does
     tied = "wte.weight" if first else "lm_head.weight" if last else None
     return stages, tied
 
 
-def gpt_tp_plan(model: GPT | GPTStage, tp_degree: int) -> dict[str, ParallelStyle]:
-    """Module name → how it is split, for `tp_degree` ranks; `model` may be one pipeline stage.
+def gpt_tp_plan(model: nn.Module, tp_degree: int) -> dict[str, ParallelStyle]:
+    """Module name → how a GPT is split, for `tp_degree` ranks; `model` may be one pipeline stage.
 
     Raises:
         ConfigError: the heads do not divide over the ranks (each rank takes whole heads).
     """
+    assert isinstance(model, (GPT, GPTStage))  # models/plans.py hands this plan only GPTs and their stages
     if model.shape.n_head % tp_degree:
         raise ConfigError(
             "parallel.tp",

@@ -80,6 +80,14 @@ def _check_fits_data(hf_config: Any, spec: DataSpec, model_name: str) -> None:
             model_name,
             hint="use data.name=text, tokens or synthetic with data.task=lm",
         )
+    if spec.task != "lm" and spec.vocab_size is None:  # the ids are what the spec of token data states
+        raise ConfigError(
+            "model.name",
+            f"a sequence classifier takes token ids; this data gives {spec.input_shape[0]} numbers per sample that "
+            "are not token ids (gputrain's data sources give token ids for language modelling only, data.task=lm): "
+            "train one from Python, on a Dataset of (input_ids, labels)",
+            model_name,
+        )
     vocab = getattr(hf_config, "vocab_size", None)
     if spec.vocab_size is not None and isinstance(vocab, int) and vocab < spec.vocab_size:
         raise ConfigError(

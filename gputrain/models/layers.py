@@ -68,15 +68,16 @@ def init_scheme_steps(model: nn.Module, scheme: str, activation: str) -> list[In
         return []
 
     def fill(module: nn.Module) -> None:
-        _init_weight(module.weight, scheme, activation)  # type: ignore[arg-type]
+        assert isinstance(module, _SCHEMED)  # the steps below name only these layers
+        _init_weight(module.weight, scheme, activation)
         if module.bias is not None:
-            nn.init.zeros_(module.bias)  # type: ignore[arg-type]
+            nn.init.zeros_(module.bias)
 
-    return [
-        (name, fill)
-        for name, module in model.named_modules()
-        if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
-    ]
+    return [(name, fill) for name, module in model.named_modules() if isinstance(module, _SCHEMED)]
+
+
+_SCHEMED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+"""The layers model.init's scheme fills."""
 
 
 def apply_init(model: nn.Module, scheme: str, activation: str) -> None:

@@ -76,7 +76,7 @@ def record_deferred(model: nn.Module, rng_state: torch.Tensor, extra_steps: list
 
 
 def _reset(module: nn.Module) -> None:
-    module.reset_parameters()  # type: ignore[operator]
+    module.reset_parameters()  # type: ignore[operator]  # listed only where callable (construction_steps)
 
 
 def construction_steps(model: nn.Module) -> list[InitStep]:

@@ -22,7 +22,7 @@ def tp_plan_for(model: nn.Module) -> TPPlan | None:
     from gputrain.models.mlp import MLP, mlp_tp_plan
 
     if isinstance(model, GPT):
-        return gpt_tp_plan  # type: ignore[return-value]
+        return gpt_tp_plan
     if isinstance(model, MLP):
         return mlp_tp_plan
     return None
@@ -42,5 +42,5 @@ def pipeline_cut_for(model: nn.Module) -> tuple[int, PipelineCut] | None:
     from gputrain.models.gpt_parallel import gpt_pipeline_stages
 
     if isinstance(model, GPT):
-        return len(model.blocks), gpt_pipeline_stages  # type: ignore[return-value]
+        return len(model.blocks), gpt_pipeline_stages
     return None

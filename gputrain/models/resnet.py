@@ -74,12 +74,14 @@ def _shortcut(in_ch: int, out_ch: int, stride: int) -> nn.Module | None:
 
 
 def _conv_init(module: nn.Module) -> None:
-    nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")  # type: ignore[arg-type]
+    assert isinstance(module, nn.Conv2d)
+    nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
 
 
 def _bn_init(module: nn.Module) -> None:
-    nn.init.ones_(module.weight)  # type: ignore[arg-type]
-    nn.init.zeros_(module.bias)  # type: ignore[arg-type]
+    assert isinstance(module, nn.BatchNorm2d)
+    nn.init.ones_(module.weight)
+    nn.init.zeros_(module.bias)
 
 
 class ResNet(nn.Module):

@@ -16,7 +16,13 @@ from torch import nn
 from gputrain.config.schema import ModelConfig
 from gputrain.data.spec import DataSpec
 from gputrain.errors import ConfigError
-from gputrain.models.ecosystem import check_image_data, check_known_name, check_takes_images, import_library
+from gputrain.models.ecosystem import (
+    check_image_data,
+    check_known_name,
+    check_takes_images,
+    import_library,
+    larger_images_hint,
+)
 from gputrain.models.registry import register_library
 
 # In training these add auxiliary classifiers whose outputs come back beside the logits: the loop
@@ -43,14 +49,20 @@ def _set_input_channels(model: nn.Module, channels: int) -> None:
     replacement = nn.Conv2d(
         channels,
         first.out_channels,
-        first.kernel_size,  # type: ignore[arg-type]
-        stride=first.stride,  # type: ignore[arg-type]
-        padding=first.padding,  # type: ignore[arg-type]
-        dilation=first.dilation,  # type: ignore[arg-type]
+        _two(first.kernel_size),
+        stride=_two(first.stride),
+        padding=first.padding if isinstance(first.padding, str) else _two(first.padding),
+        dilation=_two(first.dilation),
         bias=first.bias is not None,
         padding_mode=first.padding_mode,
     )
     setattr(model.get_submodule(parent_name), child_name, replacement)
+
+
+def _two(values: tuple[int, ...]) -> tuple[int, int]:
+    """A Conv2d's setting per spatial dimension (height, width), as its constructor takes it."""
+    height, width = values
+    return height, width
 
 
 @register_library("torchvision")
@@ -78,7 +90,7 @@ def build_torchvision_model(name: str, config: ModelConfig, spec: DataSpec) -> n
             "model.name",
             f"torchvision cannot build it for this data's {'×'.join(map(str, spec.input_shape))} images: {exc}",
             config.name,
-            hint="use larger images (data.image_size) or another model",
+            hint=larger_images_hint(spec),
         ) from exc
     _set_input_channels(model, channels)
     check_takes_images(model, spec, config.name)

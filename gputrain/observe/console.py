@@ -150,11 +150,29 @@ class RunConsole:
         text = f"{where}: " + "  ".join(f"{k} {_fmt(v)}" for k, v in metrics.items())
         if self._progress is not None:
             self._show_step()
-            self._progress.console.print(text)
+            self._above_bar(self._progress, text)
         elif self.mode == "plain":
             self._line(text)
         else:
             self.info(text)
+
+    @staticmethod
+    def _above_bar(progress: Progress, text: str) -> None:
+        """Print a line above the live bar. rich's own print re-renders the whole bar with it (~1 ms a
+        line, most of an evaluation of a small model); here the bar is erased and the line written in
+        its place, under the display's lock, and the bar's next refresh (within BAR_REFRESH_S) draws
+        it again below. Where rich's live display lacks the parts this needs, its own print is used."""
+        live = progress.live
+        lock, render = getattr(live, "_lock", None), getattr(live, "_live_render", None)
+        console = progress.console
+        if lock is None or render is None or not hasattr(render, "_shape") or not console.is_terminal:
+            console.print(text, markup=False, highlight=False)
+            return
+        with lock:
+            erase = render.position_cursor().segment.text  # to the bar's first line, each of its lines cleared
+            render._shape = None  # the next refresh draws the bar afresh below the line, moving up over nothing
+            console.file.write(f"{erase}{text}\n")
+            console.file.flush()
 
     def stop(self) -> None:
         if self._progress is not None:

@@ -6,8 +6,11 @@ import json
 import logging
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
+
+from gputrain.errors import ConfigError, first_line
 
 log = logging.getLogger("gputrain")
 
@@ -64,7 +67,9 @@ def cut_back(path: Path, resume_step: int) -> None:
 
 class JsonlSink:
     """One JSON object per line. On resume, lines after the resumed step are dropped first, so the
-    file reads exactly as if the run had never stopped; damaged lines are dropped too (one warning)."""
+    file reads exactly as if the run had never stopped; damaged lines are dropped too (one warning).
+    Lines are buffered until `flush` (the metrics logger's policy: train/metrics.py), not written one
+    system call each."""
 
     def __init__(self, path: Path, resume_step: int | None = None) -> None:
         self.path = path
@@ -72,13 +77,46 @@ class JsonlSink:
             cut_back(path, resume_step)
         elif resume_step is None and path.exists():
             path.unlink()
-        self._file = path.open("a", buffering=1, encoding="utf-8")
+        self._file = path.open("a", buffering=1 << 16, encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
 
+    def flush(self) -> None:
+        self._file.flush()
+
     def close(self) -> None:
         self._file.close()
+
+
+def check_tensorboard() -> None:
+    """Import what `TensorBoardSink` needs now, before training, so that a missing or broken
+    tensorboard (one built for another protobuf, say) is one line naming the package and the ways
+    out, not a failure at the first step.
+
+    Raises:
+        ConfigError: naming log.tensorboard.
+    """
+    try:
+        import tensorboard.compat.proto.summary_pb2  # noqa: F401
+        import torch.utils.tensorboard  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "tensorboard":
+            raise _broken(exc) from exc
+        raise ConfigError(
+            "log.tensorboard",
+            "the tensorboard package is not installed: pip install tensorboard, or set log.tensorboard=false",
+        ) from exc
+    except Exception as exc:  # any failure to import it is the install's
+        raise _broken(exc) from exc
+
+
+def _broken(exc: BaseException) -> ConfigError:
+    return ConfigError(
+        "log.tensorboard",
+        f"the tensorboard package cannot be imported ({type(exc).__name__}: {first_line(exc)}): reinstall it "
+        "(pip install --force-reinstall tensorboard), or set log.tensorboard=false",
+    )
 
 
 class TensorBoardSink:
@@ -90,21 +128,33 @@ class TensorBoardSink:
 
         self._writer = SummaryWriter(str(log_dir), purge_step=None if resume_step is None else resume_step + 1)
         self._summary = Summary
+        self._held: list[tuple[dict[str, Any], float]] = []
 
     def write(self, record: dict[str, Any]) -> None:
+        """Hold the row (with its time) until `flush`: handing each row to the writer's thread as it
+        comes wakes that thread once a row, which costs a small model's step more than the row."""
+        self._held.append((record, time.time()))
+
+    def flush(self) -> None:
         # One event holds all of a row's scalars: `add_scalar` per figure costs ~60 µs each and
         # wakes the writer thread each time (~0.6 ms a row, more than a small model's step).
         # TensorBoard reads the values of one event as it reads separate scalar events.
-        split = record.get("split", "train")
-        values = [
-            self._summary.Value(tag=f"{split}/{key}", simple_value=float(value))
-            for key, value in record.items()
-            if key not in ("step", "split", "epoch") and isinstance(value, (int, float)) and not isinstance(value, bool)
-        ]
-        if values:
-            self._writer._get_file_writer().add_summary(self._summary(value=values), record["step"])
+        held, self._held = self._held, []
+        writer = self._writer._get_file_writer()
+        for record, walltime in held:
+            split = record.get("split", "train")
+            values = [
+                self._summary.Value(tag=f"{split}/{key}", simple_value=float(value))
+                for key, value in record.items()
+                if key not in ("step", "split", "epoch")
+                and isinstance(value, (int, float))
+                and not isinstance(value, bool)
+            ]
+            if values:
+                writer.add_summary(self._summary(value=values), record["step"], walltime)
 
     def close(self) -> None:
+        self.flush()
         self._writer.close()
 
 
@@ -115,6 +165,10 @@ class Sinks:
     def write(self, record: dict[str, Any]) -> None:
         for sink in self.sinks:
             sink.write(record)
+
+    def flush(self) -> None:
+        for sink in self.sinks:
+            sink.flush()
 
     def close(self) -> None:
         for sink in self.sinks:

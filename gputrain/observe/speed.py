@@ -11,6 +11,7 @@ import contextlib
 import logging
 import resource
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -43,7 +44,8 @@ class SpeedMeter:
     model: the unwrapped model (for the GPT formula).
     device, precision: what the peak is looked up for.
     world_size: ranks sharing each optimizer step (one rank's FLOPs × world_size = the step's).
-    global_batch: samples per optimizer step; seq_len: tokens per sample for LMs, else None.
+    global_batch: samples per optimizer step; seq_len: tokens per sample for language models (the
+        GPT formula is given for those alone), else None.
     breakdown_every: time every N-th step (0: never).
     count_flops: False where the counter cannot run (pipeline schedules call autograd.grad,
         which rejects the counter's module hooks); the FLOP figures are then null.
@@ -71,7 +73,9 @@ class SpeedMeter:
         self._counter = StepFlopCounter()
         self._counted = not count_flops
         self._peak: tuple[float | None, str | None] | None = None
-        dims = gpt_dims(model, seq_len)
+        # the formula counts a language model's tokens: without the data's tokens per sample (a
+        # classifier, or a task not told) there is none, rather than one at the model's context length
+        dims = gpt_dims(model, seq_len) if seq_len else None
         self.formula_flops_per_step: float | None = None
         if dims is not None:
             per_token = gpt_flops_per_token(dims.n_params, dims.n_layer, dims.n_head, dims.head_dim, dims.seq_len)
@@ -111,9 +115,9 @@ class SpeedMeter:
             fields[f"{prefix}mfu_formula"] = formula_rate / peak if peak else None
         return fields
 
-    def _breakdown(self, values: dict[str, float] | None) -> dict[str, float | None] | None:
+    def _breakdown(self, values: Mapping[str, float] | None) -> Mapping[str, float | None] | None:
         if values is None or self.world_size == 1 or self.comm_timed:
-            return values  # type: ignore[return-value]
+            return values
         return {**values, "comm": None}  # TP/PP traffic is inside forward_backward, not measured apart
 
     def record_fields(self, steps: int, seconds: float) -> dict[str, Any]:

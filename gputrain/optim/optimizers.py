@@ -90,7 +90,7 @@ def build_optimizer(
     params = list(params)
     cls = _CLASSES[config.name]
     lr = effective_lr(config, batch_size)
-    kwargs: dict[str, object] = {"lr": lr}
+    kwargs: dict[str, Any] = {"lr": lr}  # each optimizer's own settings
     if config.name == "sgd":
         kwargs.update(momentum=config.momentum, nesterov=config.nesterov)
     elif config.name == "rmsprop":
@@ -100,7 +100,7 @@ def build_optimizer(
     elif config.name in ("adagrad", "adadelta"):
         kwargs.update(eps=config.eps)
     kwargs.update(kernel_flags(cls, params, device))
-    return cls(decay_groups(params, config), **kwargs)  # type: ignore[arg-type]
+    return cls(decay_groups(params, config), **kwargs)
 
 
 def decay_groups(params: list[torch.nn.Parameter], config: OptimConfig) -> list[dict[str, Any]]:

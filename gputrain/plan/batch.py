@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sized
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gputrain.distributed.ac import ACMode
+from gputrain.distributed.parallel_dims import Strategy
 from gputrain.plan.layouts import usable_bytes
+from gputrain.plan.measure import LossOf
 from gputrain.plan.planner import PlanTarget, layout_row
 
 if TYPE_CHECKING:
@@ -31,7 +34,7 @@ SHRINK = 0.8
 MAX_MICRO_BATCH = 1 << 16
 
 
-def planned_bytes(target: PlanTarget, micro: int, world: int, device_bytes: int, strategy: str, ac: ACMode) -> int:
+def planned_bytes(target: PlanTarget, micro: int, world: int, device_bytes: int, strategy: Strategy, ac: ACMode) -> int:
     """The layout's planned bytes per device at `micro` samples."""
     return layout_row(target, micro, world, strategy, ac, False, device_bytes)[0].layout.total
 
@@ -40,7 +43,7 @@ def plan_micro_batch(
     target: PlanTarget,
     world: int,
     device_bytes: int,
-    strategy: str,
+    strategy: Strategy,
     ac: ACMode = "none",
     cap: int = MAX_MICRO_BATCH,
 ) -> int:
@@ -156,14 +159,25 @@ def _cuda_trial(target: PlanTarget, ac: ACMode) -> Callable[[int], bool]:
 
 
 def resolve_auto_batch(
-    config: Config, model: torch.nn.Module, train_data: Any, world: int, device: torch.device, precision: str
-) -> str | None:
-    """Replace `auto` in train.batch_size or train.micro_batch_size by the micro-batch that fits, in
-    `config` itself (so the run directory's config.toml records what ran); returns the line that says so.
+    config: Config,
+    model: torch.nn.Module,
+    train_data: Any,
+    world: int,
+    device: torch.device,
+    precision: str,
+    loss_of: LossOf | None = None,
+) -> Config:
+    """`config` with `auto` in train.batch_size or train.micro_batch_size replaced by the micro-batch
+    that fits (a new Config: the run directory's config.toml records what ran); `config` itself
+    where neither is auto. Rank 0 prints the line that says what was chosen.
 
     batch_size=auto: the global batch is that micro-batch × data-parallel ranks × grad_accum.
     micro_batch_size=auto (batch_size fixed): the largest divisor of the per-rank batch that fits;
     grad_accum makes up the rest.
+
+    Args:
+        loss_of: the step's loss, where the caller knows the task; else `surrogate_loss`
+            (cross-entropy's memory).
 
     Raises:
         ConfigError: not even one sample fits (with the numbers), or the data has no sample to measure.
@@ -171,23 +185,25 @@ def resolve_auto_batch(
     from gputrain.data.pixels import as_model_sees_it
     from gputrain.distributed.auto import device_memory_bytes
     from gputrain.errors import ConfigError
-    from gputrain.plan.targets import build_target, data_parallel_ranks
+    from gputrain.plan.targets import build_target, data_parallel_ranks, surrogate_loss
 
     train = config.train
     if train.batch_size != "auto" and train.micro_batch_size != "auto":
-        return None
+        return config
     field = "train.batch_size" if train.batch_size == "auto" else "train.micro_batch_size"
     sample = _first_sample(train_data)
     if sample is None:
         raise ConfigError(field, "auto needs a Dataset of (inputs, targets) to measure a step on", "auto")
     sample = (as_model_sees_it(sample[0]), *sample[1:])
-    target = build_target(config, model, sample, device, precision, loss_of=_loss_for(model, train_data))
+    target = build_target(config, model, sample, device, precision, loss_of=loss_of or surrogate_loss)
     dp = data_parallel_ranks(config, world)
-    strategy: str = config.parallel.strategy
-    if strategy == "auto":
+    given = config.parallel.strategy
+    if given == "auto":
         from gputrain.plan.planner import auto_candidates
 
         strategy = auto_candidates(world)[0][0]
+    else:
+        strategy = given
     ac: ACMode = config.parallel.activation_checkpointing
     device_bytes = device_memory_bytes(device)
     cap = max(1, min(MAX_MICRO_BATCH, _num_samples(train_data) // dp))
@@ -208,30 +224,34 @@ def resolve_auto_batch(
         )
     if train.batch_size == "auto":
         accum = train.grad_accum if isinstance(train.grad_accum, int) else 1
-        train.batch_size, train.grad_accum = micro * dp * accum, accum
-        if train.micro_batch_size is not None:
-            train.micro_batch_size = micro
+        resolved = replace(
+            train,
+            batch_size=micro * dp * accum,
+            grad_accum=accum,
+            micro_batch_size=None if train.micro_batch_size is None else micro,
+        )
         line = (
             f"train.batch_size=auto: micro-batch {micro} per device (from {how}) "
-            f"× {dp} ranks × {accum} = {train.batch_size}"
+            f"× {dp} ranks × {accum} = {resolved.batch_size}"
         )
     else:
         per_rank = train.batch_size // dp
         micro = _largest_divisor_at_most(per_rank, micro)
-        train.micro_batch_size, train.grad_accum = micro, per_rank // micro
+        resolved = replace(train, micro_batch_size=micro, grad_accum=per_rank // micro)
         line = (
             f"train.micro_batch_size=auto: {micro} per device (from {how}); "
-            f"train.grad_accum={train.grad_accum} makes up the batch of {train.batch_size}"
+            f"train.grad_accum={resolved.grad_accum} makes up the batch of {resolved.batch_size}"
         )
     if int(os.environ.get("RANK", "0")) == 0:
         print(line, flush=True)
-    return line
+    return replace(config, train=resolved)
 
 
 def _num_samples(data: Any) -> int:
+    source = data.dataset if isinstance(data, torch.utils.data.DataLoader) else data
     try:
-        return len(data.dataset if isinstance(data, torch.utils.data.DataLoader) else data)  # type: ignore[arg-type]
-    except TypeError:
+        return len(source) if isinstance(source, Sized) else MAX_MICRO_BATCH
+    except TypeError:  # a __len__ that says there is no length
         return MAX_MICRO_BATCH
 
 
@@ -245,14 +265,3 @@ def _first_sample(data: Any) -> tuple[Any, ...] | None:
     if isinstance(sample, (list, tuple)) and sample and all(isinstance(t, torch.Tensor) for t in sample):
         return tuple(sample)
     return None
-
-
-def _loss_for(model: torch.nn.Module, data: Any) -> Any:
-    """The task's loss where the data tells it, else the surrogate (cross-entropy's memory)."""
-    from gputrain.plan.targets import surrogate_loss
-    from gputrain.train.tasks import loss_of_batch, resolve_task
-
-    try:
-        return loss_of_batch(resolve_task(model, data, spec=None, loss_fn=None, step_fn=None), None)
-    except Exception:  # noqa: BLE001 - a task that cannot be told: the surrogate's memory is close
-        return surrogate_loss

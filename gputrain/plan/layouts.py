@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gputrain.distributed.ac import ACMode
+from gputrain.distributed.parallel_dims import Strategy
 from gputrain.plan.measure import StepMemory
 
-STRATEGIES = ("none", "ddp", "fsdp", "tp", "pp", "hybrid")
+STRATEGIES: tuple[Strategy, ...] = ("none", "ddp", "fsdp", "tp", "pp", "hybrid")
 USABLE_FRACTION = 0.85
 """Of the device's memory, what the plan lets a run use: the rest is the CUDA context, the
 allocator's fragmentation and the headroom `batch_size=auto` leaves."""
@@ -39,8 +41,8 @@ class ModelShape:
 
 @dataclass(frozen=True, slots=True)
 class LayoutBytes:
-    strategy: str
-    activation_checkpointing: str
+    strategy: Strategy
+    activation_checkpointing: ACMode
     cpu_offload: bool
     weights: int
     gradients: int
@@ -82,10 +84,10 @@ def _fsdp_gather(shape: ModelShape, param_bytes_factor: float) -> int:
 def layout_bytes(
     step: StepMemory,
     shape: ModelShape,
-    strategy: str,
+    strategy: Strategy,
     world: int,
     *,
-    ac: str = "none",
+    ac: ACMode = "none",
     offload: bool = False,
     accum: int = 1,
     pp_schedule: str = "1f1b",
@@ -120,12 +122,12 @@ def layout_bytes(
 
 def _compose(
     step: StepMemory,
-    strategy: str,
+    strategy: Strategy,
     shard: int,
     grad_scale: float,
     act: float,
     extra: int,
-    ac: str,
+    ac: ACMode,
     offload: bool,
 ) -> LayoutBytes:
     """The larger of the layout's forward/backward peak (the frontier point where its own sum is

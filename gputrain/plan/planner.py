@@ -135,7 +135,7 @@ def auto_candidates(world: int) -> list[tuple[Strategy, ACMode]]:
 
 
 def layout_row(
-    target: PlanTarget, micro: int, world: int, strategy: str, ac: ACMode, offload: bool, device_bytes: int
+    target: PlanTarget, micro: int, world: int, strategy: Strategy, ac: ACMode, offload: bool, device_bytes: int
 ) -> tuple[Row, bool]:
     """(the row, whether its activations were measured)."""
     step, measured = target.step_or_states(micro, ac)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from gputrain.models.outputs import model_logits
 from gputrain.plan.planner import PlanTarget
 
 if TYPE_CHECKING:
@@ -20,8 +21,6 @@ _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat1
 def surrogate_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """A loss with cross-entropy's memory (log-softmax saves one output-sized tensor) for a step whose
     targets are not known: what auto measures from an input sample alone."""
-    from gputrain.train.tasks import model_logits
-
     out = model_logits(model(batch[0]))
     return torch.log_softmax(out.float(), dim=-1).mean()
 

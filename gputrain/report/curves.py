@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gputrain.report.rl import LOSS_TITLE
 from gputrain.report.rundir import Run
 from gputrain.report.series import downsample, ema_span, smooth
 from gputrain.report.svg import Figure, Line, Mark, color, line_chart
@@ -83,8 +84,9 @@ def training_figures(runs: Sequence[Run]) -> list[Figure]:
     rate, rate_label = ("tokens_per_s", "tokens/s") if tokens else ("samples_per_s", "samples/s")
     single = len(runs) == 1
     mfu_extra = [("mfu_formula", "MFU (6N+12LHQT formula)")] if single else []
+    rl = all(run.is_rl for run in runs)  # its loss is PPO's combined objective
     figures = [
-        loss_figure(runs),
+        loss_figure(runs, LOSS_TITLE) if rl else loss_figure(runs),
         step_figure(runs, "lr", "learning rate", "lr", y_zero=True, y_log=False),
         step_figure(runs, "grad_norm", "gradient norm (before clipping)", "grad norm", y_zero=True),
         step_figure(runs, rate, f"throughput ({rate_label})", rate_label, y_zero=True, y_log=False),

@@ -11,6 +11,7 @@ from typing import Any
 
 from gputrain.report.config_diff import differs_between, differs_from_defaults, show_value
 from gputrain.report.page import Cell, Row, facts, num, table
+from gputrain.report.rl import iterations_text, rl_stop_reason, rl_tiles
 from gputrain.report.rundir import Run
 from gputrain.report.svg import esc
 from gputrain.train.tasks import metric_mode
@@ -33,15 +34,14 @@ def duration(seconds: float | None) -> str:
 
 
 def layout(run: Run) -> str:
-    """The parallel layout: summary.json's where it records one, else the configured strategy and
-    degrees with the world size the run had."""
-    summary = run.summary or {}
-    if summary.get("layout"):
-        return str(summary["layout"])
+    """The parallel layout the run resolved (Run.resolved), else, from a run of an older gputrain that
+    recorded none, the configured strategy and degrees with the world size the run had."""
+    if run.resolved("layout"):
+        return str(run.resolved("layout"))
     parallel = (run.config or {}).get("parallel", {})
     strategy = parallel.get("strategy", "auto")
     degrees = ", ".join(f"{k}={parallel[k]}" for k in _PARALLEL_KEYS if k in parallel and parallel[k] not in (1, -1))
-    world = summary.get("world_size")
+    world = run.resolved("world_size")
     text = f"{strategy}" + (f" ({degrees})" if degrees else "")
     return text + (f" on {world} rank(s)" if world else "")
 
@@ -51,26 +51,39 @@ def _steps_text(run: Run) -> str:
     last = run.last_step
     if run.sweep_only:
         return f"{(run.lr_find or {}).get('steps_run', '–')} sweep steps"
+    if run.is_rl:
+        return iterations_text(run)
     if run.status == "running" or not summary:
         return f"{last:,} so far" if last is not None else "–"
     epochs = summary.get("epochs_completed")
     return f"{summary.get('global_step', 0):,}" + (f" ({epochs} epochs)" if epochs is not None else "")
 
 
+def _resolved(run: Run, key: str) -> str:
+    """A fact the run resolved at its start (Run.resolved); a sweep's own directory has no run
+    files, and its lr_find.json records them. The configured precision where none was recorded,
+    unless it was `auto`, which says nothing of what ran."""
+    value = (run.lr_find or {}).get(key) if run.sweep_only else run.resolved(key)
+    if value is None and key == "precision":
+        value = (run.config or {}).get("train", {}).get("precision")
+    return "–" if value in (None, "auto") else str(value)
+
+
 def header_html(run: Run) -> str:
-    # a sweep's own directory has no summary: lr_find.json records the device, precision and ranks
-    summary = run.summary or (run.lr_find if run.sweep_only else None) or {}
+    summary = run.summary or {}
     train = summary.get("train") or {}
     tiles = [
-        ("device", f"{summary.get('device', '–')}"),
-        ("precision", str(summary.get("precision", (run.config or {}).get("train", {}).get("precision", "–")))),
-        ("world size", str(summary.get("world_size", "–"))),
+        ("device", _resolved(run, "device")),
+        ("precision", _resolved(run, "precision")),
+        ("world size", _resolved(run, "world_size")),
         ("parallel layout", layout(run)),
         ("wall time", duration(summary.get("wall_s"))),
         ("steps", _steps_text(run)),
-        ("task", run.task or "–"),
+        ("task", "reinforcement learning (PPO)" if run.is_rl else run.task or "–"),
     ]
-    if train.get("samples_per_s"):
+    if run.is_rl:  # its samples are environment steps: rl_tiles names them so
+        tiles += rl_tiles(run)
+    elif train.get("samples_per_s"):
         tiles.append(("samples/s", f"{train['samples_per_s']:,.0f}"))
     for split in ("test", "val"):
         metrics = summary.get(split) or {}
@@ -91,6 +104,15 @@ def header_html(run: Run) -> str:
     return body
 
 
+def resume_command(summary: dict[str, Any], where: str) -> str:
+    """The command that continues an interrupted run as written: a run directory that holds a run
+    continues with its own config.toml, on as many ranks as it had (the RL loop's runs with `rl`)."""
+    command = "rl" if "rl" in summary else "train"
+    world = summary.get("world_size")
+    ranks = f" --nproc-per-node {world}" if isinstance(world, int) and world > 1 else ""
+    return f"gputrain {command}{ranks} --run-dir {where}"
+
+
 def status_html(run: Run) -> str:
     """What the status means for this run, and what to do next."""
     summary = run.summary or {}
@@ -108,7 +130,7 @@ def status_html(run: Run) -> str:
     if status == "interrupted":
         return (
             f'<div class="alert warn"><b>Interrupted</b> at step {esc(summary.get("global_step"))}; '
-            f"continue it with <code>gputrain train --run-dir {esc(where)}</code>.</div>"
+            f"continue it with <code>{esc(resume_command(summary, where))}</code>.</div>"
         )
     if status == "lr-find":
         return (
@@ -116,7 +138,8 @@ def status_html(run: Run) -> str:
             "its curve is under LR finder; no training run is here.</div>"
         )
     if status == "stopped_early":
-        return '<div class="alert info">Stopped early: the monitored validation metric stopped improving.</div>'
+        why = rl_stop_reason(run) if run.is_rl else "the monitored validation metric stopped improving"
+        return f'<div class="alert info">Stopped early: {esc(why)}.</div>'
     return ""
 
 
@@ -124,7 +147,8 @@ def machine_html(run: Run) -> str:
     """env.json: the facts gputrain collected about the machine the run used."""
     if not run.env:
         return ""
-    rows = [[key, _short(value)] for key, value in _flat_env(run.env)]
+    machine = {k: v for k, v in run.env.items() if k != "run"}  # the run's own facts head the page
+    rows = [[key, _short(value)] for key, value in _flat_env(machine)]
     return table(["fact", "value"], rows, sortable=False)
 
 
@@ -164,8 +188,8 @@ def runs_table_html(runs: Sequence[Run]) -> str:
                 run.name,
                 run.status.replace("_", " "),
                 run.task or "–",
-                str(summary.get("device", "–")),
-                str(summary.get("precision", "–")),
+                _resolved(run, "device"),
+                _resolved(run, "precision"),
                 layout(run),
                 _steps_text(run),
                 Cell(duration(summary.get("wall_s")), summary.get("wall_s")),

@@ -76,6 +76,14 @@ class Columns:
         values = np.frombuffer(column, dtype=float).copy()
         return values if np.isfinite(values).any() else None
 
+    def last(self, key: str) -> float | None:
+        """The field's latest finite value (a run in progress: its figures so far)."""
+        values = self.get(key)
+        if values is None:
+            return None
+        finite = values[np.isfinite(values)]
+        return float(finite[-1]) if finite.size else None
+
     def keys(self) -> list[str]:
         return list(self._data)
 
@@ -135,8 +143,16 @@ class Run:
         return self.status in COMPLETE
 
     @property
+    def is_rl(self) -> bool:
+        """A `gputrain rl` run: its summary has an rl section, or (still going) its rows count
+        environment steps. Its config has data and model sections too, at their defaults."""
+        return isinstance((self.summary or {}).get("rl"), dict) or self.steps.get("env_steps") is not None
+
+    @property
     def task(self) -> str | None:
-        """classification, regression, lm, custom, or None where nothing says."""
+        """classification, regression, lm, custom, rl, or None where nothing says."""
+        if self.is_rl:
+            return "rl"
         configured = (self.config or {}).get("data", {}).get("task")
         if configured and configured != "auto":
             return str(configured)
@@ -149,6 +165,17 @@ class Run:
         if (self.config or {}).get("model", {}).get("name") == "gpt":
             return "lm"
         return _TASK_OF_DATA.get(str((self.config or {}).get("data", {}).get("name")))
+
+    def resolved(self, key: str) -> Any:
+        """device, precision, world_size or layout as the run resolved them (None where unknown):
+        summary.json's once the run has ended, else env.json's "run", which the run writes at its
+        start (a run still going has no summary, or one of an earlier attempt)."""
+        started = (self.env or {}).get("run")
+        started = started if isinstance(started, dict) else {}
+        summary = self.summary or {}
+        if self.status == "running":
+            return started.get(key, summary.get(key))
+        return summary.get(key, started.get(key))
 
     def describe_running(self) -> str:
         """What a missing or stale summary means, with the time metrics.jsonl last changed."""

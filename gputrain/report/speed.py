@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from gputrain.report.curves import step_figure
 from gputrain.report.page import Cell, Row, facts, num, plots, table
+from gputrain.report.rl import rl_facts
 from gputrain.report.rundir import Run
 from gputrain.report.scale import format_number
 from gputrain.report.svg import Figure, esc, stacked_bars
@@ -38,16 +37,8 @@ def time_split(run: Run) -> dict[str, float | None] | None:
     split = _train(run).get("time_breakdown")
     if isinstance(split, dict) and split:
         return {p: split.get(p) for p in PARTS}
-    last = {p: _last(run, f"time_{p}") for p in PARTS}
+    last = {p: run.steps.last(f"time_{p}") for p in PARTS}
     return last if any(v is not None for v in last.values()) else None
-
-
-def _last(run: Run, key: str) -> float | None:
-    values = run.steps.get(key)
-    if values is None:
-        return None
-    finite = values[np.isfinite(values)]
-    return float(finite[-1]) if finite.size else None
 
 
 def speed_figures(run: Run) -> dict[str, Any]:
@@ -56,11 +47,13 @@ def speed_figures(run: Run) -> dict[str, Any]:
     train = _train(run)
 
     def latest(key: str) -> Any:
-        return train.get(key) if train else _last(run, key)
+        return train.get(key) if train else run.steps.last(key)
 
+    rl = run.is_rl  # its "samples" are environment steps: named so, and it has no FLOPs to count
     return {
         "step time": latest("step_time_s"),
-        "samples/s": latest("samples_per_s"),
+        "samples/s": None if rl else latest("samples_per_s"),
+        "env steps/s": rl_facts(run).get("env_steps_per_s") if rl else None,
         "tokens/s": latest("tokens_per_s"),
         "FLOPs/step": train.get("flops_per_step"),
         "achieved FLOP/s": latest("achieved_flops"),
@@ -86,9 +79,23 @@ def _describe_peak(source: str | None) -> str:
     return source
 
 
+def _rl_speed_html(run: Run, f: dict[str, Any]) -> str:
+    """An RL run's speed: a PPO iteration (one rollout and its update) and environment steps/s."""
+    memory_name = "peak device memory" if str(run.resolved("device")).startswith("cuda") else "peak memory (host RSS)"
+    tiles = [
+        ("iteration time", f"{1000 * f['step time']:.1f} ms" if f["step time"] else "–"),
+        ("env steps/s", f"{f['env steps/s']:,.0f}" if f["env steps/s"] else "–"),
+        (memory_name, _bytes(f["peak memory"])),
+    ]
+    note = " No summary.json yet: the figures are the last logged row's." if f["from rows"] else ""
+    return facts(tiles) + (f'<p class="note">{note.strip()}</p>' if note else "")
+
+
 def speed_html(run: Run) -> str:
     f = speed_figures(run)
-    device = str((run.summary or {}).get("device", ""))
+    if run.is_rl:
+        return _rl_speed_html(run, f)
+    device = str(run.resolved("device") or "")
     tiles = [
         ("step time", f"{1000 * f['step time']:.2f} ms" if f["step time"] else "–"),
         ("samples/s", f"{f['samples/s']:,.0f}" if f["samples/s"] else "–"),
@@ -131,6 +138,7 @@ def speed_html(run: Run) -> str:
 
 
 def compare_speed_html(runs: Sequence[Run]) -> str:
+    rl = any(run.is_rl for run in runs)  # an RL run's step is an iteration, its rate env steps/s
     rows: list[Row] = []
     for run in runs:
         f = speed_figures(run)
@@ -139,13 +147,16 @@ def compare_speed_html(runs: Sequence[Run]) -> str:
                 run.name,
                 num(1000 * f["step time"] if f["step time"] else None, 2),
                 num(f["samples/s"], 0),
+                *([num(f["env steps/s"], 0)] if rl else []),
                 num(f["tokens/s"], 0),
                 num(100 * f["MFU"] if f["MFU"] is not None else None, 1),
                 f["peak source"] or "–",
                 Cell(_bytes(f["peak memory"]), f["peak memory"]),
             ]
         )
-    body = table(["run", "step time (ms)", "samples/s", "tokens/s", "MFU %", "MFU peak from", "peak memory"], rows)
+    step = "step or iteration time (ms)" if rl else "step time (ms)"
+    rates = ["samples/s", "env steps/s"] if rl else ["samples/s"]
+    body = table(["run", step, *rates, "tokens/s", "MFU %", "MFU peak from", "peak memory"], rows)
     bars = [(run.name, split) for run in runs if (split := time_split(run))]
     if bars:
         body += plots([stacked_bars("where a step's time goes", bars, PARTS)])

@@ -24,6 +24,7 @@ from gputrain.observe.console import RunConsole
 from gputrain.observe.speed import SpeedMeter
 from gputrain.optim import build_optimizer, build_schedule
 from gputrain.precision import Precision
+from gputrain.rl.envs.base import Discrete
 from gputrain.rl.envs.keyed_random import ACTION, KeyedUniform
 from gputrain.rl.envs.registry import ENVS
 from gputrain.rl.envs.vector import TensorVecEnv
@@ -36,7 +37,7 @@ from gputrain.rl.settings import PPOSettings, check_layout
 from gputrain.train.build import Placement, place_run
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
 from gputrain.train.metrics import MetricsLogger
-from gputrain.train.run_files import check_run_dir, default_run_dir
+from gputrain.train.run_files import claim_run_dir, default_run_dir, run_dir_path
 from gputrain.train.state import seed_everything
 from gputrain.train.threads import explicit_threads
 
@@ -118,8 +119,8 @@ def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
     console = RunConsole(cfg.log.progress, enabled=dist.is_main)
     for line in (*lines, s.describe()):
         console.info(line)
-    run_path = agree_on_path(Path(run_dir) if run_dir is not None else default_run_dir("ppo", s.env), dist)
-    check_run_dir(run_path, keep=True)  # the last check before anything heavy
+    run_path = agree_on_path(run_dir_path(run_dir) if run_dir is not None else default_run_dir("ppo", s.env), dist)
+    claim_run_dir(run_path, cfg)  # the last check before anything heavy: the directory, and a run it holds
 
     local_envs = s.num_envs // dist.world_size
     first_env = dist.rank * local_envs
@@ -147,7 +148,8 @@ def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
     # CleanRL's annealing: lr · (1 - (iteration - 1) / num_iterations), stepped once per iteration
     schedule = OptimConfig(schedule="linear" if s.anneal_lr else "constant", min_lr=0.0)
     scheduler = build_schedule(optimizer, schedule, s.num_iterations)
-    action_shape = () if dynamics.action_space.kind == "discrete" else (dynamics.action_space.size,)  # type: ignore[union-attr]
+    space = dynamics.action_space
+    action_shape = () if isinstance(space, Discrete) else (space.size,)
     rollout = Rollout.empty(
         s.num_steps, local_envs, dynamics.obs_size, action_shape, dynamics.action_space.kind == "discrete", device
     )

@@ -28,8 +28,9 @@ from gputrain.rl.minibatches import epoch_minibatches
 from gputrain.rl.ppo import LOSS_TERMS, Batch, UpdateResult, ppo_update
 from gputrain.rl.resume import ENV_KEY, check_env_state
 from gputrain.rl.rollout import collect_rollout
-from gputrain.train.run_files import PriorRun, continue_run, prior_run, write_run_files
+from gputrain.train.run_files import PriorRun
 from gputrain.train.run_record import RunEnding, RunRecorder
+from gputrain.train.run_start import start_run
 from gputrain.train.signals import StoppedBySignal, StopRequest
 from gputrain.train.state import LoopState, restore_training_state, training_state
 from gputrain.train.summary import build_summary
@@ -196,55 +197,43 @@ class PPOTrainer:
 
     # ----------------------------------------------------------------- start, resume, save
     def _start(self, ending: RunEnding) -> bool:
-        """Resume where a checkpoint says, open the run directory's files, and arm the signals.
-        False when the directory holds a complete run with nothing left to train."""
-        s = self.settings
-        path, verified = self.checkpointer.resume_point()
-        prior = prior_run(self.run_dir)
-        if not continue_run(self.run_dir, prior, self.config.checkpoint.resume, path, s.num_iterations):
-            assert prior is not None and prior.summary is not None
-            self._keep(ending, prior.summary, prior.describe())
-            return False
-        if path is not None:
-            saved = self.checkpointer.load(path, verified)
-            check_env_state(path, saved, self.envs, s.num_envs)
-            self.state = restore_training_state(
-                path, saved, self.parts.scheduler, self.parts.precision, self.dist.rank, self.place.device
-            )
-            self.envs.load_state_dict(saved[ENV_KEY])
-            self.console.info(f"resumed from {path} (iteration {self.state.global_step})")
-            if self._already_solved(prior):
-                assert prior is not None and prior.summary is not None
-                self._keep(ending, prior.summary, prior.describe())
-                return False
-        ending.started = True
-        if self.dist.is_main:
-            write_run_files(self.run_dir, self.config)
-        self.metrics.open(self.state, resumed=path is not None)
-        self.stop.install()
-        self.console.start(s.num_iterations, self.state.global_step)
-        return True
+        """Resume or begin in the run directory (train/run_start.py); False when it holds a complete
+        run: one that reached its last iteration, or rl.stop_at_return at the checkpoint resumed."""
+        return start_run(
+            ending,
+            self.parts,
+            self.config,
+            self.stop,
+            self.settings.num_iterations,
+            self.state,
+            self._restore,
+            longer="rl.total_timesteps",
+            unit="iteration",
+            complete=self._already_solved,
+        )
 
-    def _already_solved(self, prior: PriorRun | None) -> bool:
+    def _restore(self, path: Path, saved: dict[str, Any]) -> LoopState:
+        """The policy, optimizer, schedule and counters (as the Trainer's), and every environment."""
+        check_env_state(path, saved, self.envs, self.settings.num_envs)
+        self.state = restore_training_state(
+            path, saved, self.parts.scheduler, self.parts.precision, self.dist.rank, self.place.device
+        )
+        self.envs.load_state_dict(saved[ENV_KEY])
+        return self.state
+
+    def _already_solved(self, prior: PriorRun | None, state: LoopState) -> bool:
         """Whether the run resumed from stopped at rl.stop_at_return, at this checkpoint, and still
         meets it: then it is complete, as a run that reached its last iteration is."""
         if prior is None or prior.summary is None or prior.summary.get("status") != "stopped_early":
             return False
-        if prior.summary.get("global_step") != self.state.global_step:
+        if prior.summary.get("global_step") != state.global_step:
             return False
         return _reaches(self.envs.tracker.take_figures(), self.settings.stop_at_return)
-
-    def _keep(self, ending: RunEnding, summary: dict[str, Any], described: str) -> None:
-        ending.kept = ending.summary = summary
-        self.console.info(
-            f"{self.run_dir} holds {described}, complete: nothing to train (its summary: "
-            f"{self.run_dir / 'summary.json'}). Raise rl.total_timesteps to train it longer, or choose "
-            "another --run-dir for a new run"
-        )
 
     def _save(self) -> Path | None:
         if not self.checkpointer.enabled:
             return None
+        self.metrics.flush()  # the rows of the iterations the checkpoint holds are on disk first (train/metrics.py)
         state = training_state(self.parts.scheduler, self.parts.precision, self.state, self.place.device, None, None)
         state[ENV_KEY] = self.envs.state_dict()  # collective: every rank's environments
         return self.checkpointer.save(self.state.global_step, lambda: state)

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from gputrain.config import Config, resolve_grad_accum
+from gputrain.config.sizes import check_training_state_fits, state_memory
 from gputrain.config.validate import check_cuda_graphs, check_pipeline_precision
 from gputrain.data.augment import apply_channels_last, build_batch_transform
 from gputrain.data.pixels import as_model_sees_it, pixel_scaler_for
@@ -40,6 +41,7 @@ from gputrain.observe.logger import setup_logging
 from gputrain.observe.profiler import ProfileTarget
 from gputrain.observe.speed import SpeedMeter
 from gputrain.optim import build_optimizer, build_schedule
+from gputrain.optim.states import optimizer_states_per_param
 from gputrain.plan.batch import resolve_auto_batch
 from gputrain.precision import Precision, resolve_precision
 from gputrain.switches import apply_process_switches
@@ -47,17 +49,20 @@ from gputrain.train import device_guard
 from gputrain.train.batches import BatchPlan
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
 from gputrain.train.device_guard import DeviceGuard
-from gputrain.train.evaluate import EarlyStopping, Evaluator, resolve_metrics
+from gputrain.train.evaluate import EarlyStopping, Evaluator, evaluation_plan
 from gputrain.train.feed import BatchFeed
 from gputrain.train.metrics import MetricsLogger
 from gputrain.train.nonfinite import NonFiniteGuard
-from gputrain.train.run_files import check_run_dir, default_run_dir
+from gputrain.train.run_files import check_run_dir, claim_run_dir, default_run_dir, run_dir_path
+from gputrain.train.state import seed_everything
 from gputrain.train.step import StepParts
 from gputrain.train.tasks import ComputeLoss, LossFn, Task, loss_of_batch, resolve_task
 from gputrain.train.threads import apply_threads, local_ranks
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
+
+    from gputrain.data import DataBundle
 
 UserTPPlan = Union["Mapping[str, ParallelStyle]", TPPlan]
 log = logging.getLogger("gputrain")
@@ -67,6 +72,8 @@ log = logging.getLogger("gputrain")
 class Placement:
     """Where and how a run executes."""
 
+    config: Config
+    """The run's config with train.batch_size / micro_batch_size = auto resolved: what config.toml records."""
     device: torch.device
     precision: str
     """train.precision resolved: fp32, tf32, bf16, fp16 or fp8."""
@@ -82,8 +89,9 @@ class Placement:
 def place_run(
     config: Config, model: nn.Module, train_data: Any, precision_choice: tuple[str, str] | None = None
 ) -> Placement:
-    """Choose the device and precision, join the job, set the process-wide switches and lay out
-    the ranks. Raises ConfigError for a device, precision or layout that cannot work.
+    """Choose the device and precision, join the job, set the process-wide switches, resolve
+    train.batch_size=auto and lay out the ranks. Raises ConfigError for a device, precision, batch or
+    layout that cannot work. `config` is left as it is: the resolved one is `Placement.config`.
 
     `precision_choice`: (precision, reason) decided by the caller instead of train.precision (the RL
     loop trains in fp32 where train.precision is auto: autocast does not pay on its small networks)."""
@@ -91,17 +99,19 @@ def place_run(
     device, device_reason = resolve_device(cfg.train.device)
     precision, precision_reason = precision_choice or resolve_precision(cfg.train.precision, device)
     dist = init_distributed(device, cfg.parallel.timeout_s, cpu_collectives=cfg.parallel.cpu_offload)
-    resolve_auto_batch(cfg, model, train_data, dist.world_size, device, precision)  # batch_size=auto, in place
     if dist.enabled and device.type == "cuda":
         device = rank_device(dist.local_rank)  # one GPU per rank
     switches = apply_process_switches(device, precision, cfg.train.deterministic)
     threads = apply_threads(cfg.train.num_threads, device, cfg.train.deterministic, local_ranks(dist.world_size))
+    if "auto" in (cfg.train.batch_size, cfg.train.micro_batch_size):  # its trial steps run as the run will
+        loss_of = _task_loss(model, train_data)
+        cfg = resolve_auto_batch(cfg, model, train_data, dist.world_size, device, precision, loss_of)
     sample = as_model_sees_it(example_input(train_data)) if cfg.parallel.strategy == "auto" else None
     choice = choose_strategy(cfg, model, dist.world_size, device, sample)
     check_cuda_graphs(
         cfg.train.cuda_graphs and device.type == "cuda", choice.strategy, chosen_by_auto=cfg.parallel.strategy == "auto"
     )
-    dims = setup_parallel(dist, choice, cfg, device)
+    dist, dims = setup_parallel(dist, choice, cfg, device)
     check_pipeline_precision(precision, dims.pp_enabled)  # auto may have chosen fp16
     setup_logging(dist.rank, dist.world_size)
     set_by_us = switches.describe(device)
@@ -111,14 +121,24 @@ def place_run(
         + f"; {threads.describe()}"
     )
     return Placement(
-        device,
-        precision,
-        dist,
-        dims,
-        choice,
-        resolve_grad_accum(cfg, dist.dp_size),
-        (device_line, describe_choice(choice, dist)),
+        config=cfg,
+        device=device,
+        precision=precision,
+        dist=dist,
+        dims=dims,
+        choice=choice,
+        grad_accum=resolve_grad_accum(cfg, dist.dp_size),
+        lines=(device_line, describe_choice(choice, dist)),
     )
+
+
+def _task_loss(model: nn.Module, train_data: Any) -> ComputeLoss | None:
+    """The step's loss where the data tells the task (what train.batch_size=auto measures); None
+    where it cannot be told (the plan's surrogate, with cross-entropy's memory, is close)."""
+    try:
+        return loss_of_batch(resolve_task(model, train_data, spec=None, loss_fn=None, step_fn=None), None)
+    except Exception:  # noqa: BLE001 - any failure to tell the task leaves the surrogate
+        return None
 
 
 @dataclass(slots=True)
@@ -172,19 +192,22 @@ def build_training(
     train_data = as_tensor_data(train_data)  # a TensorDataset takes the in-memory path
     check_resume_setting(cfg.checkpoint)
     place = place_run(cfg, model, train_data)
-    device, dist, dims = place.device, place.dist, place.dims
+    cfg, device, dist, dims = place.config, place.device, place.dist, place.dims
     console = RunConsole(cfg.log.progress, enabled=dist.is_main)
     for line in place.lines:
         console.info(line)
     task = resolve_task(model, train_data, spec=spec, loss_fn=loss_fn, step_fn=step_fn)
-    metric_names = resolve_metrics(cfg.eval.metrics, task.kind)
-    early_stopping = EarlyStopping(cfg.eval, metric_names)
+    metric_names, early_stopping = evaluation_plan(cfg.eval, task.kind, eval_fn, step_fn)
     model_name, data_name = names or (type(model).__name__.lower(), type(train_data).__name__.lower())
-    run_path = agree_on_path(Path(run_dir) if run_dir is not None else default_run_dir(model_name, data_name), dist)
+    given = run_dir_path(run_dir) if run_dir is not None else None
+    run_path = agree_on_path(given or default_run_dir(model_name, data_name), dist)
     install_test_fault(model, dist.rank)  # no-op unless GPUTRAIN_TEST_FAULT is set (tests only)
 
     plan, global_batch = _batch_plan(cfg, train_data, place)
-    check_run_dir(run_path, keep=True)  # the last check before anything heavy
+    claim_run_dir(run_path, cfg)  # the last check before anything heavy: the directory, and a run it holds
+    shards = dims.dp_shard * dims.tp * dims.pp  # what holds 1/N of the weights and their state
+    states = optimizer_states_per_param(cfg.optim.name, cfg.optim.momentum)
+    check_training_state_fits(cfg, model, states, shards, *state_memory(device, cfg.parallel.cpu_offload))
     if meta_init is None:
         model = model.to(device)  # else materialised, this rank's part only, once parallelised
     channels_last = apply_channels_last(model, device, sharded=dims.fsdp_enabled, pipelined=dims.pp_enabled)
@@ -246,7 +269,7 @@ def build_training(
     if pipeline is not None and pipeline.tied is not None:  # the last stage's copy of a tied matrix follows the first's
         optimizer.register_step_post_hook(lambda *_: pipeline.sync_tied())
     scheduler = build_schedule(optimizer, cfg.optim, total_steps)
-    guard = _guard(cfg, optimizer, scheduler, precision, dist.enabled, par.pipeline is not None, total_steps)
+    guard = _guard(cfg, optimizer, scheduler, precision, place, total_steps)
     step = StepParts(
         model=par.step_model,
         optimizer=optimizer,
@@ -306,6 +329,21 @@ def build_training(
         console,
         run_path,
     )
+
+
+def build_model_and_data(config: Config, run_dir: str | Path | None = None) -> tuple[nn.Module, DataBundle]:
+    """The model and data of a config, from the registries (what `gputrain train` trains): the model on
+    the meta device, so that each rank materialises only its own part. A missing device, a precision
+    it cannot run (fp8) or a bad run directory fails first, before anything is loaded."""
+    from gputrain.data import build_data
+    from gputrain.models import build_model
+
+    resolve_precision(config.train.precision, resolve_device(config.train.device)[0])
+    if run_dir is not None:
+        check_run_dir(run_dir_path(run_dir))
+    seed_everything(config.train.seed)
+    data = build_data(config.data, config.train.seed)
+    return build_model(config.model, data.spec, on_meta=True), data
 
 
 def _on_meta(model: nn.Module | Callable[[], nn.Module]) -> tuple[nn.Module, MetaInit | None]:
@@ -384,18 +422,23 @@ def _guard(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     precision: Precision,
-    distributed: bool,
-    pipelined: bool,
+    place: Placement,
     total_steps: int,
 ) -> NonFiniteGuard | DeviceGuard | None:
     """The non-finite guard: on the device where the optimizer can skip an update itself (no host
     sync per step), else on the host (one small sync per step); None with train.on_nonfinite=off."""
-    mode = cfg.train.on_nonfinite
+    mode, distributed = cfg.train.on_nonfinite, place.dist.enabled
     if mode == "off":
         return None
     scaler_active = precision.scaler is not None
+    pipelined = place.dims.pp_enabled
     if not pipelined and device_guard.fits(optimizer, scheduler, mode, scaler_active, total_steps, distributed):
         return DeviceGuard(
-            mode, scheduler, distributed=distributed, window=cfg.log.every_steps, total_steps=total_steps
+            mode,
+            scheduler,
+            device=place.device,
+            distributed=distributed,
+            window=cfg.log.every_steps,
+            total_steps=total_steps,
         )
     return NonFiniteGuard(mode, distributed=distributed, scaler_active=scaler_active)

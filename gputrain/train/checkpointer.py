@@ -25,7 +25,7 @@ from torch import nn
 from gputrain.checkpoint import CorruptCheckpoint, find_resumable, rotate_checkpoints, save_checkpoint
 from gputrain.checkpoint.async_save import AsyncSaver, HostCopy
 from gputrain.checkpoint.io import DCP_METADATA, checkpoint_step, prepare_checkpoint_load, save_weights
-from gputrain.config.paths import check_resume_setting
+from gputrain.config.paths import check_resume_setting, resume_root
 from gputrain.config.schema import CheckpointConfig
 from gputrain.distributed.context import DistContext
 from gputrain.errors import RunError
@@ -80,13 +80,19 @@ class Checkpointer:
         resume = self.config.resume
         if resume == "never":
             return None, False
-        if resume == "auto":
-            if self.dist.enabled:
-                from gputrain.checkpoint.by_rank import find_resumable_together
+        # a run directory or a checkpoints folder given as checkpoint.resume means its latest checkpoint
+        root = self.root if resume == "auto" else resume_root(Path(resume))
+        if root is None:
+            return Path(resume), False
+        if self.dist.enabled:
+            from gputrain.checkpoint.by_rank import find_resumable_together
 
-                return find_resumable_together(self.root, self.dist), True
-            return find_resumable(self.root), True
-        return Path(resume), False
+            found = find_resumable_together(root, self.dist)
+        else:
+            found = find_resumable(root)
+        if found is None and resume != "auto":  # its checkpoints went between the check and now
+            check_resume_setting(self.config)
+        return found, True
 
     def load(self, path: Path, verified: bool = False) -> CheckedCheckpoint:
         """Check the checkpoint at `path` against this job's model and optimizer and read its training
@@ -185,6 +191,7 @@ class Checkpointer:
             if self._background is not None:
                 self._background.save_copy(self.root, held_step, copy)
             else:
+                # the host copy stands in for the module: save_checkpoint reads only its state_dict()
                 save_checkpoint(self.root, held_step, copy.weights, copy.state)  # type: ignore[arg-type]
         state = self._one_process_state(state)
         if self._background is not None:  # rotation runs once the background save has committed

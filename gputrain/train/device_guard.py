@@ -23,7 +23,6 @@ sync per step remains, and a profile says so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -31,19 +30,10 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from gputrain.distributed.dtensor import is_dtensor
 from gputrain.observe.own_sync import own_sync
-from gputrain.train.nonfinite import FlagCheck, Verdict
+from gputrain.train.nonfinite import BadStep, FlagCheck, Verdict
 
 PENDING = Verdict("pending")
 """A device-side verdict the host has not read yet (`DeviceGuard.settle` reads it)."""
-
-
-@dataclass(frozen=True, slots=True)
-class BadStep:
-    """A step the device did not apply: its number (1-based, as the run counts) and what was bad."""
-
-    step: int
-    verdict: Verdict
-
 
 MAX_WINDOW = 256
 """The most steps between two reads of the flags, whatever log.every_steps is: a read every 256
@@ -90,41 +80,47 @@ class DeviceGuard:
     Args:
         mode: "stop" or "skip" (train.on_nonfinite).
         scheduler: the run's LR schedule (stepped here in stop mode, tabulated in skip mode).
+        device: where the parameters are: the flags and the per-step buffers live there.
         distributed: take the worst flag over all ranks, so every rank masks (or stops) together.
         window: the most steps between two `settle()` calls (the logging interval, at most
             MAX_WINDOW); the loss of each of them is kept on the device to say what was bad.
         total_steps: the run's length, the extent of skip mode's table of the schedule.
     """
 
-    def __init__(self, mode: str, scheduler: LRScheduler, *, distributed: bool, window: int, total_steps: int) -> None:
+    def __init__(
+        self,
+        mode: str,
+        scheduler: LRScheduler,
+        *,
+        device: torch.device,
+        distributed: bool,
+        window: int,
+        total_steps: int,
+    ) -> None:
         self.mode = mode
         self.scheduler = scheduler
         self.total_steps = total_steps
         self.distributed = distributed
         self.window = max(1, min(window, MAX_WINDOW))
         self._pending = 0  # steps since the last settle
-        self._ready = False
         # one check per kind of call, so neither decides its kernel path again on every logging step
         self._norm_check, self._grads_check = FlagCheck(), FlagCheck()
-
-    def _setup(self, device: torch.device) -> None:
-        """Device buffers, made on the first step (after a resume has set the schedule's position)."""
         self._flag = torch.zeros((), device=device)  # stop: sticky; skip: this step's
         self._losses = torch.zeros(self.window, device=device)
         self._flags = torch.zeros(self.window, device=device)  # skip: each pending step's flag
         # views made once: indexing a tensor every step is one more dispatch than copying into a view
         self._loss_slots, self._flag_slots = self._losses.unbind(), self._flags.unbind()
         self._bad = torch.zeros((), device=device)  # stop: pending steps that ended masked
-        if self.mode == "skip":
-            scheduler = self.scheduler
-            assert isinstance(scheduler, LambdaLR)
-            positions = range(self.total_steps + 1)
+        self._tables: list[torch.Tensor] = []  # skip: each group's LR at every position of the schedule
+        if mode == "skip":
+            assert isinstance(scheduler, LambdaLR)  # `fits` admits no other schedule in skip mode
+            positions = range(total_steps + 1)
             self._tables = [
                 torch.tensor([base * fn(s) for s in positions], dtype=torch.float32, device=device)
                 for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
             ]
-            self._applied = torch.tensor(float(scheduler.last_epoch), device=device)
-        self._ready = True
+        self._applied = torch.zeros((), device=device)  # skip: the device's count of applied steps
+        self._started = False  # the count starts at the schedule's position on the first step (after a resume)
 
     # ------------------------------------------------------------------ the step (no host sync)
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> Verdict:
@@ -140,8 +136,9 @@ class DeviceGuard:
         return PENDING
 
     def _mark(self, loss: torch.Tensor, tensors: list[torch.Tensor], check: FlagCheck) -> None:
-        if not self._ready:
-            self._setup(loss.device)
+        if not self._started:
+            self._applied.fill_(float(self.scheduler.last_epoch))
+            self._started = True
         flag = self._flag
         if self.mode == "skip":
             flag.zero_()
@@ -160,6 +157,8 @@ class DeviceGuard:
         """`optimizer.step()`, skipped on the device where the flag says so, and the schedule moved:
         in stop mode by the host (every applied step precedes the first bad one), in skip mode by
         the device's count of applied steps."""
+        # `found_inf` is no declared attribute of Optimizer: torch's fused step reads it where
+        # GradScaler sets it (hence the ignores below)
         optimizer.found_inf = self._flag  # type: ignore[attr-defined]
         if self.mode == "stop":
             try:
@@ -190,7 +189,7 @@ class DeviceGuard:
         """Read the pending steps' flags (one sync): the steps that were not applied, and the
         schedule's position moved to match. `last_step` is the number of the latest step taken."""
         pending, self._pending = self._pending, 0
-        if not pending or not self._ready:
+        if not pending:
             return []
         scheduler = self.scheduler
         first = last_step - pending + 1
@@ -207,18 +206,13 @@ class DeviceGuard:
         if self.mode == "stop":
             scheduler.last_epoch -= pending - offset  # the host stepped it for the masked steps too
             _set_lrs(scheduler)
+            self._flag.zero_()  # the run stops at this step: nothing later should see its flag
+            self._bad.zero_()
             return [BadStep(first + offset, Verdict("nonfinite", _reason(loss)))]
         skipped = [BadStep(first + i, Verdict("nonfinite", _reason(losses[i]))) for i, f in enumerate(flags) if f]
         scheduler.last_epoch += pending - len(skipped)
         _set_lrs(scheduler)
         return skipped
-
-    def reset(self) -> None:
-        """Clear a stop-mode flag (the run is being stopped; nothing later should see it)."""
-        if self._ready:
-            self._flag.zero_()
-            self._bad.zero_()
-        self._pending = 0
 
 
 def _set_lrs(scheduler: LRScheduler) -> None:

@@ -3,20 +3,22 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sized
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from gputrain.config.schema import EvalConfig
 from gputrain.data.guard import BadSample
+from gputrain.data.tensors import TensorData
 from gputrain.distributed.context import DistContext
-from gputrain.errors import ConfigError
+from gputrain.errors import ConfigError, RunError, UsageError, first_line
 from gputrain.train.eval_metrics import CLASSIFICATION, REGRESSION, EvalMetrics
 from gputrain.train.eval_shares import (
     Lockstep,
@@ -26,11 +28,25 @@ from gputrain.train.eval_shares import (
     shard_for_eval,
 )
 from gputrain.train.feed import EvalBatches
+from gputrain.train.probe import describe_batch, first_batch, raised_at
 from gputrain.train.scores import KEEPS_SCORES, ScoreKeeper, Scores
 from gputrain.train.state import LoopState
-from gputrain.train.tasks import DEFAULT_METRICS, LossFn, Task, dict_batch_loss, metric_mode, model_logits
+from gputrain.train.tasks import (
+    DEFAULT_METRICS,
+    ComputeLoss,
+    LossFn,
+    Task,
+    dict_output_loss,
+    metric_mode,
+    model_logits,
+)
 
 log = logging.getLogger("gputrain")
+
+EVAL_BATCH_BYTES = 8 << 20
+"""In-memory data evaluated on a CPU: inputs per evaluation batch, at most (see `Evaluator._batch_for`)."""
+EVAL_BATCH_GROWTH = 16
+"""... and at most this many training micro-batches per evaluation batch."""
 
 _KNOWN = {
     "classification": {*CLASSIFICATION, "loss"},
@@ -40,20 +56,35 @@ _KNOWN = {
 }
 
 
-def resolve_metrics(requested: list[str] | str, task: str | None) -> list[str]:
-    """`eval.metrics` for this task: auto gives the task's defaults; a step_fn run (None) has none."""
+def resolve_metrics(requested: list[str] | str, task: str | None, loss_only_by: str | None = None) -> list[str]:
+    """`eval.metrics` for this task: auto gives the task's defaults; a step_fn run (None) has none.
+    `loss_only_by`: the argument ("eval_fn", "step_fn") whose function computes the evaluation's
+    loss; it gives no outputs to score, so the loss is the only figure."""
     if task is None:
         return []
+    known = {"loss"} if loss_only_by is not None else _KNOWN[task]
     if requested == "auto":
-        return list(DEFAULT_METRICS.get(task, ["loss"]))
-    unknown = [m for m in requested if m not in _KNOWN[task]]
+        return ["loss"] if loss_only_by is not None else list(DEFAULT_METRICS.get(task, ["loss"]))
+    unknown = [m for m in requested if m not in known]
     if unknown:
+        where = f"where {loss_only_by}= computes the evaluation's loss (no outputs to score)" if loss_only_by else task
         raise ConfigError(
             "eval.metrics",
-            f"{', '.join(unknown)} not available for {task}; choose from " + ", ".join(sorted(_KNOWN[task])),
+            f"{', '.join(unknown)} not available {'for ' if not loss_only_by else ''}{where}; choose from "
+            + ", ".join(sorted(known)),
             requested,
         )
     return list(requested)
+
+
+def evaluation_plan(
+    config: EvalConfig, task: str | None, eval_fn: object | None, step_fn: object | None
+) -> tuple[list[str], EarlyStopping]:
+    """(the metrics evaluations report, early stopping on them), both refused before training where
+    they ask for what the evaluation cannot give: an eval_fn or step_fn gives the loss alone."""
+    loss_only_by = "eval_fn" if eval_fn is not None else "step_fn" if step_fn is not None else None
+    names = resolve_metrics(config.metrics, task, loss_only_by)
+    return names, EarlyStopping(config, names, loss_only_by)
 
 
 @torch.no_grad()
@@ -103,6 +134,7 @@ def evaluate_split(
     step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     across_ranks: bool = False,
     split: str | None = None,
+    dict_batches: bool = False,
     count_skipped: Callable[[], int] | None = None,
     keeper: ScoreKeeper | None = None,
     metrics: EvalMetrics | None = None,
@@ -142,23 +174,15 @@ def evaluate_split(
             if graphed:
                 torch.compiler.cudagraph_mark_step_begin()
             with autocast():
-                outputs: torch.Tensor | None
-                loss: torch.Tensor | None
-                if step_fn is not None:
-                    loss = step_fn(model, batch)
-                    outputs = targets = None
-                else:
-                    inputs, targets = batch[0], batch[1]
-                    outputs = model_logits(model(inputs))
-                    loss = loss_fn(outputs, targets) if loss_fn is not None and real else None
+                loss, outputs, targets = _forward(model, batch, step_fn, dict_batches, loss_fn if real else None)
             if not real:
                 continue  # a pad batch: its forward kept the collectives in step; it is not counted
             size = _batch_size(batch)
             if loss is not None:
                 loss_sum += loss.detach().double() * size
             count += size
-            if outputs is None or targets is None:
-                continue
+            if outputs is None or targets is None or (keeper is None and not metrics.names):
+                continue  # nothing scores the outputs (a language model's loss and perplexity)
             outputs = outputs.float().clone() if graphed else outputs.float()
             if keeper is not None:
                 keeper.add(outputs, targets)
@@ -196,6 +220,26 @@ def evaluate_split(
         if "perplexity" in metric_names:
             results["perplexity"] = math.exp(min(mean_loss, 700.0))
     return {name: results[name] for name in metric_names if name in results}, skipped
+
+
+def _forward(
+    model: nn.Module, batch: Any, step_fn: ComputeLoss | None, dict_batches: bool, loss_fn: LossFn | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(loss, outputs, targets) of one batch: the user's function's loss alone; a dict batch's
+    `model(**batch).loss`, with its `.logits` and `labels` where it has them; or the task's loss on
+    (inputs, targets)."""
+    if step_fn is not None:
+        loss = step_fn(model, batch)
+        if not isinstance(loss, torch.Tensor):
+            raise _NotALoss(f"returned a {type(loss).__name__}, not the loss tensor")
+        return loss, None, None
+    if dict_batches:
+        output = model(**batch)
+        logits = model_logits(output)
+        return dict_output_loss(output), (logits if logits is not output else None), batch.get("labels")
+    inputs, targets = batch[0], batch[1]
+    outputs = model_logits(model(inputs))
+    return (loss_fn(outputs, targets) if loss_fn is not None else None), outputs, targets
 
 
 def _batch_size(batch: Any) -> int:
@@ -257,9 +301,7 @@ class Evaluator:
         self._group = dp_group(dist) if self.sharded else None
         self.device = device
         self.autocast = autocast
-        # the loss of a batch evaluation cannot read from outputs: the user's function, or a dict
-        # batch's `.loss`
-        self.step_fn = step_fn if step_fn is not None else dict_batch_loss if task.dict_batches else None
+        self.step_fn = step_fn  # the loss is then the user's function's, and the only figure
         self.batch_transform = batch_transform
         self.on_error = on_error
         self.graphed = graphed
@@ -281,18 +323,58 @@ class Evaluator:
         """
         if self.task.kind is None:
             return {}
-        model, batch, shared, steps = self.step_model, self.batch_size, False, None
-        world, total = self.dist.world_size, 0 if isinstance(data, DataLoader) else len(data)  # type: ignore[arg-type]
-        if self.replicated and not isinstance(data, DataLoader) and total >= world:
+        metrics, skipped, example = self._run(data, split, keep_scores)
+        if skipped and not self.skipped.get(split):
+            example = f", e.g. {example}" if example else ""
+            log.warning("%s split: left out %d unreadable samples (data.on_error=skip)%s", split, skipped, example)
+        self.skipped[split] = skipped
+        return metrics
+
+    def check(self, data: Dataset | DataLoader, split: str) -> None:
+        """Evaluate the first samples of `split` as its evaluations will (keeping nothing), so that a
+        split the evaluation cannot take (another batch structure than training's, dicts without
+        labels, targets the task cannot score) is refused before the first step, not after an epoch.
+        A DataLoader's first batch is taken as it comes.
+
+        Raises:
+            UsageError: naming `<split>_data`, the error, the split's batches and what would work.
+        """
+        if self.task.kind is None:
+            return
+        try:
+            first = _first_part(data, 2)
+        except Exception as err:  # an iterable data set without a length, say: evaluation reads it by index
+            raise UsageError(
+                f"{split}_data cannot be evaluated: {type(err).__name__}: {first_line(err)}; give it a Dataset with "
+                "a length and samples by index, or a DataLoader"
+            ) from err
+        try:
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                self._run(first, split, keep_scores=False)
+        except BadSample:  # an unreadable sample is data.on_error's to handle, when the split is evaluated
+            return
+        except Exception as err:
+            raise UsageError(_cannot_evaluate(split, err, first, self)) from err
+
+    def _run(
+        self, data: Dataset | DataLoader | list[Any], split: str, keep_scores: bool
+    ) -> tuple[dict[str, float], int, str | None]:
+        """(the figures, samples skipped as unreadable, the first of them) of one evaluation. `data`:
+        a Dataset, or batches as they come (a DataLoader, or a list of its batches), not shared out."""
+        assert self.task.kind is not None
+        model, batch, shared, steps = self.step_model, self._batch_for(data), False, None
+        dataset = None if isinstance(data, (DataLoader, list)) else data
+        world, total = self.dist.world_size, 0 if dataset is None else len(cast(Sized, dataset))
+        if self.replicated and dataset is not None and total >= world:
             # each rank evaluates its share with the plain module (no collective in its forward) and
             # the sums are combined; a rank with no sample would skip the gathering its peers wait in
-            data, model, shared = shard_for_eval(data, self.dist.rank, world), self.model, True
+            data, model, shared = shard_for_eval(dataset, self.dist.rank, world), self.model, True
             batch = max(1, batch // world)
-        elif self.sharded and not isinstance(data, DataLoader) and total >= self.dist.dp_size:
+        elif self.sharded and dataset is not None and total >= self.dist.dp_size:
             # every rank of a replica runs each forward (FSDP gathers, TP exchanges): each
             # data-parallel rank its own share, all in lockstep, TP peers on the same share
             shares = self.dist.dp_size
-            data, shared = shard_for_eval(data, self.dist.dp_rank, shares), True
+            data, shared = shard_for_eval(dataset, self.dist.dp_rank, shares), True
             batch = max(1, batch // shares)
             steps = lockstep_steps(total, batch, shares)
         reader = EvalBatches(data, batch, self.device, self.on_error, split)
@@ -310,6 +392,7 @@ class Evaluator:
             step_fn=self.step_fn,
             across_ranks=shared,
             split=split,
+            dict_batches=self.task.dict_batches,
             count_skipped=lambda: reader.skipped,
             keeper=keeper,
             metrics=self._metrics_for(),
@@ -323,11 +406,19 @@ class Evaluator:
                 kept = gather_scores(kept, self._group, total)
             if kept is not None:
                 self.scores[split] = kept
-        if skipped and not self.skipped.get(split):
-            example = f", e.g. {reader.example}" if reader.example else ""
-            log.warning("%s split: left out %d unreadable samples (data.on_error=skip)%s", split, skipped, example)
-        self.skipped[split] = skipped
-        return metrics
+        return metrics, skipped, reader.example
+
+    def _batch_for(self, data: Any) -> int:
+        """Samples per evaluation batch: the training micro-batch's, or for in-memory data on a CPU
+        as many as EVAL_BATCH_BYTES of inputs hold (at most EVAL_BATCH_GROWTH micro-batches). A
+        small model's evaluation is mostly the cost of each batch (a forward's dispatch, the loss,
+        the metrics' update), and without gradients the larger batch needs no more memory than a
+        training step did. Not for language models, whose outputs per sample are a vocabulary per token."""
+        batch = self.batch_size
+        if self.device.type != "cpu" or not isinstance(data, TensorData) or self.task.kind == "lm" or not len(data):
+            return batch
+        per_sample = max(1, data.nbytes // len(data))
+        return max(batch, min(EVAL_BATCH_GROWTH * batch, EVAL_BATCH_BYTES // per_sample))
 
     def _metrics_for(self) -> EvalMetrics:
         if self._metrics is None:
@@ -336,15 +427,51 @@ class Evaluator:
         return self._metrics
 
 
+def _first_part(data: Dataset | DataLoader, size: int) -> Dataset | list[Any]:
+    """The first `size` samples of a data set, or a DataLoader's first batch (as a list of one)."""
+    if isinstance(data, TensorData):
+        return data.rows(slice(0, size))
+    if isinstance(data, DataLoader):
+        return list(itertools.islice(data, 1))
+    return Subset(data, range(min(size, len(cast(Sized, data)))))
+
+
+class _NotALoss(TypeError):
+    """The user's evaluation function returned something else than a loss tensor."""
+
+
+def _cannot_evaluate(split: str, err: Exception, first: Any, evaluator: Evaluator) -> str:
+    """Why `split` cannot be evaluated, in the Python API's terms, and what would work."""
+    batch = first[0] if isinstance(first, list) else first_batch(first)
+    batches, error = describe_batch(batch), f"{type(err).__name__}: {first_line(err)}{raised_at(err)}"
+    if evaluator.step_fn is not None:
+        where = "the evaluation's function (eval_fn=, or step_fn= without one)"
+        if isinstance(err, _NotALoss):
+            return f"{split}_data cannot be evaluated: {where} {err}; make it return the loss, (model, batch) -> loss"
+        fix = "give it batches that function takes, or pass the Trainer an eval_fn=(model, batch) -> loss for these"
+    elif evaluator.task.dict_batches:
+        where = "model(**batch), as in training"
+        fix = "give its samples training's keys (with labels), or pass eval_fn=(model, batch) -> loss to the Trainer"
+        if isinstance(batch, Mapping) and "labels" not in batch and isinstance(err, RunError):
+            return f"{split}_data has no labels ({batches}): model(**batch) gives no loss without them; {fix}"
+    else:
+        where = "(inputs, targets), as in training"
+        fix = "give it (inputs, targets) samples as training has, or pass eval_fn=(model, batch) -> loss to the Trainer"
+    return f"{split}_data cannot be evaluated: its first batch ({batches}) fails in {where}: {error}; {fix}"
+
+
 class EarlyStopping:
     """Tracks the best value of the monitored metric in the loop's state (so it survives a resume),
     and says when `eval.patience` evaluations have passed without improvement."""
 
-    def __init__(self, config: EvalConfig, metric_names: list[str]) -> None:
+    def __init__(self, config: EvalConfig, metric_names: list[str], loss_only_by: str | None = None) -> None:
         monitored = config.early_stop_metric
         if monitored is not None and monitored not in metric_names:
+            why = f" ({loss_only_by}= computes the evaluation's loss and no other figure)" if loss_only_by else ""
             raise ConfigError(
-                "eval.early_stop_metric", "is not among the validation metrics: " + ", ".join(metric_names), monitored
+                "eval.early_stop_metric",
+                "is not among the validation metrics: " + (", ".join(metric_names) or "none") + why,
+                monitored,
             )
         self.config = config
         self.monitored = monitored or ("loss" if "loss" in metric_names else None)

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
-from collections.abc import Callable, Iterator
-from typing import Any
+import time
+from collections.abc import Callable, Iterator, Sized
+from typing import Any, cast
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data._utils.collate import default_collate
 
-from gputrain.data.guard import GuardedBatch, GuardedDataset, guarded_collate, unwrap
+from gputrain.data.guard import GuardedBatch, GuardedDataset, guarded_collate, nothing_readable, unwrap
 from gputrain.data.tensors import TensorData
 from gputrain.observe.breakdown import StepTimer
 from gputrain.train.batches import BatchPlan, PlanBatchSampler
@@ -54,14 +57,55 @@ and ResNet-50 in bf16 on one H100 consumes ~3,000 images/s, so a single-GPU mach
 all needed; the cap only bounds worker memory on very large hosts."""
 
 
-def auto_num_workers(requested: int | str, dataset: Dataset) -> int:
-    """data.num_workers=auto: none for in-memory tensors; else one per spare core of this rank
-    (ranks on a node share the cores), at most MAX_AUTO_WORKERS, and at most 2 for a small data
-    set, where starting more workers costs more than they save."""
+IN_PROCESS_BATCH_S = 300e-6
+"""A micro-batch is read in the training process when reading and collating it costs less than
+this: less than a worker's batch costs that process to receive (350-450 us for 64 samples of 32
+floats on a 2-core VM, 1.7 ms for 32 images of 3×224×224), and with no worker to start (1.5 s
+there) or keep. Samples that are rows of tensors in memory read in about 1-2 us each; a decoded
+image file, a tokenised text or a row parsed from disk costs tens of us to ms, and keeps its workers."""
+
+_PROBE_GROUPS, _PROBE_SIZE = 3, 8
+
+
+def read_seconds_per_sample(dataset: Dataset) -> float | None:
+    """What reading and collating one sample of `dataset` costs: the least time per sample over
+    `_PROBE_GROUPS` groups of `_PROBE_SIZE` samples spread over the data set (the least, so that a
+    first read's one-time cost or another process's load does not count). None where the samples
+    cannot be read or collated so (the loader's guard then names the sample)."""
+    try:
+        size = len(cast(Sized, dataset))
+    except TypeError:
+        return None
+    if size == 0:
+        return None
+    order = torch.randperm(size, generator=torch.Generator().manual_seed(0)).tolist()
+    best = math.inf
+    for group in range(_PROBE_GROUPS):
+        indices = order[group * _PROBE_SIZE : (group + 1) * _PROBE_SIZE] or order[:_PROBE_SIZE]
+        start = time.perf_counter()
+        try:
+            default_collate([dataset[i] for i in indices])
+        except Exception:  # noqa: BLE001 - user code: the guarded loader reports it with the sample
+            return None
+        best = min(best, (time.perf_counter() - start) / len(indices))
+    return best
+
+
+def auto_num_workers(requested: int | str, dataset: Dataset, micro_batch: int | None = None) -> int:
+    """data.num_workers=auto: none for in-memory tensors, nor (given the `micro_batch` size) for a
+    data set whose micro-batch reads in less than IN_PROCESS_BATCH_S (a sample read is timed on a
+    few samples: `read_seconds_per_sample`); else one per spare core of this rank (ranks on a node
+    share the cores), at most MAX_AUTO_WORKERS, and at most 2 for a small data set, where starting
+    more workers costs more than they save."""
     if requested != "auto":
         return int(requested)
     if isinstance(dataset, TensorData):
         return 0  # indexing tensors in the main process beats any worker round-trip
+    if micro_batch is not None and not isinstance(dataset, IterableDataset):
+        per_sample = read_seconds_per_sample(dataset)
+        if per_sample is not None and per_sample * micro_batch < IN_PROCESS_BATCH_S:
+            log.debug("data: read in this process (%.1f us a sample)", per_sample * 1e6)
+            return 0
     workers = max(0, min(MAX_AUTO_WORKERS, _cpus_per_rank() - 1))
     try:
         size = len(dataset)  # type: ignore[arg-type]
@@ -108,8 +152,14 @@ class BatchFeed:
         self.timer = timer if timer is not None else StepTimer(device, every=0)
         self._skipped = 0
         self._warned_skip = False
+        self._warned_empty = False
+        self._example: str | None = None  # the first unreadable sample, named where a whole split is
+        # one process may leave out a step none of whose samples could be read; a rank of several may not
+        self._alone = not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1)
         self.loader: DataLoader | None = None
         self.tensors: TensorData | None = None
+        self.sampler: PlanBatchSampler | None = None
+        """Set where the loader is built here, from the plan (not for a user's DataLoader)."""
         if isinstance(data, DataLoader):
             self.loader = data
         elif isinstance(data, TensorData):
@@ -117,7 +167,7 @@ class BatchFeed:
             self.tensors = data.to(device) if resident else data
         else:
             assert plan is not None
-            workers = auto_num_workers(num_workers, data)
+            workers = auto_num_workers(num_workers, data, plan.micro_batch)
             self.sampler = PlanBatchSampler(plan)
             self.loader = DataLoader(  # guarded: an unreadable sample is named, then failed on or skipped
                 GuardedDataset(data),
@@ -138,6 +188,18 @@ class BatchFeed:
         assert self.loader is not None
         return len(self.loader) // self.grad_accum
 
+    def close(self) -> None:
+        """Stop the worker processes of the loader built here (they persist between epochs, and
+        would outlive the run); the next `epoch` starts new ones. A user's own DataLoader is left
+        as its owner made it."""
+        if self.sampler is None or self.loader is None:
+            return
+        iterator = getattr(self.loader, "_iterator", None)  # torch keeps persistent workers' iterator here
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            self.loader._iterator = None
+            shutdown()
+
     def take_skipped(self) -> int:
         """Unreadable samples dropped (data.on_error=skip) since the last call."""
         skipped, self._skipped = self._skipped, 0
@@ -146,8 +208,7 @@ class BatchFeed:
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[list[Any]]:
         if self.tensors is not None:
             groups = self._tensor_groups(epoch, start_step)
-            tensors = self.tensors
-            if tensors.inputs.device == self.device and tensors.targets.device == self.device:
+            if self.tensors.device == self.device:
                 for group in groups:  # already on the training device (CPU runs, small data on the GPU)
                     self.timer.mark("h2d")
                     yield self._transformed(group)
@@ -169,15 +230,15 @@ class BatchFeed:
         Host data bound for a GPU is gathered into pinned memory, so its copy can overlap compute."""
         assert self.tensors is not None and self.plan is not None
         tensors = self.tensors
-        pin = self.device.type == "cuda" and tensors.inputs.device.type == "cpu"
-        for step in self.plan.micro_batches(epoch, start_step, device=tensors.inputs.device):
+        pin = self.device.type == "cuda" and tensors.device.type == "cpu"
+        for step in self.plan.micro_batches(epoch, start_step, device=tensors.device):
             group = [tensors.batch(idx, pin=pin) for idx in step]
             self.timer.mark("data")
             yield group
 
     def _loader_groups(self, epoch: int, start_step: int) -> Iterator[list[Any]]:
         assert self.loader is not None
-        if self.plan is not None:
+        if self.sampler is not None:
             self.sampler.set_epoch(epoch, start_step)
             batches: Iterator[Any] = iter(self.loader)
         else:
@@ -189,14 +250,29 @@ class BatchFeed:
         return self._host_groups(batches, start_step)
 
     def _host_groups(self, batches: Iterator[Any], start_step: int) -> Iterator[list[Any]]:
-        """The micro-batches of each remaining step of the epoch, as the loader gives them."""
+        """The micro-batches of each remaining step of the epoch, as the loader gives them. With
+        data.on_error=skip, a micro-batch none of whose samples could be read is left out, and a step
+        left with none is empty: the loop leaves the step out (no update). A whole epoch with no
+        readable sample is an error naming the split."""
         per_step = self.grad_accum
-        for _ in range(self.steps_per_epoch - start_step):
+        readable = False
+        for step in range(start_step, self.steps_per_epoch):
             group = list(itertools.islice(batches, per_step))
             if not group:
-                return
+                break
             self.timer.mark("data")
-            yield [self._unwrap(b) for b in group]
+            kept = [b for b in map(self._unwrap, group) if b is not None]
+            readable = readable or bool(kept)
+            if not kept and not self._warned_empty:
+                self._warned_empty = True
+                log.warning(
+                    "no sample of step %d of the epoch could be read (data.on_error=skip): it is left out, with no "
+                    "update, and so is any other such step (their samples count in data.skipped_samples)",
+                    step + 1,
+                )
+            yield kept
+        if start_step == 0 and not readable and self._example is not None and self.plan is not None:
+            raise nothing_readable("train", self.plan.num_samples, self._example)
 
     def _transformed(self, moved: list[Any]) -> list[Any]:
         """On-device batch work (augmentation, channels_last), charged to the data time."""
@@ -209,7 +285,9 @@ class BatchFeed:
     def _unwrap(self, item: Any) -> Any:
         if not isinstance(item, GuardedBatch):
             return item
-        batch, skipped = unwrap(item, self.on_error, "train")
+        batch, skipped = unwrap(item, self.on_error, "train", allow_empty=self._alone)
+        if skipped and self._example is None:
+            self._example = f"{item.failed[0].where}: {item.failed[0].problem}"
         if skipped and not self._warned_skip:
             self._warned_skip = True
             log.warning(
@@ -232,7 +310,7 @@ class EvalBatches:
 
     def __init__(
         self,
-        data: Dataset | DataLoader,
+        data: Dataset | DataLoader | list[Any],
         batch_size: int,
         device: torch.device,
         on_error: str = "fail",
@@ -246,20 +324,20 @@ class EvalBatches:
     def __iter__(self) -> Iterator[Any]:
         data, device = self.data, self.device
         self.skipped, self.example = 0, None  # counts of this pass
-        if isinstance(data, DataLoader):
+        if isinstance(data, (DataLoader, list)):  # batches as they come (a list: some of a loader's)
             for batch in data:
                 yield to_device(batch, device)
             return
         if isinstance(data, TensorData):
             size = self.batch_size
             for start in range(0, len(data), size):
-                yield to_device((data.inputs[start : start + size], data.targets[start : start + size]), device)
+                yield to_device(data.rows(slice(start, start + size)).tensors, device)
             return
         loader = DataLoader(
             GuardedDataset(data), batch_size=self.batch_size, shuffle=False, num_workers=0, collate_fn=guarded_collate
         )
         for item in loader:
-            batch, skipped = unwrap(item, self.on_error, self.split, allow_empty=True)
+            batch, skipped = unwrap(item, self.on_error, self.split)
             if skipped:
                 self.skipped += skipped
                 if self.example is None:

@@ -3,6 +3,11 @@ metrics.jsonl (and TensorBoard) by rank 0 and shown on its console.
 
 The loss and gradient norm are device tensors until a logging step: only then are they read,
 so the steps between logging steps never wait for the device on our account.
+
+Rows are buffered and written out (`flush`) about every FLUSH_S seconds, after each evaluation,
+before each checkpoint (the loop calls `flush`) and when the run ends however it ends (a signal,
+an error): a process killed outright (SIGKILL, a node lost) loses at most the last ~FLUSH_S
+seconds of rows, and never a row of a step a checkpoint holds, so a resumed run's file is whole.
 """
 
 from __future__ import annotations
@@ -19,12 +24,16 @@ from gputrain.config.schema import LogConfig
 from gputrain.distributed.context import DistContext, all_reduce_mean
 from gputrain.observe.console import RunConsole
 from gputrain.observe.own_sync import own_sync
-from gputrain.observe.sinks import JsonlSink, Sinks, TensorBoardSink
+from gputrain.observe.sinks import JsonlSink, Sinks, TensorBoardSink, check_tensorboard
 from gputrain.observe.speed import SpeedMeter
 from gputrain.train.state import LoopState
 from gputrain.train.step import StepResult
 
 log = logging.getLogger("gputrain")
+
+FLUSH_S = 1.0
+"""Seconds between writes of the buffered rows at most (one write per row costs a small model's
+run a few percent of its time)."""
 
 
 def epoch_number(state: LoopState) -> int:
@@ -68,10 +77,13 @@ class MetricsLogger:
         self.global_batch = global_batch
         self.total_steps = total_steps
         self.tokens_per_sample = tokens_per_sample
+        if config.tensorboard and dist.is_main:
+            check_tensorboard()  # where open() will write, so a broken install fails now, not at step 1
         self.last_loss: float | None = None
         """The loss of the last logged step, the mean over all ranks (what summary.json reports)."""
         self.last_logged_step: int | None = None
         self._sinks = Sinks([])
+        self._flushed_at = time.monotonic()
         self._since: tuple[float, int, int] = (time.perf_counter(), 0, 0)
         """(time, samples seen, step) at the last logged step: the rates of the next row run from there."""
 
@@ -112,7 +124,7 @@ class MetricsLogger:
         self.last_loss, self.last_logged_step = loss, state.global_step
         if not math.isfinite(loss):
             log.warning("step %d: loss is %s", state.global_step, loss)
-        self._sinks.write(record)
+        self._write(record)
         self.console.logged(record, self.total_steps)
         self._since = (time.perf_counter(), state.samples_seen, state.global_step)
 
@@ -125,7 +137,7 @@ class MetricsLogger:
         """Write a row another loop built (the RL loop's iteration rows: their own `step` and
         figures) to metrics.jsonl and TensorBoard; rank 0 writes, the other ranks have no sinks.
         A `loss` in the row becomes the loss summary.json reports; the next row's rates run from here."""
-        self._sinks.write(record)
+        self._write(record)
         self.last_logged_step = record["step"]
         if isinstance(record.get("loss"), float):
             self.last_loss = record["loss"]
@@ -136,12 +148,23 @@ class MetricsLogger:
         if metrics:
             epoch = epoch_number(state)
             self._sinks.write({"step": state.global_step, "epoch": epoch, "split": split, **metrics})
+            self.flush()
             self.console.evaluated(
                 split,
                 epoch if split == "val" else None,
                 metrics,
                 partial_at=state.global_step if state.step_in_epoch else None,
             )
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._sinks.write(record)
+        if time.monotonic() - self._flushed_at >= FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write out the buffered rows (before a checkpoint: the rows of the steps it holds)."""
+        self._sinks.flush()
+        self._flushed_at = time.monotonic()
 
     def close(self) -> None:
         self._sinks.close()

@@ -19,9 +19,10 @@ non-finite *loss* is never routine and is treated as above.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,11 @@ import torch.distributed as dist
 from gputrain.distributed.dtensor import is_dtensor, local_tensor
 from gputrain.errors import RunError
 from gputrain.observe.own_sync import own_sync
+
+if TYPE_CHECKING:
+    from gputrain.train.state import LoopState
+
+log = logging.getLogger("gputrain")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +50,14 @@ class Verdict:
 APPLY = Verdict("apply")  # the common verdict, built once: the hot path allocates nothing for it
 
 
+@dataclass(frozen=True, slots=True)
+class BadStep:
+    """A step that was not applied: its number (1-based, as the run counts) and what was bad."""
+
+    step: int
+    verdict: Verdict
+
+
 class NonFiniteStep(RunError):
     """A step produced NaN/Inf (train.on_nonfinite=stop). The parameters are those before the step."""
 
@@ -54,6 +68,25 @@ class NonFiniteStep(RunError):
             f"step {step}{where}: {verdict.reason}; the step was not applied and the parameters are "
             "those before it. Lower optim.lr, set train.clip_grad_norm, check the data, or set "
             "train.on_nonfinite=skip to skip such steps"
+        )
+
+
+def note_bad_steps(bad: list[BadStep], state: LoopState, mode: str, global_batch: int, rank: int | None) -> None:
+    """What the loop does about steps that were not applied. In stop mode: raise NonFiniteStep at the
+    first, with `state` set back to where that step began (the device guard masks every later
+    update too, which the host had counted). In skip mode: count each and warn.
+
+    The host guard's bad step is noted before the loop counts it; the device guard's once read."""
+    if bad and mode == "stop":
+        undone = state.global_step - (bad[0].step - 1)
+        state.global_step -= undone
+        state.step_in_epoch -= undone
+        state.samples_seen -= undone * global_batch
+        raise NonFiniteStep.at(bad[0].step, rank, bad[0].verdict)
+    for skipped in bad:
+        state.nonfinite_steps += 1
+        log.warning(
+            "step %d: %s; step skipped (%d so far)", skipped.step, skipped.verdict.reason, state.nonfinite_steps
         )
 
 

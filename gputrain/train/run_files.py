@@ -1,4 +1,12 @@
-"""The run directory: where it is, the small files written into it, and which run it belongs to."""
+"""The run directory: where it is, the small files written into it, and which run it belongs to.
+
+A run directory belongs to one run: its config.toml is that run's config. A command that names a
+directory holding a run continues it with that config (`load_run_config`) and refuses a config that
+differs in anything but training longer (`check_same_run`); a complete run stays as it is unless
+asked to train longer (`continue_run`). The directory's fixed entries (checkpoints/, summary.json,
+...) are checked for their kind, and for links leading out of it, before anything heavy
+(`check_run_dir`).
+"""
 
 from __future__ import annotations
 
@@ -6,17 +14,65 @@ import contextlib
 import datetime
 import json
 import os
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gputrain.config import Config, config_to_toml
-from gputrain.errors import UsageError
+from gputrain.config import Config, config_to_dict, config_to_toml, load_config, parse_override
+from gputrain.config.paths import kind_of
+from gputrain.errors import GputrainError, UsageError
+
+if TYPE_CHECKING:
+    from gputrain.train.build import Placement
+
+# ----------------------------------------------------------------- how a run directory is named to the user
+
+_COMMAND_LINE: ContextVar[bool] = ContextVar("gputrain_command_line", default=False)
+
+
+@contextlib.contextmanager
+def command_line_words() -> Iterator[None]:
+    """Within it, messages about the run directory speak the command line's language (`--run-dir`,
+    `gputrain train ...`); outside it, Python's (`run_dir=`), as a Trainer built in Python is told."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)
+
+
+def run_dir_option() -> str:
+    """How the user named the run directory: `--run-dir` on the command line, `run_dir` in Python."""
+    return "--run-dir" if _COMMAND_LINE.get() else "run_dir"
+
+
+def continue_advice(run_dir: Path) -> str:
+    """How to continue the run in `run_dir` with its own config."""
+    if _COMMAND_LINE.get():
+        return f"leave out --config and the overrides to continue it with its own {run_dir / 'config.toml'}"
+    return f"pass config={str(run_dir / 'config.toml')!r} to continue it with its own config"
+
+
+# ----------------------------------------------------------------- files
 
 
 def default_run_dir(model_name: str, data_name: str) -> Path:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{model_name}-{data_name}-{stamp}"
+
+
+def run_dir_path(value: str | Path) -> Path:
+    """The run directory the user gave. An empty string would be the current directory (Path("") is
+    "."): never what was meant, so it is refused; `.` itself is taken as asked.
+
+    Raises:
+        UsageError: naming the option.
+    """
+    if isinstance(value, str) and not value.strip():
+        raise UsageError(f"{run_dir_option()} {value!r}: empty; give the directory for the run's files")
+    return Path(value)
 
 
 def write_text(path: Path, text: str) -> None:
@@ -30,35 +86,113 @@ def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
-def write_run_files(run_dir: Path, config: Config) -> None:
+def write_run_files(run_dir: Path, config: Config, place: Placement | None = None) -> None:
     """The files a run directory holds from its start: the resolved config (loadable with
-    --config) and the doctor's facts about this machine."""
+    --config) and the doctor's facts about this machine, with `place`'s `start_facts` as "run"."""
     from gputrain.env import collect_env  # the doctor's modules: only needed once a run starts
 
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text(run_dir / "config.toml", config_to_toml(config))
-    write_json(run_dir / "env.json", collect_env().to_dict())
+    facts = collect_env().to_dict()
+    if place is not None:
+        facts["run"] = start_facts(place)
+    write_json(run_dir / "env.json", facts)
+
+
+def start_facts(place: Placement) -> dict[str, Any]:
+    """What the run resolved at its start (config.toml keeps `auto`): device, precision, world size
+    and layout. summary.json has them only once the run ends; a report of a run still going reads
+    them here."""
+    world = place.dist.world_size
+    layout = f"{place.choice.strategy} on {world} ranks ({place.dims.describe()})" if world > 1 else "one process"
+    return {"device": str(place.device), "precision": place.precision, "world_size": world, "layout": layout}
+
+
+# ----------------------------------------------------------------- the directory and its entries
+
+RUN_DIRS = ("checkpoints", "tensorboard")
+"""Entries a run writes as directories."""
+RUN_FILES = ("config.toml", "env.json", "summary.json", "metrics.jsonl", "error.log", "model.safetensors")
+"""Entries a run writes as regular files, under fixed names."""
+RUN_FILE_PATTERNS = ("error-rank*.log", "scores-*.npz", "trace*.json", "profile*.json", "memory_snapshot*.pickle")
+"""Files a run writes under names of these forms (a rank's, a split's, a profile's)."""
 
 
 def check_run_dir(run_dir: Path, keep: bool = False) -> None:
-    """Make sure the run directory can be created and takes files, before anything heavy is built.
+    """Make sure the run directory can be created and takes files, and that what it already holds
+    under a run's names is of the right kind and stays inside it, before anything heavy is built.
     Unless `keep`, directories made for the check are removed again, so bad input found later
     leaves no trace; not with several ranks, whose checks would remove each other's directory.
     Raises UsageError naming it."""
+    option = run_dir_option()
     alone = int(os.environ.get("WORLD_SIZE", "1")) <= 1
-    made = [] if keep or not alone else [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+    made: list[Path] = []
     try:
+        if not keep and alone:
+            made = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / f".gputrain-write-test-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
-    except OSError as err:
-        raise UsageError(f"--run-dir {run_dir}: cannot be created or written ({err.strerror or err})") from None
+        check_run_entries(run_dir)
+    except OSError as err:  # a name too long, a file as a parent, a read-only or virtual file system
+        raise UsageError(f"{option} {run_dir}: cannot be created or written ({err.strerror or err})") from None
     finally:
         for path in made:  # deepest first
             with contextlib.suppress(OSError):
                 path.rmdir()
 
+
+def _run_entries(run_dir: Path) -> Iterable[tuple[str, bool]]:
+    """(name, is a directory) of each entry a run writes that `run_dir` holds already."""
+    for name in RUN_DIRS:
+        yield name, True
+    for name in RUN_FILES:
+        yield name, False
+    for pattern in RUN_FILE_PATTERNS:
+        for path in sorted(run_dir.glob(pattern)):
+            yield path.name, False
+
+
+def check_run_entries(run_dir: Path) -> None:
+    """Each entry of `run_dir` that a run writes is what the run writes there: a directory it can
+    write into, or a regular file, not a link leading out of the run directory (the run would write,
+    rotate or resume elsewhere), nor a FIFO (opening it would block) or a device.
+
+    Raises:
+        UsageError: naming the entry and what it is.
+    """
+    option, root = run_dir_option(), run_dir.resolve()
+    for name, is_dir in _run_entries(run_dir):
+        path = run_dir / name
+        if not os.path.lexists(path):
+            continue
+        where = f"{option} {run_dir}: {name}"
+        if path.is_symlink():
+            try:
+                target = path.resolve()
+            except RuntimeError:  # a loop of links
+                raise UsageError(f"{where} is a loop of symbolic links; remove it") from None
+            if not target.is_relative_to(root):
+                raise UsageError(
+                    f"{where} is a symbolic link leading out of the run directory (to {target}); the run "
+                    f"writes only inside its directory: remove the link, or choose another {option}"
+                )
+        kind = kind_of(path)
+        if kind is None:  # a link to nothing (inside the directory)
+            if is_dir:
+                raise UsageError(f"{where} is a symbolic link to nothing; remove it")
+            continue  # a file is replaced, not written through
+        want = "a directory" if is_dir else "a regular file"
+        if kind != want:
+            raise UsageError(
+                f"{where} is {kind}, where the run keeps {want}; remove or rename it, or choose another {option}"
+            )
+        if is_dir and not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError(f"{where}/ cannot be written (permission denied); choose another {option}")
+
+
+# ----------------------------------------------------------------- the run a directory holds
 
 COMPLETE = ("completed", "stopped_early")
 
@@ -76,6 +210,12 @@ class PriorRun:
     def complete(self) -> bool:
         return self.summary is not None and self.summary.get("status") in COMPLETE
 
+    @property
+    def owns(self) -> bool:
+        """The directory is that run's: it can be continued (checkpoints) or is kept (complete).
+        An earlier attempt that left neither is started over."""
+        return self.checkpoints or self.complete
+
     def describe(self) -> str:
         if self.summary is None:
             return "a run that left no summary" + (" but checkpoints" if self.checkpoints else "")
@@ -88,20 +228,151 @@ def prior_run(run_dir: Path) -> PriorRun | None:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
         summary = None
-    checkpoints = any((run_dir / "checkpoints").glob("step-*"))
-    if summary is None and not checkpoints and not (run_dir / "metrics.jsonl").exists():
+    try:
+        checkpoints = any((run_dir / "checkpoints").glob("step-*"))
+    except OSError:
+        checkpoints = False
+    if summary is None and not checkpoints and not os.path.lexists(run_dir / "metrics.jsonl"):
         return None
     return PriorRun(summary if isinstance(summary, dict) else None, checkpoints)
 
 
+def saved_config(run_dir: Path) -> Config | None:
+    """The config the run in `run_dir` was trained with (its config.toml), or None where it left none.
+
+    Raises:
+        UsageError: config.toml is there but cannot be read as a config.
+    """
+    path = run_dir / "config.toml"
+    if not os.path.lexists(path):
+        return None
+    try:
+        return load_config(path)
+    except GputrainError as err:
+        reason = " ".join(str(err).split())
+        raise UsageError(
+            f"{path}: the config of the run in {run_dir} cannot be read ({reason}); restore it, or remove it "
+            "to continue that run with the config given"
+        ) from None
+
+
+def load_run_config(run_dir: Path | None, config_file: str | None, overrides: list[str]) -> Config:
+    """The config a command runs with: where `run_dir` holds a run to continue (or a complete one)
+    and no --config is given, the run's own config.toml with the overrides on top (so `gputrain train
+    --run-dir DIR` continues DIR as it was trained); otherwise --config (or the defaults) with them."""
+    prior = prior_run(run_dir) if run_dir is not None else None
+    if run_dir is not None and config_file is None and prior is not None and prior.owns:
+        saved = saved_config(run_dir)
+        if saved is not None:
+            # the run continues from its own checkpoints, whichever it started from (another run's)
+            return load_config(saved, {"checkpoint.resume": "auto", **dict(map(parse_override, overrides))})
+    return load_config(config_file, overrides)
+
+
+TRAIN_LONGER = ("train.epochs", "train.max_steps", "rl.total_timesteps", "rl.stop_at_return")
+"""Keys whose change means "train longer": a complete run continues where they are raised."""
+FREE_TO_CHANGE = ("log.", "checkpoint.", "data.num_workers", "train.num_threads", "train.device", "parallel.")
+"""Keys (or sections) that change how a run is logged, saved, fed or laid out, not what it trains: a
+run may continue with other values (checkpoints resume on another device, world size or strategy)."""
+
+
+def _may_differ(key: str) -> bool:
+    return key in TRAIN_LONGER or any(
+        key == free or (free.endswith(".") and key.startswith(free)) for free in FREE_TO_CHANGE
+    )
+
+
+def _flat(config: Config) -> dict[str, Any]:
+    return {
+        f"{section}.{key}": value for section, values in config_to_dict(config).items() for key, value in values.items()
+    }
+
+
+def config_differences(saved: Config, given: Config) -> dict[str, tuple[Any, Any]]:
+    """{key: (saved value, given value)} for the keys a continued run may not change. "auto" on
+    either side matches a value: the run resolved it (train.batch_size=auto becomes a number)."""
+    old, new = _flat(saved), _flat(given)
+    return {
+        key: (old.get(key), value)
+        for key, value in new.items()
+        if not _may_differ(key) and old.get(key) != value and "auto" not in (old.get(key), value)
+    }
+
+
+def _show(value: Any) -> str:
+    return "(unset)" if value is None else json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def check_same_run(run_dir: Path, config: Config, prior: PriorRun | None) -> None:
+    """A config given for a directory that holds a run (one to continue or a complete one) is that
+    run's, but for training longer and the keys free to change.
+
+    Raises:
+        UsageError: naming the differing keys (saved vs given) and the choices.
+    """
+    if prior is None or not prior.owns or config.checkpoint.resume == "never":
+        # a new run there (resume=never) is refused as mixing two runs (`check_resume_never`), or
+        # writes nothing of a run (an LR sweep beside it)
+        return
+    saved = saved_config(run_dir)
+    if saved is None:
+        return
+    differences = config_differences(saved, config)
+    if not differences:
+        return
+    shown = [f"{key} = {_show(old)} there, {_show(new)} given" for key, (old, new) in differences.items()]
+    more = f" (and {len(shown) - 3} more: {', '.join(list(differences)[3:])})" if len(shown) > 3 else ""
+    option = run_dir_option()
+    raise UsageError(
+        f"{run_dir} holds {prior.describe()} trained with another config: {'; '.join(shown[:3])}{more}. "
+        f"A run continues with its own config ({continue_advice(run_dir)}; to train it longer, change only "
+        f"its length: {', '.join(TRAIN_LONGER)}), or choose another {option} for a new run"
+    )
+
+
+def asks_longer(saved: Config | None, given: Config) -> bool | None:
+    """Whether `given` raises the length of the run `saved` describes (train.epochs, train.max_steps,
+    rl.total_timesteps, rl.stop_at_return); None where no saved config tells."""
+    if saved is None:
+        return None
+    old, new = saved.train, given.train
+    raised = new.epochs > old.epochs or _raised(old.max_steps, new.max_steps)
+    old_rl, new_rl = saved.rl, given.rl
+    return (
+        raised
+        or int(new_rl.value("total_timesteps")) > int(old_rl.value("total_timesteps"))
+        or _raised(old_rl.stop_at_return, new_rl.stop_at_return)
+    )
+
+
+def _raised(old: float | None, new: float | None) -> bool:
+    """A limit raised: unset (none) is the highest."""
+    return old is not None and (new is None or new > old)
+
+
+def claim_run_dir(run_dir: Path, config: Config) -> None:
+    """The last check before anything heavy: the directory takes files, its entries are right, and
+    a run it holds is this one (`check_same_run`)."""
+    check_run_dir(run_dir, keep=True)
+    check_same_run(run_dir, config, prior_run(run_dir))
+
+
 def continue_run(
-    run_dir: Path, prior: PriorRun | None, resume: str, resume_path: Path | None, total_steps: int
+    run_dir: Path,
+    prior: PriorRun | None,
+    resume: str,
+    resume_path: Path | None,
+    total_steps: int,
+    longer: bool | None = None,
 ) -> bool:
     """Whether this run may train in `run_dir`: a run directory belongs to one run.
 
-    Returns False when `run_dir` holds a complete run with nothing left to train: its files stay as
-    they are. Continuing a run (checkpoint.resume=auto, or one of its own checkpoints) is allowed,
-    and so is starting over where an earlier attempt left neither checkpoints nor a complete run.
+    Returns False when `run_dir` holds a complete run (completed or stopped early) that is not asked
+    to train longer (`longer`: the config raises train.epochs, train.max_steps, ...; None where the
+    directory keeps no config, then a run is complete at or past `total_steps`), or has nothing left
+    to train: its files stay as they are. Continuing a run (checkpoint.resume=auto, or one of its
+    own checkpoints) is allowed, and so is starting over where an earlier attempt left neither
+    checkpoints nor a complete run.
 
     Raises:
         UsageError: the run would mix with another one in `run_dir`, naming the directory and the
@@ -109,28 +380,49 @@ def continue_run(
     """
     if prior is None:
         return True
+    option = run_dir_option()
     ours = resume_path is not None and run_dir.resolve() in resume_path.resolve().parents
     step = prior.summary.get("global_step") if prior.summary is not None else None
-    if prior.complete and isinstance(step, int) and step >= total_steps and (resume == "auto" or ours):
-        return False
+    if prior.complete and (resume == "auto" or ours):
+        done = isinstance(step, int) and step >= total_steps
+        stopped_early = prior.summary is not None and prior.summary.get("status") == "stopped_early"
+        if done or longer is False or (longer is None and stopped_early):
+            return False
     if resume == "auto":
         if resume_path is None and prior.complete:
             raise UsageError(
                 f"{run_dir} holds {prior.describe()} and no checkpoint to continue it from: choose "
-                "another --run-dir for a new run"
+                f"another {option} for a new run"
             )
         return True
-    if not (prior.checkpoints or prior.complete):
+    if not prior.owns:
         return True  # an earlier attempt that left nothing to continue: start over
-    if resume == "never":
-        raise UsageError(
-            f"{run_dir} holds {prior.describe()}: checkpoint.resume=never would mix two runs in one "
-            "directory; choose another --run-dir, or checkpoint.resume=auto to continue that run"
-        )
+    check_resume_never(run_dir, prior, resume)
     if ours and not prior.complete:
         return True  # this run, continued from one of its own earlier checkpoints
     raise UsageError(
         f"{run_dir} holds {prior.describe()}: continuing from {resume_path} there would "
-        f"{'rewrite its records' if ours else 'mix two runs in one directory'}; choose another "
-        "--run-dir"
+        f"{'rewrite its records' if ours else 'mix two runs in one directory'}; choose another {option}"
+    )
+
+
+def check_resume_never(run_dir: Path, prior: PriorRun | None, resume: str) -> None:
+    """checkpoint.resume=never starts a new run: not in a directory that holds one to keep.
+
+    Raises:
+        UsageError: naming the directory and the choices.
+    """
+    if resume == "never" and prior is not None and prior.owns:
+        raise UsageError(
+            f"{run_dir} holds {prior.describe()}: checkpoint.resume=never would mix two runs in one "
+            f"directory; choose another {run_dir_option()}, or checkpoint.resume=auto to continue that run"
+        )
+
+
+def kept_message(run_dir: Path, prior: PriorRun, longer_keys: str) -> str:
+    """The line for a complete run left as it is."""
+    return (
+        f"{run_dir} holds {prior.describe()}, complete: nothing to train (its summary: "
+        f"{run_dir / 'summary.json'}). Raise {longer_keys} to train it longer, or choose another "
+        f"{run_dir_option()} for a new run"
     )

@@ -9,6 +9,7 @@ final save) passes through here.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -16,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from gputrain.errors import GputrainError, Interrupted, RunError
-from gputrain.train.run_files import write_json, write_text
+from gputrain.errors import GputrainError, Interrupted, RunError, UsageError, first_line
+from gputrain.train.run_files import prior_run, write_json, write_text
 from gputrain.train.signals import StopRequest
 from gputrain.train.state import LoopState
 from gputrain.train.step import StepResult
@@ -43,7 +44,10 @@ class RunEnding:
     """The last step's result (its loss, where no logging step came after it)."""
     started: bool = False
     """The run has resumed (or begun) and writes into its directory. A run that fails before, in
-    its resume, leaves a directory that holds another run's summary as it was."""
+    its resume, leaves a directory that holds another run's files as they were."""
+    refused: bool = False
+    """The run was refused before it began, as bad input (a UsageError: a checkpoint that is not
+    this run's, a directory that holds another run): nothing is written, nothing is shown as failed."""
     summary: dict[str, Any] = field(default_factory=dict)
     kept: dict[str, Any] | None = None
     """The summary of a complete run the directory already holds: nothing was trained, nothing is written."""
@@ -91,6 +95,8 @@ class RunRecorder:
         self.stop = stop
         self.state = state
         self.summarize = summarize or self._training_summary
+        self._fresh = True
+        """The run directory held no run to keep when the recording began."""
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[RunEnding]:
@@ -98,6 +104,10 @@ class RunRecorder:
         ending = RunEnding()
         failure: RunError | None = None
         dist, run_dir = self.parts.place.dist, self.parts.run_dir
+        # a directory that holds no run to keep (none, or an attempt that left nothing to continue)
+        # may take the record of a run that failed before it began
+        prior = prior_run(run_dir)
+        self._fresh = prior is None or not prior.owns
         try:
             yield ending
         except (Interrupted, KeyboardInterrupt):
@@ -105,11 +115,13 @@ class RunRecorder:
             raise
         except BaseException as exc:
             ending.status = "failed"
+            ending.refused = isinstance(exc, UsageError) and not ending.started
             where = ending.doing or f"step {self.state().global_step + 1}"
             where += f" (rank {dist.rank})" if dist.enabled else ""
             ending.error = str(exc) if isinstance(exc, GputrainError) else f"{where}: {type(exc).__name__}: {exc}"
             log_file = run_dir / ("error.log" if dist.is_main else f"error-rank{dist.rank}.log")
-            if self._may_write(ending):
+            writes = self._writes(ending)
+            if writes:
                 with contextlib.suppress(OSError):
                     run_dir.mkdir(parents=True, exist_ok=True)
                     write_text(log_file, traceback.format_exc())
@@ -117,29 +129,29 @@ class RunRecorder:
                 self.parts.checkpointer.wait()  # keep the last good checkpoint the failed run was writing
             if isinstance(exc, GputrainError) or not isinstance(exc, Exception):
                 raise
-            failure = RunError(f"training failed at {ending.error} (traceback in {log_file})")
+            kept = f"traceback in {log_file}" if writes else f"nothing written: {run_dir} holds another run's files"
+            failure = RunError(f"training failed at {ending.error} ({kept})")
         finally:
             self._record(ending, time.perf_counter() - started)
         if failure is not None:
             raise failure
 
     def _record(self, ending: RunEnding, wall_s: float) -> None:
-        if ending.kept is not None:
-            return
         parts, state = self.parts, self.state()
         parts.console.stop()
-        self.stop.uninstall()
+        self.stop.uninstall()  # also where a complete run was kept: the handlers were armed at the start
+        if ending.kept is not None:
+            return
         parts.metrics.close()
         metrics = parts.metrics
         unlogged = ending.last is not None and metrics.last_logged_step != state.global_step
         loss = float(ending.last.loss) if unlogged and ending.last is not None else metrics.last_loss
         place = parts.place
         ending.summary = self.summarize(ending.status or "failed", wall_s, loss, ending)
-        if place.dist.is_main:
-            if self._may_write(ending):
-                with contextlib.suppress(OSError):
-                    parts.run_dir.mkdir(parents=True, exist_ok=True)
-                    write_json(parts.run_dir / "summary.json", ending.summary)
+        if place.dist.is_main and self._writes(ending):  # else no record, and no table of one
+            with contextlib.suppress(OSError):
+                parts.run_dir.mkdir(parents=True, exist_ok=True)
+                write_json(parts.run_dir / "summary.json", ending.summary)
             parts.console.final_table(ending.summary, str(parts.run_dir))
 
     def _training_summary(self, status: str, wall_s: float, loss: float | None, ending: RunEnding) -> dict[str, Any]:
@@ -161,5 +173,54 @@ class RunRecorder:
             eval_skipped=parts.evaluator.skipped,
         )
 
-    def _may_write(self, ending: RunEnding) -> bool:
-        return ending.started or not (self.parts.run_dir / "summary.json").exists()
+    def _writes(self, ending: RunEnding) -> bool:
+        """Whether this ending is recorded in the run directory: once the run has begun writing there;
+        before, only for a failure (not bad input refused) in a directory that held no run. A
+        directory holding another run's files is left as it was, whatever ended this one."""
+        return ending.started or (self._fresh and not ending.refused)
+
+
+@contextlib.contextmanager
+def recording_start_up(run_dir: Path | None) -> Iterator[None]:
+    """Around building a run's parts (data, model, placement), before `RunRecorder` exists: a failure
+    there that is not bad input (an allocation that fails while the model materialises, a bug in a
+    model's or a data set's code) is recorded as a failure in the loop is: error.log with the
+    traceback and summary.json "failed" at step 0, where the directory holds no run to keep, and one
+    line (RunError) instead of a traceback. Bad input and signals pass as they are."""
+    began = time.perf_counter()
+    try:
+        yield
+    except (GputrainError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure of the parts' code is recorded, then one line
+        error = f"start-up (building the data, the model and its placement): {type(exc).__name__}: {first_line(exc)}"
+        rank = int(os.environ.get("RANK", "0") or 0)
+        prior = prior_run(run_dir) if run_dir is not None else None
+        kept = "not recorded: no run directory yet"
+        if run_dir is not None and (prior is None or not prior.owns):
+            log_file = run_dir / ("error.log" if rank == 0 else f"error-rank{rank}.log")
+            with contextlib.suppress(OSError):
+                run_dir.mkdir(parents=True, exist_ok=True)
+                write_text(log_file, traceback.format_exc())
+                if rank == 0:
+                    write_json(run_dir / "summary.json", _start_up_summary(error, time.perf_counter() - began))
+            kept = f"traceback in {log_file}"
+        elif run_dir is not None:
+            kept = f"nothing written: {run_dir} holds another run's files"
+        raise RunError(f"training failed at {error} ({kept})") from None
+
+
+def _start_up_summary(error: str, wall_s: float) -> dict[str, Any]:
+    """summary.json of a run that failed before its parts were built: the status, step 0, the error."""
+    return {
+        "status": "failed",
+        "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
+        "global_step": 0,
+        "epochs_completed": 0,
+        "wall_s": wall_s,
+        "train": {"loss": None, "samples_per_s": None},
+        "data": {"skipped_samples": 0, "eval_skipped_samples": {}},
+        "val": {},
+        "test": {},
+        "error": error,
+    }

@@ -53,11 +53,7 @@ class ScoreKeeper:
         if not self._scores:
             return None
         scores, targets = torch.cat(self._scores).numpy(), torch.cat(self._targets).numpy()
-        total = len(scores)
-        if total > MAX_ROWS:
-            keep = np.sort(np.random.default_rng(0).choice(total, MAX_ROWS, replace=False))
-            scores, targets = scores[keep], targets[keep]
-        return Scores(self.task, scores, targets, total)
+        return _at_most_max_rows(self.task, scores, targets, len(scores))
 
 
 def merge(parts: list[Scores | None]) -> Scores | None:
@@ -65,12 +61,18 @@ def merge(parts: list[Scores | None]) -> Scores | None:
     found = [p for p in parts if p is not None]
     if not found:
         return None
-    keeper = ScoreKeeper(found[0].task)
-    keeper._scores = [torch.from_numpy(p.scores) for p in found]
-    keeper._targets = [torch.from_numpy(p.targets) for p in found]
-    merged = keeper.result()
-    assert merged is not None
-    return Scores(merged.task, merged.scores, merged.targets, sum(p.total for p in found))
+    scores = np.concatenate([p.scores for p in found])
+    targets = np.concatenate([p.targets for p in found])
+    return _at_most_max_rows(found[0].task, scores, targets, sum(p.total for p in found))
+
+
+def _at_most_max_rows(task: str, scores: np.ndarray, targets: np.ndarray, total: int) -> Scores:
+    """The scores of a split of `total` samples, of which MAX_ROWS rows at most are kept (a seeded,
+    evenly spread subset)."""
+    if len(scores) > MAX_ROWS:
+        keep = np.sort(np.random.default_rng(0).choice(len(scores), MAX_ROWS, replace=False))
+        scores, targets = scores[keep], targets[keep]
+    return Scores(task, scores, targets, total)
 
 
 def save_scores(path: Path, scores: Scores) -> None:

@@ -2,63 +2,24 @@
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import os
+import shlex
 import signal
-import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any, TypeAlias
 
 import torch
 import torch.distributed as dist
 
 from gputrain.distributed.context import DistContext
 from gputrain.errors import Interrupted
+from gputrain.interrupts import HANDLED, arm_exit_hook, is_startup_handler, leave_now
 from gputrain.observe.own_sync import own_sync
 
-INTERRUPTED_EXIT = 130
-_HANDLED = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
-
-
-def _leave_now(signum: int, frame: FrameType | None) -> None:
-    """A further signal once a run has stopped for one: exit 130 ("interrupted") at once, as the
-    second signal does, instead of the default action's 128+N (143 for SIGTERM)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(INTERRUPTED_EXIT)
-
-
-def _ignore_during_exit() -> None:
-    """At interpreter exit, after a run stopped for a signal. Python resets its handlers to the
-    defaults while it tears down (a second or more), so a further signal there would end the process
-    with 128+N; the exit status (130) is decided by then, so such signals are ignored instead. A
-    handler of the user's own is left alone."""
-    for sig in _HANDLED:
-        if signal.getsignal(sig) in (_leave_now, signal.default_int_handler):
-            signal.signal(sig, signal.SIG_IGN)
-
-
-_exit_hook: list[bool] = []
-
-
-def _arm_exit_hook() -> None:
-    if not _exit_hook:
-        _exit_hook.append(True)
-        atexit.register(_ignore_during_exit)
-
-
-def leave_130_on_further_signals() -> None:
-    """For a process that is ending because of a signal and has no run of its own to finish (the
-    launcher, once its ranks have stopped and checkpointed): a further SIGINT, SIGTERM or SIGUSR1
-    exits 130 at once, and is ignored while the interpreter tears down."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in _HANDLED:
-        signal.signal(sig, _leave_now)
-    _arm_exit_hook()
+Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+"""What `signal.signal` answers: a handler, SIG_DFL / SIG_IGN, or None (one not set from Python)."""
 
 
 class StopRequest:
@@ -72,7 +33,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.requested: str | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Handler] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested is not None:  # second signal: stop now
@@ -83,16 +44,16 @@ class StopRequest:
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in _HANDLED:  # SIGUSR1 is what Slurm sends before pre-empting (--signal=USR1@90)
+        for sig in HANDLED:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():
-            if self.requested is not None and handler is signal.SIG_DFL:
-                handler = _leave_now  # the default would end the process with 128+N, not 130
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            if self.requested is not None and (handler is signal.SIG_DFL or is_startup_handler(handler)):
+                handler = leave_now  # the default would end the process with 128+N, not 130
+            signal.signal(sig, handler)
         if self.requested is not None and self._previous:
-            _arm_exit_hook()
+            arm_exit_hook()
         self._previous.clear()
 
     def agreed(self, job: DistContext, device: torch.device, sync_point: bool) -> bool:
@@ -122,5 +83,7 @@ class StoppedBySignal(Interrupted):
         self.run_dir = run_dir
         super().__init__(f"{what}call fit() again on a Trainer with run_dir={str(run_dir)!r} to resume")
 
-    def for_cli(self) -> Interrupted:
-        return Interrupted(f"{self.what}run again with --run-dir {self.run_dir} to resume")
+    def for_cli(self, command: str = "train") -> Interrupted:
+        """The message with the command that resumes the run as written: in a directory holding a
+        run, `gputrain <command> --run-dir DIR` continues it with its own config.toml."""
+        return Interrupted(f"{self.what}resume with: gputrain {command} --run-dir {shlex.quote(str(self.run_dir))}")

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sized
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
-from torch.utils.data._utils.collate import default_collate
 
 from gputrain.data.pixels import is_uint8_image
 from gputrain.data.spec import DataSpec, TaskName
 from gputrain.errors import RunError, UsageError
+from gputrain.models.outputs import model_logits
+from gputrain.train.probe import ModelFailed, as_pair, first_batch, run_model
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -88,19 +88,34 @@ def resolve_task(
     model: nn.Module, train_data: Any, *, spec: DataSpec | None, loss_fn: LossFn | None, step_fn: ComputeLoss | None
 ) -> Task:
     """The task from the data's spec; for a user's model and data, from the shapes and dtypes of
-    the model's outputs on the first samples (computed on the meta device: no memory, no compute).
+    the model's outputs on the first samples (train/probe.py): the logits for (inputs, targets), or
+    for dict batches the `.logits` of `model(**batch)` against the batch's `labels`.
 
     Raises:
-        UsageError: the task cannot be told and there is no loss_fn to train with.
+        UsageError: the task cannot be told and there is no loss_fn to train with; the model raises
+            on the first samples; a dict batch gives the model no way to compute a loss.
     """
     if spec is not None:
         loss = loss_fn if loss_fn is not None or step_fn is not None else default_loss(spec.task)
         return Task(spec.task, loss, spec.num_classes, spec.input_shape[0] if spec.task == "lm" else None)
     if step_fn is not None:  # evaluation reports step_fn's loss (no grad, eval mode)
         return Task("custom", None)
-    if isinstance(_first_batch(train_data), Mapping):
-        return Task("custom", None, dict_batches=True)
-    probe = probe_outputs(model, train_data)
+    batch = first_batch(train_data)
+    if isinstance(batch, Mapping):
+        return _dict_batch_task(model, batch)
+    try:
+        probe = probe_outputs(model, train_data)
+    except ModelFailed as failed:
+        if loss_fn is not None:  # it may run where it trains (a GPU-only kernel): step 1 will tell
+            return Task("custom", loss_fn)
+        pair = as_pair(batch)
+        assert pair is not None  # the probe ran the model on it
+        inputs = pair[0]
+        raise UsageError(
+            f"the model raises on train_data's first samples, model(inputs) with inputs {_shape(inputs)}: "
+            f"{failed}. A model that runs only on its training device: pass loss_fn=(outputs, targets) -> loss "
+            "to the Trainer"
+        ) from failed.error
     kind = infer_task(*probe) if probe is not None else None
     if kind is None:
         if loss_fn is not None:
@@ -124,73 +139,76 @@ def resolve_task(
     )
 
 
+def _shape(tensor: torch.Tensor) -> str:
+    return f"{str(tensor.dtype).removeprefix('torch.')} {list(tensor.shape)}"
+
+
+def _dict_batch_task(model: nn.Module, batch: Mapping[str, Any]) -> Task:
+    """Dict batches go to `model(**batch)`, whose `.loss` is the loss. Where its output also has
+    `.logits` and the batch `labels`, the task is told from them as for (inputs, targets), and
+    evaluation reports the task's metrics; else the loss alone. A model that cannot run here
+    (before it is moved to its device) leaves the task to the loss alone.
+
+    Raises:
+        UsageError: the model's output has no `.loss` for these batches (no labels in them).
+    """
+    try:
+        output = run_model(model, (), batch)
+    except ModelFailed:
+        return Task("custom", None, dict_batches=True)
+    if getattr(output, "loss", None) is None:
+        missing = "" if "labels" in batch else ", and its batches have no 'labels'"
+        raise UsageError(
+            f"train_data: model(**batch) returns no .loss for its batches, dicts with keys {', '.join(map(str, batch))}"
+            f"{missing}: give each sample its labels (a Hugging Face model computes its loss from them), or pass "
+            "step_fn=(model, batch) -> loss to the Trainer"
+        )
+    logits, labels = model_logits(output), batch.get("labels")
+    kind = infer_task(logits, labels) if logits is not output and isinstance(labels, torch.Tensor) else None
+    if kind is None or labels is None:
+        return Task("custom", None, dict_batches=True)
+    ids = batch.get("input_ids")
+    tokens = (ids if isinstance(ids, torch.Tensor) else labels).shape[-1]
+    return Task(
+        kind,
+        None,
+        logits.shape[-1] if kind == "classification" else None,
+        tokens if kind == "lm" else None,
+        dict_batches=True,
+    )
+
+
 def probe_outputs(model: nn.Module, data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(the model's outputs for the data's first samples, their targets), shapes and dtypes only,
-    or None where the samples are not (inputs, targets) tensors or the model cannot run on them."""
-    batch = _first_samples(data)
+    or None where the samples are not (inputs, targets) tensors.
+
+    Raises:
+        ModelFailed: the model raised on the first samples' inputs.
+    """
+    batch = as_pair(first_batch(data))
     if batch is None:
         return None
     inputs, targets = batch
     if is_uint8_image(inputs[0]):  # the model sees these as floats (data/pixels.py)
         inputs = inputs.float()
-    meta = {name: torch.empty_like(t, device="meta") for name, t in [*model.named_parameters(), *model.named_buffers()]}
-    try:
-        with torch.no_grad():
-            return model_logits(torch.func.functional_call(model, meta, (inputs.to("meta"),))), targets
-    except Exception:  # noqa: BLE001 - an op without a meta kernel: run the real model once instead
-        pass
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    was_training = model.training
-    model.eval()  # no BatchNorm statistics move, no dropout
-    try:
-        with torch.no_grad():
-            return model_logits(model(inputs.to(device))), targets
-    except Exception:  # noqa: BLE001 - the model does not take these inputs: the caller says so
-        return None
-    finally:
-        model.train(was_training)
+    return model_logits(run_model(model, (inputs,))), targets
 
 
-def _first_batch(data: Any) -> Any:
-    """Up to two samples of `data` collated as a loader would, or the loader's first batch; None
-    where neither can be had."""
-    dataset = data.dataset if isinstance(data, DataLoader) else data
-    try:
-        return default_collate([dataset[i] for i in range(min(2, len(cast(Sized, dataset))))])
-    except Exception:  # noqa: BLE001 - not an indexable data set of collatable samples
-        pass
-    if isinstance(data, DataLoader):
-        try:
-            return next(iter(data))
-        except Exception:  # noqa: BLE001
-            return None
-    return None
-
-
-def _first_samples(data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The first samples as (inputs, targets), or None for any other batch structure."""
-    batch = _first_batch(data)
-    if isinstance(batch, (list, tuple)) and len(batch) >= 2 and all(isinstance(t, torch.Tensor) for t in batch[:2]):
-        return batch[0], batch[1]
-    return None
-
-
-def model_logits(outputs: Any) -> Any:
-    """A model's outputs as losses and metrics read them: the tensor itself, or the `.logits` of a
-    Hugging Face ModelOutput."""
-    logits = getattr(outputs, "logits", None)
-    return logits if logits is not None else outputs
-
-
-def dict_batch_loss(model: nn.Module, batch: Any) -> torch.Tensor:
-    """The loss of a dict batch: `model(**batch).loss` (a Hugging Face model given its labels)."""
-    loss = getattr(model(**batch), "loss", None)
+def dict_output_loss(output: Any) -> torch.Tensor:
+    """The loss of a dict batch from `model(**batch)`'s output: its `.loss` (a Hugging Face model
+    given its labels)."""
+    loss = getattr(output, "loss", None)
     if loss is None:
         raise RunError(
             "the model's output for a dict batch has no .loss (give the batch its labels), or pass "
             "step_fn=(model, batch) -> loss to the Trainer"
         )
     return loss
+
+
+def dict_batch_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """The loss of a dict batch: `model(**batch).loss`."""
+    return dict_output_loss(model(**batch))
 
 
 def loss_of_batch(task: Task, step_fn: ComputeLoss | None) -> ComputeLoss:

@@ -6,7 +6,7 @@ steps, checkpoints and evaluations; every way a run can end leaves summary.json 
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -21,18 +21,17 @@ from gputrain.data.spec import DataSpec
 from gputrain.data.tensors import as_tensor_data
 from gputrain.observe.own_sync import own_sync
 from gputrain.observe.profiler import ProfileReport, profile_run
-from gputrain.train.build import UserTPPlan, build_training, profile_target
+from gputrain.train.build import UserTPPlan, build_model_and_data, build_training, profile_target
 from gputrain.train.device_guard import DeviceGuard
-from gputrain.train.nonfinite import NonFiniteStep
-from gputrain.train.run_files import check_run_dir, continue_run, prior_run, write_run_files
+from gputrain.train.nonfinite import BadStep, note_bad_steps
 from gputrain.train.run_record import RunEnding, RunRecorder
+from gputrain.train.run_start import start_run
 from gputrain.train.scores import save_scores
 from gputrain.train.signals import StoppedBySignal, StopRequest
-from gputrain.train.state import LoopState, restore_training_state, seed_everything, training_state
+from gputrain.train.state import LoopState, restore_training_state, training_state
 from gputrain.train.step import StepResult, train_step
 from gputrain.train.tasks import ComputeLoss, LossFn
 
-log = logging.getLogger("gputrain")
 ConfigLike = Config | Mapping[str, Any] | str | Path | None
 
 
@@ -78,9 +77,8 @@ class Trainer:
         names: tuple[str, str] | None = None,
         tp_plan: UserTPPlan | None = None,
     ) -> None:
-        self.config = config if isinstance(config, Config) else load_config(config)
         parts = build_training(
-            self.config,
+            config if isinstance(config, Config) else load_config(config),
             model,
             train_data,
             loss_fn=loss_fn,
@@ -91,6 +89,7 @@ class Trainer:
             names=names,
             tp_plan=tp_plan,
         )
+        self.config = parts.place.config  # train.batch_size=auto resolved
         self.place, self.task, self.model = parts.place, parts.task, parts.model
         self.device, self.dist = parts.place.device, parts.place.dist
         self.optimizer, self.scheduler, self.precision = parts.optimizer, parts.scheduler, parts.precision
@@ -99,6 +98,9 @@ class Trainer:
         self.checkpointer, self.metrics, self.console = parts.checkpointer, parts.metrics, parts.console
         self.global_batch, self.total_steps, self.run_dir = parts.global_batch, parts.total_steps, parts.run_dir
         self.val_data, self.test_data = as_tensor_data(val_data), as_tensor_data(test_data)
+        for split, data in (("val", self.val_data), ("test", self.test_data)):
+            if data is not None:  # a split its evaluation cannot take fails now, not after an epoch
+                self.evaluator.check(data, split)
         self.state = LoopState()
         self.stop = StopRequest()
         self.parts = parts
@@ -116,29 +118,12 @@ class Trainer:
     ) -> Trainer:
         """Build model and data from the registries (what `gputrain train` does); `evaluate=False`
         leaves the validation and test splits out (a profile times training steps only)."""
-        from gputrain.data import build_data
-        from gputrain.env.device import resolve_device
-        from gputrain.models import build_model
-        from gputrain.precision import resolve_precision
-
         cfg = config if isinstance(config, Config) and not overrides else load_config(config, overrides or ())
-        # fail on a missing device, a precision it cannot run (fp8) or a bad run directory before loading anything
-        resolve_precision(cfg.train.precision, resolve_device(cfg.train.device)[0])
-        if run_dir is not None:
-            check_run_dir(Path(run_dir))
-        seed_everything(cfg.train.seed)
-        bundle = build_data(cfg.data, cfg.train.seed)
-        # the built-in families start on the meta device: each rank materialises only its own part
-        model = build_model(cfg.model, bundle.spec, on_meta=True)
+        model, data = build_model_and_data(cfg, run_dir)
+        val, test = (data.val, data.test) if evaluate else (None, None)
+        names = (cfg.model.name, cfg.data.name)
         return cls(
-            model,
-            bundle.train,
-            val_data=bundle.val if evaluate else None,
-            test_data=bundle.test if evaluate else None,
-            config=cfg,
-            run_dir=run_dir,
-            spec=bundle.spec,
-            names=(cfg.model.name, cfg.data.name),
+            model, data.train, val_data=val, test_data=test, config=cfg, run_dir=run_dir, spec=data.spec, names=names
         )
 
     def profile(self, top: int = 10) -> ProfileReport:
@@ -154,7 +139,8 @@ class Trainer:
             on_step: called after each optimizer step (a profiler's step clock).
         """
         timer, every_ckpt = self.speed.timer, self.config.checkpoint.every_steps
-        with self.recorder.recording() as ending:
+        # the feed's loader workers end with the run, however it ends
+        with self.recorder.recording() as ending, contextlib.closing(self.feed):
             if not self._start(ending):
                 return ending.summary  # the directory holds a complete run: it stays as it is
             state = self.state  # the resumed one, if a checkpoint was found
@@ -162,6 +148,9 @@ class Trainer:
                 clock = time.perf_counter()
                 timer.begin(state.global_step + 1)
                 for micro_batches in self.feed.epoch(state.epoch, state.step_in_epoch):
+                    if not micro_batches:  # data.on_error=skip: no sample of this step could be read
+                        self._leave_out_step()
+                        continue
                     log_now = self.metrics.due(state.global_step + 1)
                     with self.speed.step_context():  # counts the FLOPs of the first step only
                         ending.last = train_step(self.step_parts, micro_batches, measure_grad_norm=log_now)
@@ -189,50 +178,30 @@ class Trainer:
         return ending.summary
 
     def _start(self, ending: RunEnding) -> bool:
-        """Resume where a checkpoint says, open the run directory's files, and arm the signals.
-        False when the directory holds a complete run with nothing left to train."""
-        path, verified = self.checkpointer.resume_point()
-        prior = prior_run(self.run_dir)
-        if not continue_run(self.run_dir, prior, self.config.checkpoint.resume, path, self.total_steps):
-            assert prior is not None and prior.summary is not None
-            ending.kept = ending.summary = prior.summary
-            self.console.info(
-                f"{self.run_dir} holds {prior.describe()}, complete: nothing to train (its summary: "
-                f"{self.run_dir / 'summary.json'}). Raise train.epochs or train.max_steps to train it longer, "
-                "or choose another --run-dir for a new run"
-            )
-            return False
-        if path is not None:
-            saved = self.checkpointer.load(path, verified)
-            self.state = restore_training_state(
-                path, saved, self.scheduler, self.precision, self.dist.rank, self.device
-            )
-            self.console.info(f"resumed from {path} (step {self.state.global_step})")
-        ending.started = True
-        if self.dist.is_main:
-            write_run_files(self.run_dir, self.config)
-        self.metrics.open(self.state, resumed=path is not None)
-        self.stop.install()
-        self.console.start(self.total_steps, self.state.global_step)
+        """Resume or begin in the run directory (run_start.py); False when it holds a complete run."""
         self.model.train()
         self.step_parts.model.train()
-        return True
+        longer = "train.epochs or train.max_steps"
+        return start_run(
+            ending, self.parts, self.config, self.stop, self.total_steps, self.state, self._restore, longer=longer
+        )
+
+    def _restore(self, path: Path, saved: dict[str, Any]) -> LoopState:
+        self.state = restore_training_state(path, saved, self.scheduler, self.precision, self.dist.rank, self.device)
+        return self.state
+
+    def _leave_out_step(self) -> None:
+        """A step whose every sample was unreadable (data.on_error=skip) makes no update and is not
+        counted as one (the LR schedule stays with the updates); the data order moves past it, its
+        samples are counted as skipped."""
+        self.state.step_in_epoch += 1
+        self.state.skipped_samples += self.feed.take_skipped()
 
     def _account(self, result: StepResult, log_now: bool) -> None:
         """Count a finished step, stop or skip on a non-finite one, and log it when it is due."""
         state = self.state
-        if result.verdict.kind == "nonfinite":
-            if self.config.train.on_nonfinite == "stop":
-                raise NonFiniteStep.at(
-                    state.global_step + 1, self.dist.rank if self.dist.enabled else None, result.verdict
-                )
-            state.nonfinite_steps += 1
-            log.warning(
-                "step %d: %s; step skipped (%d so far)",
-                state.global_step + 1,
-                result.verdict.reason,
-                state.nonfinite_steps,
-            )
+        if result.verdict.kind == "nonfinite":  # the host guard's verdict, before the step is counted
+            self._note_bad([BadStep(state.global_step + 1, result.verdict)])
         state.global_step += 1
         state.step_in_epoch += 1
         state.samples_seen += self.global_batch
@@ -246,23 +215,12 @@ class Trainer:
     def _settle(self) -> None:
         """Read the device-side guard's verdicts on the steps since the last read (one sync, on a
         step that syncs anyway): stop at the first bad step, or report the skipped ones."""
-        guard, state = self._device_guard, self.state
-        if guard is None:
-            return
-        bad = guard.settle(state.global_step)
-        if bad and self.config.train.on_nonfinite == "stop":
-            # every update from the first bad step on was masked: the run is where that step began
-            undone = state.global_step - (bad[0].step - 1)
-            state.global_step -= undone
-            state.step_in_epoch -= undone
-            state.samples_seen -= undone * self.global_batch
-            guard.reset()
-            raise NonFiniteStep.at(bad[0].step, self.dist.rank if self.dist.enabled else None, bad[0].verdict)
-        for skipped in bad:
-            state.nonfinite_steps += 1
-            log.warning(
-                "step %d: %s; step skipped (%d so far)", skipped.step, skipped.verdict.reason, state.nonfinite_steps
-            )
+        if self._device_guard is not None:
+            self._note_bad(self._device_guard.settle(self.state.global_step))
+
+    def _note_bad(self, bad: list[BadStep]) -> None:
+        rank = self.dist.rank if self.dist.enabled else None
+        note_bad_steps(bad, self.state, self.config.train.on_nonfinite, self.global_batch, rank)
 
     def _end_epoch(self, ending: RunEnding) -> str | None:
         """After an epoch's steps: evaluation, early stopping, the epoch's checkpoint. Returns how the
@@ -308,6 +266,7 @@ class Trainer:
     def _save(self, periodic: bool = False) -> Path | None:
         """Checkpoint now; `periodic` (every_epochs, every_steps): the overhead rule may put it off."""
         self._settle()  # a checkpoint never holds a step the device masked without the host knowing
+        self.metrics.flush()  # nor a step whose row a kill could still lose (train/metrics.py)
 
         def state_of() -> dict[str, Any]:  # only when saved: capturing every RNG costs more than a small step
             return training_state(

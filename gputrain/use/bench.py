@@ -34,6 +34,7 @@ from gputrain.use import artifacts
 from gputrain.use.extras import INSTALL_HINT, missing_export_extra, require_export_extra
 from gputrain.use.held_out import example_pair, held_out_batch, tile
 from gputrain.use.loaded import LoadedRun
+from gputrain.use.options import use_device
 
 MODES = ("eager", "compile", "export", "aoti", "onnxruntime")
 DEFAULT_MODES = ("eager", "compile", "export", "onnxruntime")
@@ -89,7 +90,7 @@ def bench_inference(loaded: LoadedRun, options: BenchOptions) -> list[ModeResult
     inputs = {b: tile(held.raw, b) for b in options.batches}
     results = []
     with _cpu_threads(options.threads):
-        for name in _devices(options.devices):
+        for name in bench_devices(options.devices):
             device = torch.device(name)
             served = loaded.served().to(device)
             for mode in options.modes:
@@ -109,9 +110,16 @@ def _cpu_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _devices(asked: tuple[str, ...]) -> tuple[str, ...]:
-    """The devices asked for; none asked: the CPU, and CUDA where there is a GPU."""
-    return asked or (("cpu", "cuda") if torch.cuda.is_available() else ("cpu",))
+def bench_devices(asked: tuple[str, ...]) -> tuple[str, ...]:
+    """The devices asked for, each checked to be on this machine (the `use` commands' check);
+    none asked: the CPU, and CUDA where there is a GPU.
+
+    Raises:
+        UsageError: a device that is unknown or not here, in one line.
+    """
+    if not asked:
+        return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+    return tuple(dict.fromkeys(str(use_device(name)) for name in asked))
 
 
 def _bench_mode(
@@ -264,7 +272,7 @@ def generation_rates(loaded: LoadedRun, devices: tuple[str, ...], new_tokens: in
     if not isinstance(loaded.model, GPT):
         return []
     rates = []
-    for name in _devices(devices):
+    for name in bench_devices(devices):
         model = loaded.model.to(torch.device(name))
         sampling = Sampling(max_new_tokens=new_tokens, temperature=0.0)
         for cache in (True, False):

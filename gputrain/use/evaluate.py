@@ -28,16 +28,16 @@ from torch.utils.data import Dataset
 from gputrain.config import Config, load_config, resolve_grad_accum
 from gputrain.data.pixels import pixel_scaler_for
 from gputrain.distributed.context import DistContext, env_world, init_distributed, rank_device
-from gputrain.env.device import resolve_device
 from gputrain.errors import UsageError
 from gputrain.precision import Precision
+from gputrain.switches import apply_process_switches
 from gputrain.train.evaluate import Evaluator, resolve_metrics
 from gputrain.train.run_files import write_json
 from gputrain.train.scores import Scores, save_scores
 from gputrain.train.tasks import resolve_task
 from gputrain.use.loaded import LoadedRun, data_overrides, load_run
 from gputrain.use.new_data import check_new_data_overrides, read_new_data
-from gputrain.use.options import output_dir
+from gputrain.use.options import output_dir, use_device
 
 log = logging.getLogger("gputrain")
 
@@ -84,6 +84,7 @@ def evaluate_run(
     dist, where = _join(device)
     loaded = load_run(run_dir, checkpoint=checkpoint, device=where, overrides=() if new else overrides)
     config = loaded.config
+    apply_process_switches(loaded.device, loaded.precision, config.train.deterministic)  # as the run had them
     transform: Callable[[Any], Any] | None
     if new:
         data_config = load_config(loaded.run_dir / "config.toml", overrides).data
@@ -143,7 +144,7 @@ def _run_eval_batch(config: Config) -> int:
 def _join(device: str) -> tuple[DistContext, str]:
     """This process's place in a torchrun job (one process: world size 1), and its device: under
     torchrun on GPUs, each rank its own."""
-    where, _ = resolve_device(device)
+    where = use_device(device)
     _, world, local_rank = env_world()
     if world > 1 and where.type == "cuda":
         where = rank_device(local_rank)

@@ -8,7 +8,7 @@ import importlib.util
 from gputrain.errors import UsageError
 
 EXPORT_EXTRA = ("onnx", "onnxscript", "onnxruntime")
-INSTALL_HINT = "pip install -e '.[export]' (or: pip install onnx onnxscript onnxruntime)"
+INSTALL_HINT = "pip install 'gputrain[export]' (or pip install onnx onnxscript onnxruntime)"
 
 
 def missing_export_extra() -> list[str]:

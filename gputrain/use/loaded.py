@@ -19,10 +19,10 @@ from gputrain.config import Config, load_config
 from gputrain.config.schema import ModelConfig
 from gputrain.data import DataBundle, build_data
 from gputrain.data.spec import DataSpec
-from gputrain.env.device import resolve_device
 from gputrain.errors import ConfigError, UsageError
 from gputrain.models import build_model
 from gputrain.precision import resolve_precision
+from gputrain.use.options import use_device
 from gputrain.use.preprocess import Preprocessing, ServedModel, build_preprocessing
 from gputrain.use.run_dir import WeightsSource, choose_weights, open_run
 from gputrain.use.weights import load_weights
@@ -77,13 +77,14 @@ def load_run(
         overrides: data overrides (`data.max_eval_samples=100`), applied to the run's data config.
 
     Raises:
-        UsageError: not a run directory, no such weights (naming those there are), weights that are not
-            this model's, a bad override, or the run's data can no longer be read.
+        UsageError: not a run directory, no such weights (naming those there are), a device this
+            machine lacks, weights that are not this model's, a bad override, or the run's data can no
+            longer be read.
     """
     path = open_run(run_dir)
     config = load_config(path / "config.toml", data_overrides(overrides))
     weights = choose_weights(path, checkpoint)  # before the data is read: the cheap checks first
-    where, _ = resolve_device(device)
+    where = use_device(device)
     bundle = build_data(config.data, config.train.seed)
     model = build_trained_model(config.model, bundle.spec)
     load_weights(weights, model)

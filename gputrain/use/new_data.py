@@ -58,7 +58,8 @@ def _image_folder(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:
     assert pre.class_names is not None
     # class folders by name: a folder the model has no class for is refused, naming the classes
     _, files, labels = scan_classes(path, list(pre.class_names))
-    return ImageFolderData(files, labels, pre.input_shape[1:])  # type: ignore[arg-type]
+    _, height, width = pre.input_shape  # [channels, height, width]
+    return ImageFolderData(files, labels, (height, width))
 
 
 def _mnist(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from gputrain.precision import Precision
+from gputrain.switches import apply_process_switches
 from gputrain.use.inputs import InputBatch, read_inputs
 from gputrain.use.loaded import LoadedRun
 
@@ -33,6 +34,7 @@ def prediction_rows(
     Raises:
         UsageError (DataError): the inputs do not match the model (naming what it reads).
     """
+    apply_process_switches(loaded.device, loaded.precision, loaded.config.train.deterministic)  # as the run had them
     pre = loaded.pre
     served = loaded.served()
     batches = read_inputs(path, pre, batch_size)

@@ -4,7 +4,7 @@
 - `final` (the default): `model.safetensors`, the weights the run ended with and the ones its
   summary's test metrics describe. A run that never finished (interrupted, failed) has none; it then
   falls back to `last`, and says so.
-- `last`: the newest checkpoint that verifies (a damaged one is skipped with a warning).
+- `last`: the newest checkpoint that verifies (damaged ones are passed over, said in one warning).
 - `best`: the checkpoint of the step with the best validation metric, as the run tracked it
   (`eval.early_stop_metric`, else the loss); kept by checkpoint rotation for this purpose.
 - a path: a checkpoint directory (`checkpoints/step-N`) or a `.safetensors` file.
@@ -78,38 +78,40 @@ def choose_weights(run_dir: Path, choice: str = "final") -> WeightsSource:
     """The weights `--checkpoint choice` names (module docstring), verified where they are a checkpoint.
 
     Raises:
-        UsageError: the run has no such weights (naming the checkpoints it does have), or the path
-            is not weights.
+        UsageError: the run has no such weights (naming the checkpoints it does have, and why a
+            damaged one cannot be used), or the path is not weights.
     """
     if choice not in CHOICES:
         return _weights_at(Path(choice))
     final = run_dir / MODEL_FILE
+    if choice == "final" and final.is_file():
+        return WeightsSource("final", final, _final_step(run_dir))
+    scan = _scan(run_dir)
     if choice == "final":
-        if final.is_file():
-            return WeightsSource("final", final, _final_step(run_dir))
-        last = _last_valid(run_dir)
-        if last is None:
-            raise UsageError(f"{run_dir}: no weights to use: no {MODEL_FILE}, and {_listing(run_dir)}")
-        note = f"{run_dir} has no final weights (the run did not finish): using its last checkpoint, step {last[1]}"
-        return WeightsSource("last", last[0], last[1], note)
+        if scan.last is None:
+            raise UsageError(f"{run_dir}: no usable weights: no {MODEL_FILE}; {_listing(run_dir, scan)}")
+        note = (
+            f"{run_dir} has no final weights (the run did not finish): using its last checkpoint, step {scan.last[1]}"
+        )
+        return scan.warned(WeightsSource("last", *scan.last, note))
     if choice == "last":
-        last = _last_valid(run_dir)
-        if last is None:
+        if scan.last is None:
             other = f"; --checkpoint final uses {final}" if final.is_file() else ""
-            raise UsageError(f"{run_dir}: --checkpoint last: {_listing(run_dir)}{other}")
-        return WeightsSource("last", *last)
-    return _best(run_dir)
+            raise UsageError(f"{run_dir}: --checkpoint last: no usable checkpoint; {_listing(run_dir, scan)}{other}")
+        return scan.warned(WeightsSource("last", *scan.last))
+    return scan.warned(_best(run_dir, scan))
 
 
-def _best(run_dir: Path) -> WeightsSource:
-    last = _last_valid(run_dir)
-    if last is None:
-        raise UsageError(f"{run_dir}: --checkpoint best: {_listing(run_dir)}, so no best step was recorded")
-    best_step = read_state(last[0]).get("loop", {}).get("best_step")
+def _best(run_dir: Path, scan: _Scan) -> WeightsSource:
+    if scan.last is None:
+        raise UsageError(
+            f"{run_dir}: --checkpoint best: no usable checkpoint to read the best step from; {_listing(run_dir, scan)}"
+        )
+    best_step = read_state(scan.last[0]).get("loop", {}).get("best_step")
     if not isinstance(best_step, int):
         raise UsageError(
             f"{run_dir}: --checkpoint best: the run tracked no best step (it had no validation split or "
-            f"metric); use --checkpoint final or last ({_listing(run_dir)})"
+            f"metric); use --checkpoint final or last ({_listing(run_dir, scan)})"
         )
     path = run_dir / "checkpoints" / f"step-{best_step}"
     try:
@@ -135,33 +137,53 @@ def _weights_at(path: Path) -> WeightsSource:
     return WeightsSource("path", path, checkpoint_step(path))
 
 
-def _last_valid(run_dir: Path) -> tuple[Path, int] | None:
-    """The newest checkpoint that verifies, and its step; damaged ones are skipped with a warning."""
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    """The run's checkpoints verified newest first, up to the first that passes."""
+
+    last: tuple[Path, int] | None
+    """The newest checkpoint that verifies, and its step."""
+    damaged: list[tuple[Path, str]]
+    """The newer ones that do not, each with why (newest first)."""
+
+    def warned(self, chosen: WeightsSource) -> WeightsSource:
+        """`chosen`, once the damaged checkpoints passed over for it are said in one warning (a
+        refusal says them in its own one line instead)."""
+        if self.damaged:
+            log.warning("using an older checkpoint: %s", _damaged_text(self.damaged))
+        return chosen
+
+
+def _scan(run_dir: Path) -> _Scan:
+    damaged = []
     for path in list_checkpoints(run_dir / "checkpoints"):
         try:
             verify_checkpoint(path)
         except CorruptCheckpoint as err:
-            log.warning("skipping damaged checkpoint: %s", err)
+            damaged.append((path, str(err).removeprefix(f"{path}: ")))  # the path is named beside it
             continue
         step = checkpoint_step(path)
         assert step is not None  # verification read it
-        return path, step
-    return None
+        return _Scan((path, step), damaged)
+    return _Scan(None, damaged)
 
 
-def _listing(run_dir: Path) -> str:
-    """Which checkpoints the run holds, for a message: 'checkpoints: step-8, step-16 (damaged)'."""
+def _damaged_text(damaged: list[tuple[Path, str]]) -> str:
+    """'step-16, step-8 damaged (model.safetensors does not match its checksum)': one reason once."""
+    by_reason: dict[str, list[str]] = {}
+    for path, reason in damaged:
+        by_reason.setdefault(reason, []).append(path.name)
+    return "; ".join(f"{', '.join(names)} damaged ({reason})" for reason, names in by_reason.items())
+
+
+def _listing(run_dir: Path, scan: _Scan) -> str:
+    """The run's checkpoints for a message: 'checkpoints: step-16 damaged (why); step-8'."""
     found = list_checkpoints(run_dir / "checkpoints")
     if not found:
         return "no checkpoints"
-    names = []
-    for path in reversed(found):
-        try:
-            verify_checkpoint(path)
-            names.append(path.name)
-        except CorruptCheckpoint:
-            names.append(f"{path.name} (damaged)")
-    return "checkpoints: " + ", ".join(names)
+    passed_over = {path for path, _ in scan.damaged}
+    rest = ", ".join(path.name for path in found if path not in passed_over)
+    return "checkpoints: " + "; ".join(filter(None, [_damaged_text(scan.damaged), rest]))
 
 
 def _final_step(run_dir: Path) -> int | None:

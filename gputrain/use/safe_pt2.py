@@ -3,7 +3,7 @@
 `torch.export.load` reads an archive whose tensors may be pickled (`use_pickle` payloads, the sample
 inputs) and whose constants may be pickled objects, and it falls back to `weights_only=False` when a
 weights-only read fails. An export folder is a file someone can hand over, like a checkpoint
-(tests/unit/checkpoint/test_hostile_files.py), so it is read here the way checkpoints are:
+(tests/unit/checkpoint/test_io.py), so it is read here the way checkpoints are:
 
 - archives holding pickled objects (custom or opaque object constants: `custom_obj_*`,
   `opaque_obj_*`) are refused before torch reads them;

@@ -19,8 +19,8 @@ from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from gputrain.checkpoint.fit import Spec, canonical_name, check_weights, tied_groups
-from gputrain.checkpoint.io import DCP_METADATA, CorruptCheckpoint, load_checkpoint, model_weights
+from gputrain.checkpoint.fit import CheckpointMismatch, Spec, canonical_name, check_weights, tied_groups
+from gputrain.checkpoint.io import DCP_METADATA, MODEL_FILE, CorruptCheckpoint, load_checkpoint, model_weights
 from gputrain.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpointContent, read_metadata
 from gputrain.errors import UsageError, first_line
 from gputrain.use.run_dir import WeightsSource
@@ -30,8 +30,8 @@ def load_weights(source: WeightsSource, model: nn.Module) -> None:
     """Load `source` into `model` (checkpoints are verified by `choose_weights` already).
 
     Raises:
-        UsageError: the file is not readable weights, or they are not this model's (CheckpointMismatch
-            names the first parameter that differs).
+        UsageError: the file is not readable weights, or they are not this model's (`cannot load
+            weights: PATH: ...`, naming the first parameter that differs).
     """
     path = source.path
     try:
@@ -41,8 +41,19 @@ def load_weights(source: WeightsSource, model: nn.Module) -> None:
             _load_sharded(path, model)
         else:
             load_checkpoint(path, model, verified=True)
+    except CheckpointMismatch as err:
+        raise UsageError(_not_this_model(err)) from None
     except CorruptCheckpoint as err:
-        raise UsageError(f"cannot load the weights: {err}") from None
+        raise UsageError(f"cannot load weights: {err}") from None
+
+
+def _not_this_model(err: CheckpointMismatch) -> str:
+    """The checkpoint checks' refusal in a `use` command's words: its message speaks of resuming,
+    which training does; here weights are loaded into the run's model and nothing is resumed."""
+    problem = err.problem
+    if err.path.is_file():  # the checks name the checkpoint's weights file, which is this very file
+        problem = problem.removeprefix(f"{MODEL_FILE}: ")
+    return f"cannot load weights: {err.path}: {problem}"
 
 
 def _load_file(path: Path, model: nn.Module) -> None:

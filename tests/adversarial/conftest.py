@@ -15,7 +15,11 @@ _GROUPS = {
     "test_data_files.py": "data files",
     "test_checkpoint_files.py": "checkpoint files",
     "test_run_dirs.py": "run directories",
+    "test_run_continuation.py": "run directories",
     "test_signals.py": "signals and launches",
+    "test_start_and_launch.py": "signals and launches",
+    "test_data_meaning.py": "data files",
+    "test_memory_limits.py": "config values",
 }
 _cases: Counter[str] = Counter()
 

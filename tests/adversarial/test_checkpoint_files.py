@@ -44,7 +44,7 @@ from gputrain.checkpoint.sharded import load_portable_checkpoint
 from gputrain.cli import main
 from gputrain.errors import RunError, UsageError
 from gputrain.train.trainer import Trainer
-from tests.unit.checkpoint.test_hostile_files import Payload, reseal
+from tests.unit.checkpoint.helpers import Payload, reseal
 from tests.unit.reliability.chaos import differences
 
 BASE = ["model.name=mlp", "model.hidden_sizes=[8]", "data.name=synthetic", "data.shape=[4]", "data.num_samples=128",
@@ -69,6 +69,9 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     summary = Trainer.from_config(None, run_dir=run_dir, overrides=[*BASE, f"train.max_steps={SAVED_STEPS}"]).fit()
     assert summary["status"] == "completed"
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-1", "step-2", "step-3"]
+    # the checkpoints are what is tried here: without the run's config.toml the config check
+    # (test_run_continuation.py) cannot see a changed model or optimizer first, and the checkpoint's must
+    (run_dir / "config.toml").unlink()
     return run_dir
 
 

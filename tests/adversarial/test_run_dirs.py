@@ -91,7 +91,7 @@ def test_starting_another_run_in_a_directory_with_checkpoints_is_refused(done: P
         _trainer(done, **{"checkpoint.resume": path}).fit()
     message = str(err.value)
     assert message.startswith(f"{done} holds a completed run (step 8): ")
-    assert "choose another --run-dir" in message and "\n" not in message
+    assert "choose another run_dir" in message and "\n" not in message
     assert _fingerprint(done) == before
 
 
@@ -108,7 +108,7 @@ def test_a_completed_run_without_checkpoints_cannot_be_continued(tmp_path: Path)
     run_dir = tmp_path / "r"
     _trainer(run_dir, **{"checkpoint.enabled": False}).fit()
     before = _fingerprint(run_dir)
-    with pytest.raises(UsageError, match="and no checkpoint to continue it from: choose another --run-dir"):
+    with pytest.raises(UsageError, match="and no checkpoint to continue it from: choose another run_dir"):
         _trainer(run_dir, **{"checkpoint.enabled": False, "train.epochs": 3}).fit()
     assert _fingerprint(run_dir) == before
 
@@ -188,7 +188,7 @@ UNWRITABLE = ["proc", "file_parent", "dev_null_parent", "sys", "name_too_long"]
 @pytest.mark.parametrize("kind", UNWRITABLE)
 def test_an_unwritable_run_dir_is_a_usage_error_before_anything_is_built(tmp_path: Path, kind: str) -> None:
     run_dir = _unwritable(tmp_path, kind)
-    with pytest.raises(UsageError, match=rf"^--run-dir {run_dir}: cannot be created or written \("):
+    with pytest.raises(UsageError, match=rf"^run_dir {run_dir}: cannot be created or written \("):
         _trainer(run_dir)
 
 

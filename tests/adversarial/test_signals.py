@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from gputrain import interrupts
 from gputrain.checkpoint import find_resumable, verify_checkpoint
 from gputrain.distributed.launch import culprit
-from gputrain.train import signals
 from gputrain.train.signals import StopRequest
 from tests.unit.reliability.chaos import TINY, TINY_2_RANKS, kill_at_step, logged_step, start_train
 
@@ -42,8 +42,8 @@ def _summary(run_dir: Path) -> dict:
 def _checkpoint_named(run_dir: Path, sig: signal.Signals) -> Path:
     """The one-line report of an interrupted run names the signal, the step and its checkpoint."""
     output = _log(run_dir)
-    match = re.search(rf"stopped by {sig.name} at step (\d+); checkpoint saved at (\S+); run again with "
-                      rf"--run-dir {re.escape(str(run_dir))} to resume", output)
+    match = re.search(rf"stopped by {sig.name} at step (\d+); checkpoint saved at (\S+); resume with: "
+                      rf"gputrain train --run-dir {re.escape(str(run_dir))}$", output, re.MULTILINE)
     assert match, output[-1500:]
     path = Path(match[2])
     assert path == run_dir / "checkpoints" / f"step-{match[1]}"
@@ -139,10 +139,10 @@ def test_after_a_signal_the_defaults_are_not_given_back(handlers: None) -> None:
     stop._handle(signal.SIGTERM, None)
     assert stop.requested == "SIGTERM"
     stop.uninstall()
-    assert signal.getsignal(signal.SIGTERM) is signals._leave_now
-    assert signal.getsignal(signal.SIGUSR1) is signals._leave_now
+    assert signal.getsignal(signal.SIGTERM) is interrupts.leave_now
+    assert signal.getsignal(signal.SIGUSR1) is interrupts.leave_now
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    signals._ignore_during_exit()  # what runs at interpreter exit: no default action can end it then
+    interrupts.ignore_during_exit()  # what runs at interpreter exit: no default action can end it then
     assert all(signal.getsignal(sig) == signal.SIG_IGN for sig in SIGNALS)
 
 

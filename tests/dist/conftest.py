@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.dist.harness import run_ranks
-from tests.dist.jobs import BASE, dist_job
+from tests.dist.jobs import BASE, USER_TP_CONFIG, dist_job, user_model_and_data
 
 DEEP = ["model.hidden_sizes=[32,32,32]"]
 CKPT = ["checkpoint.enabled=true", "checkpoint.every_steps=2"]
@@ -55,6 +55,8 @@ def step_losses(run_dir: Path) -> dict[int, float]:
 @pytest.fixture(scope="session")
 def dist_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run directories by case name, and what the job's other checks returned (rank 0's)."""
+    import torch.nn.functional as F
+
     from gputrain.train.trainer import Trainer
 
     root = tmp_path_factory.mktemp("dist")
@@ -64,7 +66,14 @@ def dist_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     fill = {name: str(path) for name, path in dirs.items()}
     runs = [(str(dirs[n]), [o.format(**fill) for o in overrides]) for n, (overrides, _) in TWO_RANK_CASES.items()]
     nonfinite_dirs = {strategy: str(root / f"nonfinite_{strategy}") for strategy in ("ddp", "fsdp")}
-    results = run_ranks(dist_job, runs, nonfinite_dirs, timeout_s=300)
+    # a model of the user's own: on one process, and on 2 ranks under tp with its plan as a dict and as a function
+    model, data = user_model_and_data()
+    dirs["user_single"] = root / "user_single"
+    Trainer(model, data, loss_fn=F.cross_entropy, config={**USER_TP_CONFIG, "parallel.strategy": "none"},
+            run_dir=dirs["user_single"]).fit()
+    user_tp_dirs = {plan: root / f"user_tp_{plan}" for plan in ("dict", "function", "none")}
+    dirs.update({f"user_tp_{plan}": path for plan, path in user_tp_dirs.items()})
+    results = run_ranks(dist_job, runs, nonfinite_dirs, {k: str(v) for k, v in user_tp_dirs.items()}, timeout_s=300)
     return {"dirs": dirs, "gpt_tp": results[0]["gpt_tp"], "by_rank": results}
 
 

@@ -144,9 +144,62 @@ def nonfinite_check(rank: int, run_dir: str, strategy: str) -> dict[str, Any]:
                           for p in trainer.model.parameters())}
 
 
-def dist_job(rank: int, runs: list[tuple[str, list[str]]], nonfinite_dirs: dict[str, str]) -> dict[str, Any]:
+USER_TP_CONFIG = {"train.device": "cpu", "train.batch_size": 32, "train.epochs": 1, "train.max_steps": 4,
+                  "optim.name": "adamw", "optim.lr": 0.01, "log.every_steps": 1, "log.tensorboard": False,
+                  "log.progress": "none", "checkpoint.enabled": False, "eval.every_epochs": 0}
+"""A model of the user's own, trained by the Trainer with 4 steps of batch 32 (`user_tp_check`)."""
+
+
+def user_model_and_data() -> tuple[Any, Any]:
+    """The same model (seeded) and data on every process: two Linear layers the plan splits."""
+    import torch
+    from torch import nn
+
+    from gputrain.data.tensors import TensorData
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10))
+    g = torch.Generator().manual_seed(0)
+    return model, TensorData(torch.randn(256, 16, generator=g), torch.randint(0, 10, (256,), generator=g))
+
+
+def user_tp_check(rank: int, run_dirs: dict[str, str]) -> dict[str, Any]:
+    """parallel.strategy=tp on a model of the user's own: its plan given to the Trainer as a dict and as a
+    function (module, tp degree) -> dict, each trained in its run directory; and given none, the error."""
+    import torch.nn.functional as F
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from gputrain.errors import ConfigError
+    from gputrain.train.trainer import Trainer
+
+    degrees: list[int] = []
+
+    def plan_of(module: Any, degree: int) -> dict[str, Any]:
+        degrees.append(degree)
+        return {"0": ColwiseParallel(), "2": RowwiseParallel()}
+
+    config = {**USER_TP_CONFIG, "parallel.strategy": "tp"}
+    shards: dict[str, list[tuple[int, ...]]] = {}
+    for name, plan in (("dict", {"0": ColwiseParallel(), "2": RowwiseParallel()}), ("function", plan_of)):
+        model, data = user_model_and_data()
+        trainer = Trainer(model, data, loss_fn=F.cross_entropy, config=config, run_dir=run_dirs[name], tp_plan=plan)
+        trainer.fit()
+        # what this rank holds of each Linear weight: the plan splits both
+        shards[name] = [tuple(trainer.model[i].weight.to_local().shape) for i in (0, 2)]
+    model, data = user_model_and_data()
+    try:
+        Trainer(model, data, loss_fn=F.cross_entropy, config=config, run_dir=run_dirs["none"])
+        error = None
+    except ConfigError as err:
+        error = str(err)
+    return {"degrees": degrees, "error": error, "shards": shards}
+
+
+def dist_job(rank: int, runs: list[tuple[str, list[str]]], nonfinite_dirs: dict[str, str],
+             user_tp_dirs: dict[str, str]) -> dict[str, Any]:
     """Everything the 2-rank tests need, in one pair of processes."""
     results = {"train": train_runs(rank, runs), "gpt_tp": gpt_tp_check(rank)}
+    results["user_tp"] = user_tp_check(rank, user_tp_dirs)
     results["nonfinite"] = {s: nonfinite_check(rank, d, s) for s, d in nonfinite_dirs.items()}
     results["comm_split"] = comm_split_check(rank)
     return results

@@ -71,6 +71,34 @@ def test_gpt_tensor_parallel_plan_matches_the_unsharded_model(dist_results: dict
     torch.testing.assert_close(torch.tensor(tp), torch.tensor(reference), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("plan", ["dict", "function"])
+def test_a_user_models_tp_plan_trains_like_one_process(dist_runs: dict[str, Path], plan: str) -> None:
+    """Trainer(tp_plan=...) on a model of the user's own (no built-in plan): the plan as a dict and as
+    a function of the module and the tp degree; 2 TP ranks give the one-process losses and weights."""
+    expected, got = step_losses(dist_runs["user_single"]), step_losses(dist_runs[f"user_tp_{plan}"])
+    assert sorted(got) == [1, 2, 3, 4]
+    torch.testing.assert_close(torch.tensor([got[s] for s in got]), torch.tensor([expected[s] for s in got]),
+                               rtol=1e-5, atol=1e-5)
+    ref = load_file(str(dist_runs["user_single"] / "model.safetensors"))
+    weights = load_file(str(dist_runs[f"user_tp_{plan}"] / "model.safetensors"))  # gathered from the shards
+    assert weights.keys() == ref.keys() == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    for key in ref:
+        torch.testing.assert_close(weights[key], ref[key], rtol=1e-5, atol=1e-5, msg=f"{plan}: {key}")
+    summary = json.loads((dist_runs[f"user_tp_{plan}"] / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["global_step"] == 4
+
+
+def test_a_user_models_tp_plan_splits_its_layers_and_without_one_is_a_config_error(
+    dist_results: dict[str, Any],
+) -> None:
+    for rank in dist_results["by_rank"]:
+        # column-wise: each rank holds half of the first layer's 32 outputs; row-wise: half of the second's inputs
+        assert rank["user_tp"]["shards"] == {"dict": [(16, 16), (10, 16)], "function": [(16, 16), (10, 16)]}
+        assert rank["user_tp"]["degrees"] == [2]  # called once, for the whole model, with the tp degree
+        error = rank["user_tp"]["error"]
+        assert error is not None and "parallel.tp" in error and "tp_plan=" in error, error
+
+
 @pytest.mark.parametrize("case", ["ddp", "fsdp"])
 def test_data_parallel_runs_time_their_gradient_communication(dist_runs: dict[str, Path], case: str) -> None:
     breakdown = json.loads((dist_runs[case] / "summary.json").read_text())["train"]["time_breakdown"]

@@ -87,14 +87,23 @@ def test_a_checkpoint_of_another_model_stops_every_rank_with_exit_2(tmp_path: Pa
                       "train.max_steps=2"])
     assert first.returncode == 0, first.stderr[-2000:]
     before = (run_dir / "metrics.jsonl").read_bytes()
-    again = gputrain(["--nproc-per-node", "2", "--run-dir", str(run_dir), *ARGS, "checkpoint.every_steps=2",
-                      "train.max_steps=4", "model.hidden_sizes=[32,16]"])
+    other_model = ["--nproc-per-node", "2", "--run-dir", str(run_dir), *ARGS, "checkpoint.every_steps=2",
+                   "train.max_steps=4", "model.hidden_sizes=[32,16]"]
+    # the run's config.toml says what it was: the launcher refuses before any rank starts
+    refused = gputrain(other_model)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"gputrain train: {run_dir} holds a completed run (step 2) trained with another config: "
+        + refused.stderr.split("trained with another config: ", 1)[1].strip()
+    ], refused.stderr[-2000:]
+    assert "model.hidden_sizes = [32, 32] there, [32, 16] given" in refused.stderr
+    # without it, the checkpoint's own check refuses on every rank: rank 0's line, and no other
+    (run_dir / "config.toml").unlink()
+    again = gputrain(other_model)
     assert again.returncode == 2, again.stderr[-2000:]
     said = [line for line in again.stderr.splitlines() if line.startswith("gputrain train:")]
     assert said == [
         f"gputrain train: cannot resume: {run_dir / 'checkpoints' / 'step-2'}: .metadata: 3.weight has shape "
         "[32, 32] in the checkpoint, [16, 32] in this run's model (2 more differ: 3.bias, 5.weight)",
-        "gputrain train: rank 0 failed first: it exited with code 2; ranks [1] stopped too (its message is above)",
     ], again.stderr[-2000:]
     assert "Traceback" not in again.stderr
     assert (run_dir / "metrics.jsonl").read_bytes() == before  # nothing of the run was touched

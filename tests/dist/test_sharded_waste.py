@@ -248,7 +248,7 @@ def _layouts(rank: int) -> dict[str, Any]:
         reference = copy.deepcopy(model)
         ctx = DistContext(rank=rank, world_size=4, local_rank=rank, dp_rank=rank, dp_size=4)
         choice = StrategyChoice("hybrid", "none")
-        dims = setup_parallel(ctx, choice, config, cpu)
+        ctx, dims = setup_parallel(ctx, choice, config, cpu)
         par = parallelize(model, ctx, config, cpu, choice, tp_plan=tp_plan_for(model))
         rows = [0]
         par.model.register_forward_pre_hook(lambda _m, args: rows.__setitem__(0, rows[0] + len(args[0])))

@@ -1,4 +1,6 @@
-"""No import circles inside gputrain, and layers as DESIGN.md (Architecture) draws them.
+"""No import circles inside gputrain, and its layers kept apart: lower layers (config, data, models,
+distributed, plan, observe) never import the training loop (train), distributed code never imports
+the data sources, and config is checked without torch or the registries (LAYER_RULES below).
 
 Read with `ast`: nothing of gputrain is imported, except by the one subprocess test of issue 13.
 
@@ -58,6 +60,10 @@ LAYER_RULES: list[tuple[str, str, str]] = [
     ("gputrain.config", "torch", "on import"),
     ("gputrain.cli", "torch", "on import"),  # a usage error answers before torch loads
     ("gputrain.observe", "gputrain.train", "anywhere"),
+    ("gputrain.distributed", "gputrain.train", "anywhere"),
+    ("gputrain.plan", "gputrain.train", "anywhere"),
+    ("gputrain.data", "gputrain.train", "anywhere"),
+    ("gputrain.models", "gputrain.train", "anywhere"),
 ]
 
 

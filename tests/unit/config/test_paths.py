@@ -21,9 +21,11 @@ ROOT = Path(__file__).resolve().parents[3]
     ("overrides", "error", "message"),
     [
         (["data.name=csv", "data.path={tmp}/nope.csv"], DataError, "data.path: no such file: {tmp}/nope.csv"),
-        (["data.name=text", "data.path={tmp}"], DataError, "data.path: no such file: {tmp}"),  # a folder
+        (["data.name=text", "data.path={tmp}"], DataError,
+         "data.path: {tmp} is a directory, not a regular file; data.name=text reads one file"),
         (["data.name=mnist", "data.path={tmp}/nope"], DataError, "data.path: no such folder: {tmp}/nope"),
-        (["data.name=image_folder", "data.path={tmp}/f.csv"], DataError, "data.path: no such folder: {tmp}/f.csv"),
+        (["data.name=image_folder", "data.path={tmp}/f.csv"], DataError,
+         "data.path: {tmp}/f.csv is a regular file, not a folder; data.name=image_folder reads a folder"),
         (["data.name=tokens", "data.path={tmp}/t.bin"], DataError, "{tmp}/t.bin: no such token file"),
         (["data.name=tokens", "data.path={tmp}", "data.val_path={tmp}/v.bin"], DataError, "{tmp}/v.bin: no such"),
         (["model.weights={tmp}/w.safetensors"], ConfigError, "model.weights = '{tmp}/w.safetensors': no such file"),

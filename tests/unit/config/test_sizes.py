@@ -60,7 +60,8 @@ def test_too_big_for_this_machine_is_refused_with_the_numbers(big_machine):
     assert info.value.field == "model.hidden_sizes"
     assert str(info.value) == ("config error: model.hidden_sizes = [32768, 32768, 32768]: asks for model.name=mlp "
                                "with at least 2.1B parameters: 8.0 GiB or more, but this machine has 8.0 GiB of "
-                               "memory\n  use a smaller model.hidden_sizes")
+                               "memory\n  use a smaller model.hidden_sizes (or set GPUTRAIN_SKIP_MEMORY_CHECK=1 to try "
+                               "anyway)")
     check_fits_in_memory(mlp, 9 * 2**30)  # fits
     gpt = load_config({"model.name": "gpt", "model.preset": "gpt2-1.5b", "model.n_layer": 100})
     with pytest.raises(ConfigError) as info:

@@ -3,6 +3,7 @@ the install hints when a library is missing or broken, model.weights, and the im
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -57,7 +58,11 @@ def test_missing_library_says_how_to_install(monkeypatch: pytest.MonkeyPatch, mo
     with pytest.raises(ConfigError) as info:
         import_library(module, f"{module}:x")
     assert f"needs {module}, which is not installed" in str(info.value)
-    assert "pip install -e '.[ecosystem]'" in str(info.value)
+    if module == "torchvision" and importlib.util.find_spec("torchvision") is None:  # the one built for this torch
+        assert str(info.value).endswith("--index-url https://download.pytorch.org/whl/cpu" if torch.version.cuda is None
+                                        else "'")
+    else:
+        assert str(info.value).endswith(f"pip install 'gputrain[ecosystem]' (or pip install {module})")
 
 
 def test_missing_torchvision_is_installed_first_from_torchs_own_index(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,7 +76,7 @@ def test_missing_torchvision_is_installed_first_from_torchs_own_index(monkeypatc
         import_library("timm", "timm:resnet18")
     # the newest torchvision on PyPI needs a newer torch, and pip would swap the CPU torch for a CUDA one
     assert ("pip install 'torchvision==0.28.*' --index-url https://download.pytorch.org/whl/cpu, "
-            "then pip install -e '.[ecosystem]'") in str(info.value)
+            "then pip install 'gputrain[ecosystem]' (or pip install timm)") in str(info.value)
 
 
 def test_broken_library_is_named_with_its_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -195,3 +200,26 @@ def test_image_probe_refuses_too_small_images_and_wrong_outputs() -> None:
     wrong_width = nn.Sequential(nn.Flatten(), nn.Linear(64, 1000))
     with pytest.raises(ConfigError, match=r"returns a tensor of shape \[2, 1000\] for 2 images, not the 10 outputs"):
         check_takes_images(wrong_width, IMAGES, "torchvision:x")
+
+
+@pytest.mark.parametrize("size_field, hint", [
+    (None, "this data's images are 8×8 whatever the config: use another model, or data that sets its size "
+           "(data.name=image_folder with data.image_size, synthetic with data.shape)"),  # digits, MNIST
+    ("data.shape", "use larger images (data.shape) or another model"),  # synthetic
+    ("data.image_size", "use larger images (data.image_size) or another model"),  # image_folder
+])
+def test_too_small_images_name_the_field_that_sizes_them(size_field: str | None, hint: str) -> None:
+    spec = DataSpec(task="classification", input_shape=(1, 8, 8), num_classes=10, size_field=size_field)
+    pooled_away = nn.Sequential(nn.Conv2d(1, 4, 3), nn.MaxPool2d(8), nn.Flatten(), nn.Linear(4, 10))
+    with pytest.raises(ConfigError) as info:
+        check_takes_images(pooled_away, spec, "timm:x")
+    assert str(info.value).splitlines()[-1] == f"  {hint}"
+
+
+def test_each_data_source_names_the_field_that_sizes_its_samples(tmp_path: Path) -> None:
+    from gputrain.data import build_data
+
+    fields = {}
+    for name in ("digits", "synthetic"):
+        fields[name] = build_data(load_config(None, {"data.name": name}).data, seed=0).spec.size_field
+    assert fields == {"digits": None, "synthetic": "data.shape"}

@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 QUIET = {"train.device": "cpu", "log.progress": "none", "log.tensorboard": False, "checkpoint.enabled": False}
 TOKENS = DataSpec(task="lm", input_shape=(16,), vocab_size=64)
-LABELLED_TOKENS = DataSpec(task="classification", input_shape=(16,), num_classes=3)
+LABELLED_TOKENS = DataSpec(task="classification", input_shape=(16,), num_classes=3, vocab_size=64)
 
 
 def _gpt2_config(**changes: Any) -> Any:
@@ -163,3 +163,21 @@ def test_the_final_weights_reload_into_the_same_model(tmp_path: Path) -> None:
     ids = torch.randint(0, 64, (2, 16))
     trainer.model.eval(), again.eval()
     assert torch.equal(trainer.model(ids), again(ids))
+
+
+def test_cli_refuses_a_sequence_classifier_on_data_without_token_ids(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """CSV columns are numbers, not token ids: refused at build time, one line, exit 2 (not an
+    embedding's error about float indices at step 1)."""
+    from gputrain.cli import main
+
+    rows = ["t0,t1,t2,label"] + [f"{i % 7},{i % 5},{i % 3},{i % 2}" for i in range(40)]
+    (tmp_path / "tok.csv").write_text("\n".join(rows) + "\n")
+    config_file = _write_config(tmp_path / "cls", pad_token_id=0)
+    code = main(["train", "--run-dir", str(tmp_path / "run"), "model.name=hf", f"model.hf_config={config_file}",
+                 "data.name=csv", f"data.path={tmp_path / 'tok.csv'}", "train.device=cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0] == (
+        "gputrain train: config error: model.name = 'hf': a sequence classifier takes token ids; this data gives 3 "
+        "numbers per sample that are not token ids (gputrain's data sources give token ids for language modelling "
+        "only, data.task=lm): train one from Python, on a Dataset of (input_ids, labels)")

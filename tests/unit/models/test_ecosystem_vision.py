@@ -2,7 +2,7 @@
 
 Both skip where the package cannot be imported: timm needs torchvision, and PyPI's torchvision
 wheels are built for PyPI's (CUDA) torch, so they do not import beside the CPU build of torch that
-CI installs (`pip install -e '.[ecosystem]'` on a machine with a matching torchvision runs them).
+CI installs (`pip install 'gputrain[ecosystem]'` on a machine with a matching torchvision runs them).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _importable(module: str) -> Any:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        pytest.skip(f"{exc.name} is not installed (pip install -e '.[ecosystem]')")
+        pytest.skip(f"{exc.name} is not installed (pip install 'gputrain[ecosystem]')")
     except Exception as exc:  # noqa: BLE001 - installed, but built for another torch
         pytest.skip(f"{module} cannot be imported with torch {torch.__version__} ({type(exc).__name__}: {exc})")
 

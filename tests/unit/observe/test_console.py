@@ -80,3 +80,49 @@ def test_none_prints_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     run.evaluated("val", 1, {"loss": 0.4})
     run.stop()
     assert capsys.readouterr().out == ""
+
+
+def _screen(written: str) -> list[str]:
+    """What a terminal shows after `written`: colours dropped; carriage return, erase line, cursor up
+    and newline followed."""
+    import re
+
+    rows, row, col, i = [""], 0, 0, 0
+    while i < len(written):
+        code = re.match(r"\x1b\[\??(\d*)([A-Za-z])", written[i:])
+        if code:
+            if code.group(2) == "A":
+                row = max(0, row - int(code.group(1) or 1))
+            elif code.group(2) == "K":
+                rows[row], col = "", 0
+            i += code.end()
+            continue
+        char = written[i]
+        if char == "\r":
+            col = 0
+        elif char == "\n":
+            row, col = row + 1, 0
+            rows.extend([""] * (row + 1 - len(rows)))
+        else:
+            rows[row] = rows[row][:col].ljust(col) + char + rows[row][col + 1 :]
+            col += 1
+        i += 1
+    return [r.rstrip() for r in rows if r.strip()]
+
+
+def test_a_line_above_the_bar_is_printed_without_drawing_the_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rich's print redraws the whole bar with each line (~1 ms); the line is written in the bar's
+    place instead, and the bar drawn again below it at its next refresh."""
+    monkeypatch.setattr(console_module, "BAR_REFRESH_S", 100.0)  # no refresh of its own during the test
+    run, out, _ = _bar(monkeypatch)
+    run.start(total_steps=100, done=0)
+    for step in range(1, 65):
+        run.advance(step)
+    drawn = out.getvalue().count("/100")  # the bar, as drawn when the run started
+    run.evaluated("val", 1, {"accuracy": 0.75, "loss": 0.4})
+    run.evaluated("val", 2, {"accuracy": 0.8, "loss": 0.3})
+    assert out.getvalue().count("/100") == drawn == 1  # not drawn again with each line
+    run.stop()
+    screen = _screen(out.getvalue())
+    assert screen[:2] == ["val epoch 1: accuracy 0.7500  loss 0.4000", "val epoch 2: accuracy 0.8000  loss 0.3000"]
+    assert len(screen) == 3 and screen[2].startswith("train") and "64/100" in screen[2]

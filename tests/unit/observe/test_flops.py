@@ -289,3 +289,41 @@ def test_hugging_face_gpt2_count_agrees_with_the_formula() -> None:
     # the formula counts the embedding's input gradient and 6N for the layer norms' and biases' few
     # parameters, which the counter does not: within 5%
     assert abs(counter.total - formula) <= 0.05 * formula
+
+
+class _TokenRecords(torch.utils.data.Dataset):
+    """Dict samples of 12 tokens with their labels: what a Hugging Face collator gives a causal LM."""
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def test_the_gpt_formula_counts_the_datas_tokens_and_only_for_language_models(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A context of 1024 positions trained on 12-token samples: the formula is the tokens trained on,
+    not the context (which read 200-500 times the counted FLOPs); a classifier has no formula."""
+    transformers = pytest.importorskip("transformers")
+    sizes = {"n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 50, "n_positions": 1024}
+    ids = torch.randint(0, 50, (64, 12), generator=torch.Generator().manual_seed(0))
+    config = {**QUIET, "train.epochs": 1, "train.batch_size": 8}
+    runs = {
+        "pairs": (transformers.GPT2LMHeadModel, TensorData(ids[:, :-1], ids[:, 1:])),
+        "dicts": (transformers.GPT2LMHeadModel, _TokenRecords(ids)),
+        "classifier": (transformers.GPT2ForSequenceClassification, TensorData(ids.clamp(min=1), torch.zeros(64).long())),
+    }
+    for name, (cls, data) in runs.items():
+        model = cls(transformers.GPT2Config(**sizes, num_labels=3, pad_token_id=0))
+        train = Trainer(model, data, config=config, run_dir=tmp_path / name).fit()["train"]
+        counted, formula = train["flops_per_step"], train["flops_per_step_formula"]
+        if name == "classifier":
+            assert formula is None and train["tokens_per_s"] is None
+            continue
+        # the formula's 6N counts the layer norms' and biases' few parameters, which the counter does not
+        assert abs(formula - counted) <= 0.05 * counted, (name, formula, counted)
+        tokens = 11 if name == "pairs" else 12
+        assert train["tokens_per_s"] == pytest.approx(tokens * train["samples_per_s"])

@@ -1,6 +1,7 @@
 """Malformed configs and overrides: exit 2, a short error naming the field or file, no traceback,
 nothing started (issue 7, figure 6). The generators below know what is valid independently of the
-loader: they are written from DESIGN.md's contract and the schema's documented ranges."""
+loader: they are written from the user contract (a bad config or override exits 2 with one short
+error naming the field, before anything heavy starts) and the schema's documented ranges."""
 
 from __future__ import annotations
 

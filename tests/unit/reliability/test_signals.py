@@ -23,8 +23,8 @@ def test_signal_checkpoints_and_exits_130(sig: signal.Signals, tmp_path: Path, r
     assert kill_at_step(proc, run_dir, 6, sig=sig) is not None
     assert proc.returncode == 130
     output = run_dir.with_suffix(".log").read_text()
-    match = re.search(rf"stopped by {sig.name} at step (\d+); checkpoint saved at (\S+); run again with "
-                      rf"--run-dir {re.escape(str(run_dir))} to resume", output)
+    match = re.search(rf"stopped by {sig.name} at step (\d+); checkpoint saved at (\S+); resume with: "
+                      rf"gputrain train --run-dir {re.escape(str(run_dir))}$", output, re.MULTILINE)
     assert match, output[-1500:]
     step, path = int(match[1]), Path(match[2])
     assert path == run_dir / "checkpoints" / f"step-{step}"

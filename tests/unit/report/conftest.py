@@ -68,6 +68,16 @@ def regression_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
+@pytest.fixture(scope="session")
+def rl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`gputrain rl` on CartPole, 8 PPO iterations, each logged."""
+    run_dir = tmp_path_factory.mktemp("rl") / "run"
+    result = run_cli("rl", "--run-dir", str(run_dir), "rl.total_timesteps=4096", "log.every_steps=1",
+                     "train.device=cpu", "log.progress=none", "log.tensorboard=false")
+    assert result.returncode == 0, result.stderr
+    return run_dir
+
+
 def visible_text(page: str) -> str:
     """The page's text without tags (what a reader sees), whitespace collapsed."""
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())

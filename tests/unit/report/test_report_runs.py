@@ -89,7 +89,8 @@ def test_a_failed_run_shows_the_failure_and_what_ran_before_it(failed_run, tmp_p
     page = _page(failed_run, tmp_path)
     text = visible_text(page)
     assert 'class="badge s-failed"' in page
-    assert "Failed : step 7: RuntimeError: test fault injected at forward 7" in text
+    error = json.loads((failed_run / "summary.json").read_text())["error"]  # the step: forwards before training vary
+    assert error.endswith("RuntimeError: test fault injected at forward 7") and f"Failed : {error}" in text
     assert "error.log (last lines)" in page and "RuntimeError: test fault injected at forward 7" in page
     assert "training loss" in _titles(page)  # the six steps before the failure
     assert "No scores-test.npz: the run has not reached its test evaluation" in text
@@ -113,6 +114,10 @@ def test_a_run_in_progress_then_interrupted(tmp_path):
     assert "no summary.json yet: the run is still going" in visible_text(running)
     assert "training loss" in _titles(running)
     assert "so far" in visible_text(running)
+    # what the run resolved at its start (env.json), not "–" or the configured "auto"
+    started = {"device": "cpu", "precision": "fp32", "world size": "1", "parallel layout": "one process"}
+    for name, value in started.items():
+        assert f"<b>{name}</b><span>{value}</span>" in running, name
 
     interrupted = _page(run_dir, tmp_path)
     assert 'class="badge s-interrupted"' in interrupted
@@ -164,3 +169,42 @@ def test_a_resumed_run_whose_summary_is_older_than_its_rows_is_running(completed
     page = _page(run_dir, tmp_path)
     assert 'class="badge s-running"' in page
     assert "resumed after an earlier attempt (interrupted at step 10) and not finished yet" in visible_text(page)
+
+
+def test_an_rl_run_shows_its_environment_steps_and_returns_and_no_test_split(rl_run, tmp_path):
+    summary = json.loads((rl_run / "summary.json").read_text())["rl"]
+    page = _page(rl_run, tmp_path)
+    header = page.split("<section", 1)[0]
+    for name, value in (
+        ("task", "reinforcement learning (PPO)"),
+        ("environment", "CartPole-v1"),
+        ("env steps", f"{summary['env_steps']:,}"),
+        ("episodes", f"{summary['episodes']:,}"),
+        ("return (last 100 episodes)", f"{summary['episodic_return']:.2f}"),
+        ("env steps/s", f"{summary['env_steps_per_s']:,.0f}"),
+    ):
+        assert f"<b>{name}</b><span>{value}</span>" in header, name
+    assert "samples/s" not in visible_text(page)  # its samples are environment steps, and named so
+    assert "<h2>Test split</h2>" not in page and "scores-test.npz" not in page and "MFU" not in visible_text(page)
+    titles = _titles(page)
+    assert {"episodic return", "environment steps/s", "approximate KL"} <= set(titles)
+    assert "PPO loss (policy − ent_coef·entropy + vf_coef·value)" in titles
+
+    (rl_run / "summary.json").rename(tmp_path / "summary.json")  # the same run, still going
+    try:
+        running = _page(rl_run, tmp_path)
+    finally:
+        (tmp_path / "summary.json").rename(rl_run / "summary.json")
+    assert 'class="badge s-running"' in running and "<h2>Test split</h2>" not in running
+    assert f"<b>env steps</b><span>{summary['env_steps']:,}</span>" in running  # from the last logged row
+    assert f"<b>episodes</b><span>{summary['episodes']:,}</span>" in running  # summed over the rows
+    assert "<b>device</b><span>cpu</span>" in running
+
+    solved = tmp_path / "solved"  # stopped at rl.stop_at_return: not by a validation metric, which it has none of
+    shutil.copytree(rl_run, solved)
+    config = (solved / "config.toml").read_text()
+    (solved / "config.toml").write_text(config.replace("# stop_at_return = (unset)", "stop_at_return = 20.0"))
+    (solved / "summary.json").write_text(json.dumps({**json.loads((rl_run / "summary.json").read_text()),
+                                                     "status": "stopped_early"}))
+    assert ("Stopped early: the mean return of the last 100 episodes reached rl.stop_at_return = 20.0"
+            in visible_text(_page(solved, tmp_path)))

@@ -162,3 +162,19 @@ def test_evaluating_imports_neither_torchmetrics_nor_torchvision(tmp_path) -> No
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_auroc_on_the_host_gives_the_tensor_paths_figure(tied: bool) -> None:
+    """CPU scores take numpy, other devices tensor ops (eval_metrics.py): the same figure, ties or not."""
+    from gputrain.train import eval_metrics
+
+    torch.manual_seed(4)
+    logits = torch.randint(0, 3, (600, 5)).float() if tied else torch.randn(3000, 12)
+    scores, targets = logits.softmax(dim=1), torch.randint(0, logits.shape[1] - 1, (len(logits),))
+    k = logits.shape[1]
+    on_host = eval_metrics._auroc_on_host(scores, targets, k)
+    assert on_host == float(eval_metrics._macro_auroc(scores, targets, k))  # what a CPU evaluation takes
+    assert on_host == pytest.approx(float(eval_metrics._auroc_on_device(scores, targets, k)), abs=1e-12)
+    expected = np.mean([roc_auc_score(targets.numpy() == c, scores[:, c].numpy()) for c in range(k - 1)])
+    assert on_host == pytest.approx(expected, abs=1e-12)

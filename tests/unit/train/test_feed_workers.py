@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import time
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils.data import Dataset
 
+from gputrain import Trainer
 from gputrain.data.tensors import TensorData
+from gputrain.errors import RunError
 from gputrain.train import feed
 from gputrain.train.feed import auto_num_workers, auto_prefetch_factor
 
@@ -39,3 +46,48 @@ def test_explicit_and_in_memory() -> None:
     assert auto_num_workers(3, Sized(10)) == 3
     assert auto_num_workers("auto", TensorData(torch.zeros(4, 2), torch.zeros(4))) == 0
     assert auto_prefetch_factor(0) is None and auto_prefetch_factor(1) == 8 and auto_prefetch_factor(8) == 2
+
+
+class Records(Dataset):
+    """Samples read by user code from tensors in memory: a dict of rows."""
+
+    def __init__(self, n: int = 256, delay_s: float = 0.0) -> None:
+        self.x, self.y = torch.randn(n, 5), torch.randint(0, 3, (n,))
+        self.delay_s = delay_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if self.delay_s:
+            time.sleep(self.delay_s)  # a file read, a decode
+        return {"features": self.x[i], "label": self.y[i]}
+
+
+def test_cheap_samples_are_read_in_this_process_and_costly_ones_by_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(feed.os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert auto_num_workers("auto", Records(), micro_batch=64) == 0  # ~1-2 us a sample: no worker pays
+    assert auto_num_workers("auto", Records(delay_s=1e-3), micro_batch=64) == 2  # 64 ms a batch: workers
+    assert auto_num_workers(1, Records(), micro_batch=64) == 1  # an explicit count is kept
+
+
+def _step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(model(batch["features"]), batch["label"])
+
+
+def _failing_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    raise RuntimeError("user code fails")
+
+
+@pytest.mark.parametrize("step_fn", [_step, _failing_step])
+def test_fit_ends_its_loader_workers(tmp_path: Path, step_fn) -> None:
+    """Persistent workers live between epochs, not after the run, however it ends."""
+    config = {"train.device": "cpu", "log.progress": "none", "log.tensorboard": False, "train.batch_size": 16,
+              "checkpoint.enabled": False, "data.num_workers": 1, "train.epochs": 2}
+    before = set(multiprocessing.active_children())
+    for i in range(2):
+        trainer = Trainer(torch.nn.Linear(5, 3), Records(64), step_fn=step_fn, config=config, run_dir=tmp_path / str(i))
+        with contextlib.suppress(RunError):
+            trainer.fit()
+        assert set(multiprocessing.active_children()) == before

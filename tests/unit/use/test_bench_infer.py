@@ -53,7 +53,7 @@ def test_onnxruntime_missing_is_a_skipped_row_saying_how_to_install(tiny_run, mo
     monkeypatch.setattr("gputrain.use.bench.missing_export_extra", lambda: ["onnxruntime"])
     loaded = load_run(tiny_run("csv_regression"), device="cpu")
     (row,) = bench_inference(loaded, BenchOptions(batches=(1, 2), modes=("onnxruntime",), devices=("cpu",), repeats=3))
-    assert row.skipped is not None and "pip install -e '.[export]'" in row.skipped
+    assert row.skipped is not None and "pip install 'gputrain[export]'" in row.skipped
 
 
 def test_an_unknown_mode_is_a_usage_error(tiny_run, capsys) -> None:
@@ -80,5 +80,5 @@ def test_onnxruntime_asked_for_without_the_extra_says_how_to_install_it(tiny_run
     monkeypatch.setattr("gputrain.use.extras.missing_export_extra", lambda: ["onnxruntime"])
     assert main(["bench-infer", str(run_dir), "--modes", "eager,onnxruntime"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--modes onnxruntime needs onnxruntime, not installed: pip install -e '.[export]'" in err
+    assert "--modes onnxruntime needs onnxruntime, not installed: pip install 'gputrain[export]'" in err
     assert len(err.splitlines()) == 1

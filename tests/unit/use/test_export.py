@@ -118,7 +118,7 @@ def test_onnx_without_the_extra_says_how_to_install_it(tiny_run, monkeypatch, ca
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
     assert main(["export", str(tiny_run("csv_mlp")), "--format", "onnx"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "needs onnxruntime, not installed: pip install -e '.[export]'" in err and len(err.splitlines()) == 1
+    assert "needs onnxruntime, not installed: pip install 'gputrain[export]'" in err and len(err.splitlines()) == 1
 
 
 def test_a_model_torch_export_cannot_capture_is_a_usage_error_naming_what_can(tiny_run, monkeypatch, capsys) -> None:

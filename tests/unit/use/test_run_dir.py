@@ -11,9 +11,9 @@ import torch.distributed.checkpoint as dcp
 
 from gputrain.checkpoint.io import STATE_FILE, commit_checkpoint_dir, list_checkpoints, read_state
 from gputrain.cli import main
-from gputrain.errors import UsageError
 from gputrain.use.loaded import load_run
 from gputrain.use.run_dir import choose_weights
+from tests.conftest import run_cli
 
 
 @pytest.fixture
@@ -67,17 +67,28 @@ def test_a_damaged_checkpoint_is_skipped_for_the_one_before(run_copy) -> None:
     assert choose_weights(run_copy, "last").path == older
 
 
-def test_no_weights_names_the_checkpoints_there_are(run_copy, capsys) -> None:
+def test_no_weights_is_one_line_naming_each_checkpoint_and_why_it_is_unusable(run_copy) -> None:
     (run_copy / "model.safetensors").unlink()
-    for path in list_checkpoints(run_copy / "checkpoints"):
+    steps = list_checkpoints(run_copy / "checkpoints")
+    for path in steps:
         (path / STATE_FILE).write_bytes(b"damaged")
-    assert main(["evaluate", str(run_copy)]) == 2
-    last = capsys.readouterr().err.strip().splitlines()[-1]  # after a warning per damaged checkpoint
-    assert (
-        last.startswith("gputrain evaluate: ")
-        and "no weights to use: no model.safetensors, and checkpoints: step-" in last
-    )
-    assert last.count("(damaged)") == 2
+    result = run_cli("evaluate", str(run_copy))  # the real process: its warnings reach the same stderr
+    assert result.returncode == 2
+    names = ", ".join(path.name for path in steps)  # newest first
+    assert result.stderr.splitlines() == [  # what was passed over is in the line, not warned before it
+        f"gputrain evaluate: {run_copy}: no usable weights: no model.safetensors; checkpoints: {names} damaged "
+        "(state.pt does not match its checksum)"
+    ]
+
+
+def test_a_damaged_checkpoint_passed_over_is_said_once(run_copy, caplog) -> None:
+    newest, older = list_checkpoints(run_copy / "checkpoints")[:2]
+    (newest / STATE_FILE).write_bytes(b"damaged")
+    with caplog.at_level("WARNING", logger="gputrain"):
+        assert choose_weights(run_copy, "last").path == older
+    assert [r.getMessage() for r in caplog.records] == [
+        f"using an older checkpoint: {newest.name} damaged (state.pt does not match its checksum)"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -92,10 +103,30 @@ def test_a_directory_that_is_not_a_run_is_refused(tmp_path, capsys, make, messag
     assert message in capsys.readouterr().err
 
 
-def test_weights_of_another_model_are_refused_naming_the_parameter(run_copy, tiny_run) -> None:
-    other = tiny_run("csv_mlp") / "model.safetensors"
-    with pytest.raises(UsageError, match="the parameters differ"):
-        load_run(run_copy, checkpoint=str(other), device="cpu")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["evaluate", "{run}", "--checkpoint", "{weights}"],
+        ["predict", "{run}", "rows.csv", "--checkpoint", "{weights}"],
+        ["export", "{run}", "--format", "safetensors", "-o", "{out}", "--checkpoint", "{weights}"],
+    ],
+)
+@pytest.mark.parametrize("form", ["file", "checkpoint"])
+def test_weights_of_another_model_are_refused_in_one_line_naming_the_parameters(
+    run_copy, tiny_run, tmp_path, capsys, argv, form
+) -> None:
+    """Weights are loaded, not a run resumed: the message says so (training's resume says `cannot resume`)."""
+    other = tiny_run("csv_mlp")
+    weights = other / "model.safetensors" if form == "file" else list_checkpoints(other / "checkpoints")[0]
+    names = {"run": str(run_copy), "weights": str(weights), "out": str(tmp_path / "out")}
+    capsys.readouterr()
+    assert main([arg.format(**names) for arg in argv]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    label = "" if form == "file" else "model.safetensors: "  # a checkpoint directory: which of its files
+    assert line.startswith(
+        f"gputrain {argv[0]}: cannot load weights: {weights}: {label}the parameters differ: this run's model has "
+        "features.0.weight"
+    ), line
 
 
 def test_a_sharded_checkpoint_of_a_multi_rank_run_loads_its_model_weights(run_copy) -> None:
@@ -123,6 +154,32 @@ def test_the_starting_weights_a_run_loaded_are_neither_needed_nor_loaded(run_cop
     loaded = load_run(run_copy, device="cpu")
     assert loaded.config.model.weights == "/nowhere/pretrained.safetensors"
     assert main(["export", str(run_copy), "--format", "safetensors", "-o", str(run_copy / "st")]) == 0
+
+
+USE_COMMANDS = {
+    "evaluate": [],
+    "predict": ["rows.csv"],
+    "generate": ["--prompt", "a"],
+    "export": ["--format", "safetensors"],
+    "bench-infer": ["--modes", "eager"],
+}
+DEVICE_PROBLEMS = [("foo", "unknown device"), ("cuda:x", "the CUDA index must be a number")]
+if not torch.cuda.is_available():
+    DEVICE_PROBLEMS.append(("cuda", "CUDA is not available: "))
+
+
+@pytest.mark.parametrize("command", list(USE_COMMANDS))
+@pytest.mark.parametrize(("device", "problem"), DEVICE_PROBLEMS)
+def test_every_use_command_refuses_a_device_that_is_not_here_in_one_line(
+    tiny_run, capsys, command, device, problem
+) -> None:
+    """One check for the five commands' --device, before anything is loaded (bench-infer used to
+    reach torch.cuda with it: a 30-line traceback)."""
+    capsys.readouterr()
+    assert main([command, str(tiny_run("csv_mlp")), *USE_COMMANDS[command], "--device", device]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"gputrain {command}: --device {device}: {problem}"), line
+    assert line.endswith("; choose from auto (a GPU where there is one), cpu, cuda, cuda:N or mps"), line
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,7 @@
-"""A sharded (torch.distributed.checkpoint) checkpoint crafted to run code is refused, and the
-code never runs: neither through its `.metadata` nor through a non-tensor item (issue 7, figure 5).
-
-The checkpoints are real DCP directories written in one process, sealed with our manifest and
-marker exactly as a multi-rank job seals them; the attacker re-seals after tampering."""
+"""checkpoint/safe_dcp.py: a sharded (torch.distributed.checkpoint) checkpoint crafted to run code is
+refused, and the code never runs: neither through its `.metadata` nor through a non-tensor item
+(issue 7, figure 5). The checkpoints are real DCP directories written in one process (conftest.py),
+sealed as a multi-rank job seals them; the attacker re-seals after tampering."""
 
 from __future__ import annotations
 
@@ -12,46 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
-from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from gputrain.checkpoint import CorruptCheckpoint
-from gputrain.checkpoint.io import STATE_FILE, commit_checkpoint_dir
 from gputrain.checkpoint.safe_dcp import SafeLoadPlanner, UnsafeCheckpointContent
-from gputrain.checkpoint.sharded import is_sharded_checkpoint, load_portable_checkpoint
-from tests.unit.checkpoint.test_hostile_files import Payload, reseal
-
-
-def _model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model(torch.randn(5, 4)).sum().backward()
-    optimizer.step()
-    return model, optimizer
-
-
-@pytest.fixture
-def sharded_checkpoint(tmp_path: Path) -> tuple[Path, nn.Module]:
-    model, optimizer = _model_and_optimizer(0)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    tmp = tmp_path / ".step-1.tmp"
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp), no_dist=True)
-    torch.save({"loop": {"global_step": 1}}, tmp / STATE_FILE)
-    final = commit_checkpoint_dir(tmp, tmp_path / "step-1", 1, fmt="dcp")
-    return final, model
-
-
-def test_a_genuine_sharded_checkpoint_loads_through_the_safe_reader(sharded_checkpoint):
-    path, saved_model = sharded_checkpoint
-    assert is_sharded_checkpoint(path)
-    model, optimizer = _model_and_optimizer(1)  # other weights, other optimizer state
-    state = load_portable_checkpoint(path, model, optimizer)
-    assert state["loop"]["global_step"] == 1
-    for a, b in zip(model.parameters(), saved_model.parameters()):
-        assert torch.equal(a, b)
-    assert optimizer.param_groups[0]["lr"] == 3e-3  # a non-tensor item, read with weights_only=True
+from gputrain.checkpoint.sharded import load_portable_checkpoint
+from tests.unit.checkpoint.helpers import Payload, model_and_optimizer, reseal
 
 
 def test_hostile_metadata_is_refused_and_never_runs(sharded_checkpoint, tmp_path):
@@ -59,7 +23,7 @@ def test_hostile_metadata_is_refused_and_never_runs(sharded_checkpoint, tmp_path
     sentinel = tmp_path / "PWNED"
     (path / ".metadata").write_bytes(pickle.dumps(Payload(sentinel)))
     reseal(path)  # checksums are no defence against whoever can write the files
-    model, optimizer = _model_and_optimizer(1)
+    model, optimizer = model_and_optimizer(1)
     with pytest.raises(CorruptCheckpoint, match=r"metadata asks for posix.system.*refused to load it"):
         load_portable_checkpoint(path, model, optimizer)
     assert not sentinel.exists()
@@ -70,7 +34,7 @@ def test_truncated_metadata_is_a_damaged_checkpoint(sharded_checkpoint):
     data = (path / ".metadata").read_bytes()
     (path / ".metadata").write_bytes(data[: len(data) // 2])
     reseal(path)
-    model, optimizer = _model_and_optimizer(1)
+    model, optimizer = model_and_optimizer(1)
     with pytest.raises(CorruptCheckpoint, match="metadata is unreadable"):
         load_portable_checkpoint(path, model, optimizer)
 

@@ -1,0 +1,83 @@
+"""How a training loop starts in its run directory, shared by the Trainer and the RL loop: resume
+where a checkpoint says (or keep a complete run as it is), write the run's files, open the metrics,
+arm the signals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gputrain.config import Config
+from gputrain.train.run_files import (
+    PriorRun,
+    asks_longer,
+    continue_run,
+    kept_message,
+    prior_run,
+    saved_config,
+    write_run_files,
+)
+from gputrain.train.run_record import RecordedParts, RunEnding
+from gputrain.train.signals import StopRequest
+from gputrain.train.state import LoopState
+
+Restore = Callable[[Path, dict[str, Any]], LoopState]
+"""(checkpoint path, what it holds) -> the loop's state, once the loop's parts are loaded from it."""
+Complete = Callable[["PriorRun | None", LoopState], bool]
+"""(the directory's earlier run, the resumed state) -> whether the run was complete there already."""
+
+
+def start_run(
+    ending: RunEnding,
+    parts: RecordedParts,
+    config: Config,
+    stop: StopRequest,
+    total: int,
+    state: LoopState,
+    restore: Restore,
+    *,
+    longer: str,
+    unit: str = "step",
+    complete: Complete | None = None,
+) -> bool:
+    """Resume from the checkpoint the config points at (`restore` loads it), write config.toml, open
+    the metrics from the resumed state (`state` where there is none) and arm the signals.
+
+    Args:
+        total: the steps (or iterations) the run trains to.
+        longer: the fields a user raises to train a complete run longer, for the message.
+        unit: what the loop counts, for the console.
+        complete: after a resume, whether the earlier run was complete at this checkpoint already.
+
+    Returns:
+        False where the directory holds a complete run with nothing left to train: its summary is
+        kept in `ending`, and nothing is written.
+    """
+    run_dir, checkpointer, console = parts.run_dir, parts.checkpointer, parts.console
+    # armed before anything is read or written here: a signal from now on stops at a step boundary,
+    # and whatever ends the run leaves its record (RunRecorder gives the handlers back)
+    stop.install()
+    path, verified = checkpointer.resume_point()
+    prior = prior_run(run_dir)
+    longer_asked = asks_longer(saved_config(run_dir), config) if prior is not None and prior.owns else None
+    if not continue_run(run_dir, prior, config.checkpoint.resume, path, total, longer_asked):
+        return _keep(ending, prior, parts, longer)
+    if path is not None:
+        state = restore(path, checkpointer.load(path, verified))
+        console.info(f"resumed from {path} ({unit} {state.global_step})")
+        if complete is not None and complete(prior, state):
+            return _keep(ending, prior, parts, longer)
+    ending.started = True
+    if parts.place.dist.is_main:
+        write_run_files(run_dir, config, parts.place)  # env.json: the start's device, precision, ranks
+    parts.metrics.open(state, resumed=path is not None)
+    console.start(total, state.global_step)
+    return True
+
+
+def _keep(ending: RunEnding, prior: PriorRun | None, parts: RecordedParts, longer: str) -> bool:
+    assert prior is not None and prior.summary is not None  # continue_run and `complete` say so
+    ending.kept = ending.summary = prior.summary
+    parts.console.info(kept_message(parts.run_dir, prior, longer))
+    return False

@@ -1,0 +1,213 @@
+"""Memory that cannot be allocated never reaches torch (issue 13, second pass): a model whose weights,
+gradients and optimizer state alone exceed the memory of the device that holds them is refused
+before it is built, naming the sizes, the limit and what to change; the limit is this process's
+(its own cgroup's, v1 or v2, and its ulimit), not the root cgroup's; and an allocation that fails
+while the model is built anyway (the documented override) is recorded, not a raw traceback."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gputrain import Trainer
+from gputrain.config import load_config, sizes
+from gputrain.config.sizes import SKIP_MEMORY_CHECK_ENV, check_training_state_fits, memory_limit
+from gputrain.data.tensors import TensorData
+from gputrain.errors import ConfigError, UsageError
+from gputrain.optim.states import optimizer_states_per_param
+
+GIB = 2**30
+QUIET = {"train.device": "cpu", "log.progress": "none", "log.tensorboard": False, "train.epochs": 1,
+         "train.batch_size": 16, "checkpoint.enabled": False}
+
+
+def _fits(config: Any, model: nn.Module, shards: int, memory: tuple[int, str], where: str) -> None:
+    states = optimizer_states_per_param(config.optim.name, config.optim.momentum)
+    check_training_state_fits(config, model, states, shards, memory, where)
+
+
+def _params(*shapes: tuple[int, ...]) -> nn.Module:
+    """A module of the user's holding meta parameters of these shapes."""
+    module = nn.Module()
+    for i, shape in enumerate(shapes):
+        module.register_parameter(f"p{i}", nn.Parameter(torch.empty(shape, device="meta")))
+    return module
+
+
+# ----------------------------------------------------------------------------- the training state against the limit
+@pytest.mark.parametrize(("optimizer", "momentum", "state_gib"), [
+    ("adamw", 0.9, 8.0), ("adam", 0.9, 8.0), ("sgd", 0.0, 0.0), ("sgd", 0.9, 4.0), ("rmsprop", 0.9, 8.0),
+    ("adagrad", 0.9, 4.0),
+], ids=["adamw", "adam", "sgd", "sgd-momentum", "rmsprop-momentum", "adagrad"])
+def test_the_state_is_weights_gradients_and_the_optimizers(optimizer: str, momentum: float, state_gib: float) -> None:
+    config = load_config({"optim.name": optimizer, "optim.momentum": momentum})
+    params = _params((2**15, 2**15))  # 1 Gi parameters: 4 GiB of fp32
+    needed = (8 + state_gib) * GIB
+    _fits(config, params, 1, (int(needed), "test"), "the host")  # exactly fits
+    with pytest.raises(UsageError) as err:
+        _fits(config, params, 1, (int(needed) - 1, "a test limit"), "the host")
+    message = str(err.value)
+    assert re.search(rf"need 4\.0 GiB of weights, 4\.0 GiB of gradients and {state_gib:.1f} GiB of {optimizer} "
+                     rf"state = {needed / GIB:.1f} GiB per rank, before any activation, but the host has "
+                     r"[\d.]+ GiB \(a test limit\)", message), message
+    assert f"or set {SKIP_MEMORY_CHECK_ENV}=1 to try anyway" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("shards", [2, 4, 8])
+def test_sharding_divides_the_state_over_the_ranks(shards: int) -> None:
+    config = load_config({"optim.name": "sgd", "optim.momentum": 0.0})
+    params = _params((2**15, 2**15))  # 8 GiB of weights and gradients
+    _fits(config, params, shards, (8 * GIB // shards, "test"), "cuda:0")
+    with pytest.raises(UsageError, match=rf"per rank over {shards} ranks"):
+        _fits(config, params, shards, (8 * GIB // shards - 1, "test"), "cuda:0")
+
+
+def test_frozen_parameters_have_no_gradient_or_state() -> None:
+    config = load_config({"optim.name": "adamw"})
+    frozen = _params((2**15, 2**15))
+    frozen.requires_grad_(False)
+    _fits(config, frozen, 1, (4 * GIB, "test"), "the host")
+
+
+def test_a_registry_model_names_the_field_that_sizes_it() -> None:
+    from gputrain.data.spec import DataSpec
+    from gputrain.models import build_model
+
+    config = load_config({"model.name": "mlp", "model.hidden_sizes": [40000, 40000]})
+    model = build_model(config.model, DataSpec(task="classification", input_shape=(8,), num_classes=2), on_meta=True)
+    with pytest.raises(ConfigError) as err:
+        _fits(config, model, 1, (GIB, "this machine's memory"), "the host")
+    assert err.value.field == "model.hidden_sizes"
+    assert "use a smaller model.hidden_sizes, parallel.strategy=fsdp over more ranks" in str(err.value)
+    with pytest.raises(UsageError) as err:  # the same config with a model of the user's: no field to name
+        _fits(config, _params((40000, 40000)), 1, (GIB, "this machine's memory"), "the host")
+    assert not isinstance(err.value, ConfigError) and "use a smaller model, " in str(err.value)
+
+
+def test_the_override_lets_it_try(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SKIP_MEMORY_CHECK_ENV, "1")
+    _fits(load_config(), _params((2**15, 2**15)), 1, (GIB, "test"), "the host")
+
+
+def test_the_trainer_refuses_before_the_model_is_materialised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gputrain.train.build.state_memory", lambda *_: ((2**20, "a test limit"), "the host"))
+    materialised: list[bool] = []
+    from gputrain.models import meta
+
+    real = meta.MetaInit.materialize
+    monkeypatch.setattr(meta.MetaInit, "materialize", lambda *a, **k: (materialised.append(True), real(*a, **k)))
+    with pytest.raises(ConfigError) as err:
+        Trainer.from_config(None, run_dir=tmp_path / "r", overrides={
+            **QUIET, "model.name": "mlp", "model.hidden_sizes": [512, 512]})
+    assert err.value.field == "model.hidden_sizes" and "(a test limit)" in str(err.value)
+    assert not materialised
+
+
+def test_a_users_own_model_is_refused_without_a_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gputrain.train.build.state_memory", lambda *_: ((2**10, "a test limit"), "the host"))
+    data = TensorData(torch.randn(64, 64), torch.randint(0, 3, (64,)))
+    with pytest.raises(UsageError) as err:
+        Trainer(nn.Linear(64, 3), data, loss_fn=F.cross_entropy, config=QUIET, run_dir=tmp_path / "r")
+    assert not isinstance(err.value, ConfigError)
+    assert str(err.value).startswith("the model's 195 parameters need ") and "use a smaller model" in str(err.value)
+
+
+def test_the_cli_refuses_the_probes_model_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """[40000, 40000]: 1.6 G parameters, ~24 GiB with AdamW; refused on a 16 GiB limit, exit 2."""
+    from gputrain.cli import main
+
+    monkeypatch.setattr(sizes, "memory_limit", lambda: (16 * GIB, "this process's memory limit (ulimit -v)"))
+    assert main(["train", "--run-dir", str(tmp_path / "r"), "model.name=mlp", "model.hidden_sizes=[40000,40000]",
+                 "log.progress=none"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("gputrain train: config error: model.hidden_sizes = [40000, 40000]: the model's 1.6B "
+                           "parameters need 6.0 GiB of weights, 6.0 GiB of gradients and 11.9 GiB of adamw state")
+    assert "(this process's memory limit (ulimit -v))" in line
+    assert not (tmp_path / "r" / "summary.json").exists()
+
+
+# ----------------------------------------------------------------------------- whose limit
+def _cgroup(root: Path, rel: str, name: str, value: str) -> None:
+    path = root / rel / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(value + "\n")
+
+
+@pytest.mark.parametrize(("self_cgroup", "files", "limit"), [
+    # v2: the process's own cgroup, below the root
+    ("0::/user.slice/app.scope\n", {"user.slice/app.scope/memory.max": "1073741824"}, GIB),
+    # v2: a limit set higher up bounds it too
+    ("0::/a/b/c\n", {"a/b/c/memory.max": "max", "a/memory.max": "2147483648"}, 2 * GIB),
+    # v1: the memory controller's line, not the root file
+    ("4:memory:/process_api/abc\n3:cpu:/\n", {"memory/process_api/abc/memory.limit_in_bytes": "536870912",
+                                              "memory/memory.limit_in_bytes": "9223372036854771712"}, GIB // 2),
+    # v1 with controllers sharing a line
+    ("5:cpuacct,memory:/job\n", {"memory/job/memory.limit_in_bytes": "805306368"}, 768 * 2**20),
+    # inside a container whose own cgroup is the root it sees
+    ("0::/\n", {"memory.max": "3221225472"}, 3 * GIB),
+    ("4:memory:/docker/xyz\n", {"memory/memory.limit_in_bytes": "1610612736"}, 3 * GIB // 2),
+], ids=["v2-own", "v2-ancestor", "v1-own", "v1-joined", "v2-container-root", "v1-container-root"])
+def test_the_limit_is_this_processs_cgroups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, self_cgroup: str,
+                                            files: dict[str, str], limit: int) -> None:
+    for rel, value in files.items():
+        _cgroup(tmp_path, str(Path(rel).parent), Path(rel).name, value)
+    monkeypatch.setattr(sizes, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(sizes, "_self_cgroup", lambda: self_cgroup)
+    found = memory_limit()
+    assert found is not None and found[0] == limit and "cgroup memory limit" in found[1]
+
+
+def test_the_address_space_limit_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    real = resource.getrlimit
+    monkeypatch.setattr(resource, "getrlimit",
+                        lambda which: (10**9, 10**9) if which == resource.RLIMIT_AS else real(which))
+    assert memory_limit() == (10**9, "this process's memory limit (ulimit -v)")
+
+
+# ----------------------------------------------------------------------------- an allocation that fails anyway
+def test_an_allocation_failing_while_building_is_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputrain.cli import main
+    from gputrain.models import meta
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried "
+                           "to allocate 6400000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(meta.MetaInit, "materialize", fail)
+    run_dir = tmp_path / "r"
+    assert main(["train", "--run-dir", str(run_dir), "model.name=mlp", "log.progress=none"]) == 1
+    line = capsys.readouterr().err.strip()
+    assert line == ("gputrain train: training failed at start-up (building the data, the model and its placement): "
+                    "RuntimeError: [enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: "
+                    "you tried to allocate 6400000000 bytes. Error code 12 (Cannot allocate memory) (traceback in "
+                    f"{run_dir / 'error.log'})")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["global_step"] == 0 and "DefaultCPUAllocator" in summary["error"]
+    assert "Traceback (most recent call last)" in (run_dir / "error.log").read_text()
+
+
+def test_a_failure_while_building_leaves_another_runs_files_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputrain.cli import main
+    from gputrain.models import meta
+
+    run_dir = tmp_path / "r"
+    assert main(["train", "--run-dir", str(run_dir), "model.name=mlp", "model.hidden_sizes=[8]", "train.epochs=1",
+                 "log.progress=none", "log.tensorboard=false"]) == 0
+    before = (run_dir / "summary.json").read_bytes()
+    monkeypatch.setattr(meta.MetaInit, "materialize", lambda *a, **k: (_ for _ in ()).throw(MemoryError()))
+    capsys.readouterr()
+    assert main(["train", "--run-dir", str(run_dir), "train.epochs=2", "log.progress=none"]) == 1
+    assert capsys.readouterr().err.strip().endswith(f"(nothing written: {run_dir} holds another run's files)")
+    assert (run_dir / "summary.json").read_bytes() == before and not (run_dir / "error.log").exists()
