@@ -106,6 +106,8 @@ def place_run(
     if "auto" in (cfg.train.batch_size, cfg.train.micro_batch_size):  # its trial steps run as the run will
         loss_of = _task_loss(model, train_data)
         cfg = resolve_auto_batch(cfg, model, train_data, dist.world_size, device, precision, loss_of)
+        if device.type == "cuda":  # the trials probed up to what ran out: the run reports its own peak
+            torch.cuda.reset_peak_memory_stats(device)
     sample = as_model_sees_it(example_input(train_data)) if cfg.parallel.strategy == "auto" else None
     choice = choose_strategy(cfg, model, dist.world_size, device, sample)
     check_cuda_graphs(

@@ -60,3 +60,22 @@ def test_resume_on_the_gpu_continues_the_same_run(cli, tmp_path):
                                torch.tensor([expected[i][1] for i in epoch_3]), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(torch.tensor([v for _, v in got]), torch.tensor([v for _, v in expected]),
                                rtol=1e-5, atol=1e-6)  # and epochs 1-2 were the same run to begin with
+
+
+def test_batch_size_auto_reports_the_runs_own_peak_not_its_trials(tmp_path):
+    """The auto trials probe micro-batches up to what runs out of memory; the run's reported peak is
+    the one a run with the chosen batch, given outright, reports (within 10%)."""
+    import tomllib
+
+    from gputrain.train.trainer import Trainer
+
+    args = ["model.name=mlp", "model.hidden_sizes=[4096,4096]", "data.name=synthetic", "data.shape=[1024]",
+            "data.num_samples=4096", "train.max_steps=4", "log.tensorboard=false", "log.progress=none",
+            "checkpoint.enabled=false", "eval.every_epochs=0"]
+    auto = Trainer.from_config(None, run_dir=tmp_path / "auto", overrides=[*args, "train.batch_size=auto"]).fit()
+    batch = tomllib.loads((tmp_path / "auto" / "config.toml").read_text())["train"]["batch_size"]
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    fixed = Trainer.from_config(None, run_dir=tmp_path / "fixed", overrides=[*args, f"train.batch_size={batch}"]).fit()
+    ours, theirs = auto["train"]["peak_memory_bytes"], fixed["train"]["peak_memory_bytes"]
+    assert abs(ours - theirs) <= 0.1 * theirs, (ours, theirs, batch)
