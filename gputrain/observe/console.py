@@ -77,6 +77,7 @@ class RunConsole:
         if mode == "auto":
             mode = "bar" if sys.stdout.isatty() else "plain"
         self.mode = mode if enabled else "none"
+        self.enabled = enabled
         self._progress: Progress | None = None
         self._task: Any = None
         self._step = 0  # the last step advanced to; the bar shows it within BAR_REFRESH_S
@@ -91,6 +92,11 @@ class RunConsole:
 
     def info(self, text: str) -> None:
         if self.mode != "none":
+            self.console.print(text)
+
+    def notice(self, text: str) -> None:
+        """A line rank 0 prints whatever log.progress says: why a command changed nothing."""
+        if self.enabled:
             self.console.print(text)
 
     def start(self, total_steps: int, done: int) -> None:

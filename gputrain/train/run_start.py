@@ -79,5 +79,5 @@ def start_run(
 def _keep(ending: RunEnding, prior: PriorRun | None, parts: RecordedParts, longer: str) -> bool:
     assert prior is not None and prior.summary is not None  # continue_run and `complete` say so
     ending.kept = ending.summary = prior.summary
-    parts.console.info(kept_message(parts.run_dir, prior, longer))
+    parts.console.notice(kept_message(parts.run_dir, prior, longer))  # also with log.progress=none
     return False

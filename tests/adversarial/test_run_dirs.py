@@ -209,10 +209,11 @@ def test_the_cli_answers_an_unwritable_run_dir_with_one_line_and_exit_2(tmp_path
     assert time.perf_counter() - start < 30  # refused before data, model or ranks
 
 
-def test_the_cli_says_a_completed_run_is_complete_and_exits_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("progress", ["plain", "none"])  # a quiet console still says why nothing ran
+def test_the_cli_says_a_completed_run_is_complete_and_exits_0(tmp_path: Path, progress: str) -> None:
     run_dir = tmp_path / "cli"
     command = [sys.executable, "-m", "gputrain", "train", "--run-dir", str(run_dir), "model.name=mlp",
-               "model.hidden_sizes=[16]", "train.epochs=1", "log.progress=plain", "log.tensorboard=false"]
+               "model.hidden_sizes=[16]", "train.epochs=1", f"log.progress={progress}", "log.tensorboard=false"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert first.returncode == 0, first.stderr
