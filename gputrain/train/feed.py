@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sized
@@ -64,14 +63,17 @@ floats on a 2-core VM, 1.7 ms for 32 images of 3×224×224), and with no worker 
 there) or keep. Samples that are rows of tensors in memory read in about 1-2 us each; a decoded
 image file, a tokenised text or a row parsed from disk costs tens of us to ms, and keeps its workers."""
 
-_PROBE_GROUPS, _PROBE_SIZE = 3, 8
+_PROBE_GROUPS, _FIRST_PROBE = 3, 8
 
 
-def read_seconds_per_sample(dataset: Dataset) -> float | None:
-    """What reading and collating one sample of `dataset` costs: the least time per sample over
-    `_PROBE_GROUPS` groups of `_PROBE_SIZE` samples spread over the data set (the least, so that a
-    first read's one-time cost or another process's load does not count). None where the samples
-    cannot be read or collated so (the loader's guard then names the sample)."""
+def read_seconds_per_batch(dataset: Dataset, micro_batch: int) -> float | None:
+    """What reading and collating a micro-batch of `dataset` costs: the least time over
+    `_PROBE_GROUPS` reads of whole micro-batches spread over the data set (the least, so that a first
+    read's one-time cost or another process's load does not count). Timed on whole micro-batches, not
+    scaled up from a few samples: collating has a cost per batch that scaling would count per sample.
+    A first read of `_FIRST_PROBE` samples that already shows a batch far over IN_PROCESS_BATCH_S
+    (image files, say) is the answer: such a data set is not read any further here. None where the
+    samples cannot be read or collated so (the loader's guard then names the sample)."""
     try:
         size = len(cast(Sized, dataset))
     except TypeError:
@@ -79,22 +81,28 @@ def read_seconds_per_sample(dataset: Dataset) -> float | None:
     if size == 0:
         return None
     order = torch.randperm(size, generator=torch.Generator().manual_seed(0)).tolist()
-    best = math.inf
-    for group in range(_PROBE_GROUPS):
-        indices = order[group * _PROBE_SIZE : (group + 1) * _PROBE_SIZE] or order[:_PROBE_SIZE]
+
+    def read(indices: list[int]) -> float:
         start = time.perf_counter()
-        try:
-            default_collate([dataset[i] for i in indices])
-        except Exception:  # noqa: BLE001 - user code: the guarded loader reports it with the sample
-            return None
-        best = min(best, (time.perf_counter() - start) / len(indices))
-    return best
+        default_collate([dataset[i] for i in indices])
+        return time.perf_counter() - start
+
+    try:
+        read(order[:1])  # untimed: a first read and collate pay one-time costs (imports, caches)
+        first = order[:_FIRST_PROBE]
+        estimate = read(first) / len(first) * micro_batch
+        if estimate > 10 * IN_PROCESS_BATCH_S:
+            return estimate
+        batch = min(micro_batch, size)
+        return min(read([order[(g * batch + k) % size] for k in range(batch)]) for g in range(_PROBE_GROUPS))
+    except Exception:  # noqa: BLE001 - user code: the guarded loader reports it with the sample
+        return None
 
 
 def auto_num_workers(requested: int | str, dataset: Dataset, micro_batch: int | None = None) -> int:
     """data.num_workers=auto: none for in-memory tensors, nor (given the `micro_batch` size) for a
     data set whose micro-batch reads in less than IN_PROCESS_BATCH_S (a sample read is timed on a
-    few samples: `read_seconds_per_sample`); else one per spare core of this rank (ranks on a node
+    few micro-batches: `read_seconds_per_batch`); else one per spare core of this rank (ranks on a node
     share the cores), at most MAX_AUTO_WORKERS, and at most 2 for a small data set, where starting
     more workers costs more than they save."""
     if requested != "auto":
@@ -102,9 +110,9 @@ def auto_num_workers(requested: int | str, dataset: Dataset, micro_batch: int | 
     if isinstance(dataset, TensorData):
         return 0  # indexing tensors in the main process beats any worker round-trip
     if micro_batch is not None and not isinstance(dataset, IterableDataset):
-        per_sample = read_seconds_per_sample(dataset)
-        if per_sample is not None and per_sample * micro_batch < IN_PROCESS_BATCH_S:
-            log.debug("data: read in this process (%.1f us a sample)", per_sample * 1e6)
+        per_batch = read_seconds_per_batch(dataset, micro_batch)
+        if per_batch is not None and per_batch < IN_PROCESS_BATCH_S:
+            log.debug("data: read in this process (%.0f us a micro-batch)", per_batch * 1e6)
             return 0
     workers = max(0, min(MAX_AUTO_WORKERS, _cpus_per_rank() - 1))
     try:
