@@ -1,25 +1,30 @@
-"""Shared by the GPU benchmarks: CUDA check, registry look-ups that explain what is missing,
-and timing of a hand-written loop in windows of steps bracketed by device syncs."""
+"""Shared by the benchmarks: CUDA check, registry look-ups that explain what is missing, timing
+of a hand-written loop in windows of steps bracketed by device syncs, and a run's CPU and wall time."""
 
 from __future__ import annotations
 
 import json
+import resource
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+T = TypeVar("T")
 
 
 def require_cuda(name: str) -> torch.device:
     if not torch.cuda.is_available():
-        print(f"{name}: skipped — no CUDA device (torch {torch.__version__}); this benchmark measures GPU "
-              "throughput and runs only on CUDA")
+        print(
+            f"{name}: skipped — no CUDA device (torch {torch.__version__}); this benchmark measures GPU "
+            "throughput and runs only on CUDA"
+        )
         raise SystemExit(0)
     return torch.device("cuda", 0)
 
@@ -79,3 +84,15 @@ def median(values: list[float]) -> float:
 def header(device: torch.device) -> str:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type} (dry run)"
     return f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, {time.strftime('%Y-%m-%d')}"
+
+
+def cpu_and_wall(fn: Callable[[], T]) -> tuple[T, float, float]:
+    """`fn()`, the CPU seconds it took (user + system, every thread of this process and the child
+    processes it waited for, such as loader workers) and its wall seconds."""
+    before = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    result = fn()
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = sum(getattr(b, f) - getattr(a, f) for a, b in zip(before, after) for f in ("ru_utime", "ru_stime"))
+    return result, cpu, wall

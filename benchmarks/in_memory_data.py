@@ -17,12 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +75,9 @@ def _case(kind: str) -> tuple[Any, dict[str, Any]]:
 
 
 def child(kind: str, tree: Path) -> None:
+    # first: importing _common puts this checkout at the front of sys.path, and the tree measured goes before it
+    from _common import cpu_and_wall
+
     sys.path.insert(0, str(tree))
     import torch
     import torch.nn.functional as F
@@ -102,13 +103,13 @@ def child(kind: str, tree: Path) -> None:
         "train.num_threads": 1,
     }
     with tempfile.TemporaryDirectory() as tmp:
-        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        wall = time.perf_counter()
-        trainer = Trainer(model, data, config=config, run_dir=Path(tmp) / "run", **kwargs)
-        trainer.fit()
-        wall = time.perf_counter() - wall
-        own2, kids2 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = sum(getattr(b, f) - getattr(a, f) for a, b in ((own, own2), (kids, kids2)) for f in ("ru_utime", "ru_stime"))
+
+        def fit() -> Trainer:
+            trainer = Trainer(model, data, config=config, run_dir=Path(tmp) / "run", **kwargs)
+            trainer.fit()
+            return trainer
+
+        trainer, cpu, wall = cpu_and_wall(fit)
     loader = trainer.feed.loader
     path = "in memory" if loader is None else f"{loader.num_workers} workers"
     print(json.dumps({"cpu_s": cpu, "wall_s": wall, "path": path}))

@@ -38,13 +38,11 @@ import importlib.util
 import json
 import os
 import pty
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -239,6 +237,7 @@ RUN = {
 
 def child(runner: str, case: str, seed: int, epochs: int, out: Path, tree: Path) -> None:
     import torch
+    from _common import cpu_and_wall  # before the tree measured is put ahead of this checkout
 
     sys.path.insert(0, str(tree))
     torch.set_num_threads(1)  # as overhead_cpu.py: a second OpenMP thread only adds noise here
@@ -264,12 +263,7 @@ def child(runner: str, case: str, seed: int, epochs: int, out: Path, tree: Path)
     torch.manual_seed(seed)
     model = make_model()
     with tempfile.TemporaryDirectory() as tmp:
-        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        wall = time.perf_counter()
-        val_loss = RUN[runner](model, (x, y, xv, yv), seed, epochs, Path(tmp))
-        wall = time.perf_counter() - wall
-        own2, kids2 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = sum(getattr(b, f) - getattr(a, f) for a, b in ((own, own2), (kids, kids2)) for f in ("ru_utime", "ru_stime"))
+        val_loss, cpu, wall = cpu_and_wall(lambda: RUN[runner](model, (x, y, xv, yv), seed, epochs, Path(tmp)))
     out.write_text(json.dumps({"cpu_s": cpu, "wall_s": wall, "val_loss": val_loss}))
 
 

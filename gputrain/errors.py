@@ -6,9 +6,16 @@ from typing import Any
 
 
 class GputrainError(Exception):
-    """Base class: `str(err)` is the whole message shown to the user, no traceback."""
+    """Base class: `str(err)` is the whole message shown to the user, no traceback.
+
+    `shown`: the user has seen the message already (a job's rank 0 printed it, the launcher only
+    passes the ending on): the command line exits with the code and prints nothing more."""
 
     exit_code = 1
+
+    def __init__(self, *args: object, shown: bool = False) -> None:
+        super().__init__(*args)
+        self.shown = shown
 
 
 class UsageError(GputrainError):

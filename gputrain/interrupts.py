@@ -66,7 +66,7 @@ def _stop_starting(signum: int, frame: FrameType | None) -> None:
     """Leave at once: a run that has not armed its own handler has written nothing that needs
     saving. Raising instead would be swallowed by any library's bare `except:` around the import the
     signal lands in, and the command would go on (or end 0)."""
-    if _STARTING and _rank() == 0:  # a job's other ranks get the same signal: rank 0 speaks for them
+    if _STARTING and job_rank() == 0:  # a job's other ranks get the same signal: rank 0 speaks for them
         with contextlib.suppress(Exception):
             sys.stderr.write(
                 f"gputrain {_STARTING[0]}: stopped by {signal.Signals(signum).name} while starting, before "
@@ -75,11 +75,18 @@ def _stop_starting(signum: int, frame: FrameType | None) -> None:
     leave_now(signum, frame)
 
 
-def _rank() -> int:
+def job_rank() -> int:
+    """This process's rank in a job of several processes started by torchrun (RANK, WORLD_SIZE)
+    or srun (SLURM_PROCID, SLURM_NTASKS), else 0: read from the environment, before torch loads,
+    for the lines that rank 0 says for the whole job."""
     try:
-        return int(os.environ.get("RANK", "0") or 0)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return int(os.environ.get("RANK", "0"))
+        if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+            return int(os.environ.get("SLURM_PROCID", "0"))
     except ValueError:
-        return 0
+        pass
+    return 0
 
 
 _STARTING: list[str] = []

@@ -92,17 +92,18 @@ def fsdp_sgd(device: torch.device) -> str:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    from gputrain.bench.timing import synchronize
     from gputrain.config.schema import OptimConfig
+    from gputrain.distributed.context import process_group_backend
     from gputrain.optim import build_optimizer
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if device.type == "cuda":
-        dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
-    else:
-        dist.init_process_group("gloo", rank=0, world_size=1)
+    # the backend training picks for this device (nccl; gloo on a CPU), bound to the GPU as training binds it
+    backend = process_group_backend(device, cpu_collectives=False)
+    dist.init_process_group(backend, rank=0, world_size=1, device_id=device if device.type == "cuda" else None)
     try:
         seen = []
         for name in ("sgd", "adagrad", "adam", "adamw"):
@@ -114,8 +115,7 @@ def fsdp_sgd(device: torch.device) -> str:
             kernel = "fused" if optimizer.defaults.get("fused") else "foreach" if optimizer.defaults.get("foreach") \
                 else "default"
             seen.append(f"{name} {kernel}")
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)  # a fused kernel's failure surfaces here, inside the check
     finally:
         dist.destroy_process_group()
     return "stepped on sharded parameters: " + ", ".join(seen)

@@ -473,6 +473,21 @@ def find_resumable(root: Path) -> Path | None:
     return first_verified(resume_candidates(root), verify_checkpoint)
 
 
+def scan_verified(
+    candidates: list[Path], verify: Callable[[Path], None]
+) -> tuple[Path | None, list[tuple[Path, CorruptCheckpoint]]]:
+    """The first of `candidates` that `verify` passes (None where none does), and the damaged ones
+    passed over on the way, each with why."""
+    damaged: list[tuple[Path, CorruptCheckpoint]] = []
+    for path in candidates:
+        try:
+            verify(path)
+            return path, damaged
+        except CorruptCheckpoint as err:
+            damaged.append((path, err))
+    return None, damaged
+
+
 def first_verified(candidates: list[Path], verify: Callable[[Path], None]) -> Path | None:
     """The first of `candidates` that `verify` passes (damaged ones skipped with a warning naming
     them); None where there are none.
@@ -480,18 +495,13 @@ def first_verified(candidates: list[Path], verify: Callable[[Path], None]) -> Pa
     Raises:
         RunError: checkpoints exist but none verifies: stop rather than restart from step 0.
     """
-    problems = []
-    for path in candidates:
-        try:
-            verify(path)
-            return path
-        except CorruptCheckpoint as err:
-            log.warning("skipping damaged checkpoint: %s", err)
-            problems.append(str(err))
-    if candidates:
-        listed = "; ".join(problems)
+    found, damaged = scan_verified(candidates, verify)
+    for _, err in damaged:
+        log.warning("skipping damaged checkpoint: %s", err)
+    if found is None and candidates:
+        listed = "; ".join(str(err) for _, err in damaged)
         raise RunError(f"no valid checkpoint to resume from: {listed} (use checkpoint.resume=never to start over)")
-    return None
+    return found
 
 
 def rotate_checkpoints(root: Path, keep_last: int, keep: Collection[int] = frozenset()) -> None:

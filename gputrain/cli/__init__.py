@@ -24,6 +24,7 @@ from typing import NoReturn
 
 from gputrain import __version__
 from gputrain.errors import GputrainError, Interrupted, UsageError
+from gputrain.interrupts import job_rank
 
 # name -> (module, one-line help). Modules are imported lazily so `gputrain doctor` does not pay
 # for the training stack, and a broken optional piece cannot break the other subcommands.
@@ -49,19 +50,6 @@ QUIET_RANK_WAIT_S = 3.0
 """How long a rank other than 0 keeps a usage error to itself (see `_wait_for_rank_0`)."""
 
 
-def _rank() -> int:
-    """This process's rank in a job of several processes started by torchrun (RANK, WORLD_SIZE)
-    or srun (SLURM_PROCID, SLURM_NTASKS), else 0."""
-    try:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            return int(os.environ.get("RANK", "0"))
-        if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-            return int(os.environ.get("SLURM_PROCID", "0"))
-    except ValueError:
-        pass
-    return 0
-
-
 def _wait_for_rank_0(exit_code: int) -> None:
     """On a rank other than 0 that met a usage error: give rank 0 the time to report it.
 
@@ -82,7 +70,7 @@ def _wait_for_rank_0(exit_code: int) -> None:
 
 def _say(text: str, exit_code: int = 2) -> None:
     """Print a usage error once per job: on rank 0, or on a rank whose error is its own."""
-    rank = _rank()
+    rank = job_rank()
     if rank != 0:
         _wait_for_rank_0(exit_code)
         text = f"[rank {rank}] {text}"
@@ -157,11 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GputrainError as err:
         # Rank 0 (and the launcher) speak for a multi-rank job when every rank meets the same
         # error: bad usage (each rank read the same command line) or an interrupt.
-        if not str(err):
+        if err.shown:
             return err.exit_code  # said already (by the ranks of a job the launcher started)
         if isinstance(err, UsageError):  # one line: a hint on its own line joins the message
             _say(f"gputrain {name}: " + "; ".join(filter(None, map(str.strip, str(err).splitlines()))), err.exit_code)
-        elif _rank() == 0 or not isinstance(err, Interrupted):
+        elif job_rank() == 0 or not isinstance(err, Interrupted):
             print(f"gputrain {name}: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:

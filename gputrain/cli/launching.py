@@ -10,12 +10,18 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gputrain.errors import Interrupted, UsageError
 
 if TYPE_CHECKING:
     from gputrain.config import Config
+
+
+class Fits(Protocol):
+    """A loop that trains to its end and returns its summary (the Trainer, the PPOTrainer)."""
+
+    def fit(self) -> dict[str, Any]: ...
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser, restarts: bool = True) -> None:
@@ -70,15 +76,8 @@ def prepare_run(
     """
     from gputrain.config.paths import check_config_paths
     from gputrain.config.validate import check_registry_layout
-    from gputrain.train.run_files import (
-        check_resume_never,
-        check_run_dir,
-        check_same_run,
-        default_run_dir,
-        load_run_config,
-        prior_run,
-        run_dir_path,
-    )
+    from gputrain.train.prior_run import check_resume_never, check_same_run, load_run_config, prior_run
+    from gputrain.train.run_files import check_run_dir, default_run_dir, run_dir_path
 
     run_dir = run_dir_path(args.run_dir) if args.run_dir is not None else None
     config = load_run_config(run_dir, args.config, [*args.overrides, *forced])
@@ -95,6 +94,33 @@ def prepare_run(
         check_same_run(run_dir, config, prior)
         check_resume_never(run_dir, prior, config.checkpoint.resume)
     return config, run_dir
+
+
+def train_here(command: str, run_dir: Path | None, build: Callable[[], Fits]) -> int:
+    """Train in this process (one process, or a rank of a job): a signal while it starts is one line
+    and exit 130, a failure in `build` (which imports the heavy modules itself, so the signals are
+    armed first) is recorded, and a stop by a signal names `gputrain <command>` to resume.
+
+    Returns:
+        0 where the run completed or stopped early, else 1.
+    """
+    from gputrain.interrupts import startup_signals
+    from gputrain.train.prior_run import COMPLETE
+
+    with startup_signals(command):  # before torch loads
+        from gputrain.distributed.context import shutdown_distributed
+        from gputrain.train.run_record import recording_start_up
+        from gputrain.train.signals import StoppedBySignal
+
+        try:
+            with recording_start_up(run_dir):
+                trainer = build()
+            summary = trainer.fit()
+        except StoppedBySignal as err:
+            raise err.for_cli(command) from None  # the command line's way to resume
+        finally:
+            shutdown_distributed()
+    return 0 if summary["status"] in COMPLETE else 1
 
 
 def launch_ranks(args: argparse.Namespace, command: str, run_dir: str, options: tuple[str, ...] = ()) -> int:
@@ -130,10 +156,11 @@ def _launch(args: argparse.Namespace, command: str, run_dir: str, options: tuple
         return launch(opts, child_argv, Path(run_dir))
     except UsageError:
         # every rank refused the input: rank 0 has printed that one line; the launcher adds none
-        raise UsageError("") from None
+        raise UsageError("every rank refused the input", shown=True) from None
     except Interrupted:
         if not _recorded_since(Path(run_dir), began):
-            raise Interrupted("") from None  # the ranks were still starting: rank 0 said so, no checkpoint
+            # the ranks were still starting: rank 0 said so, no checkpoint
+            raise Interrupted("interrupted while the ranks started", shown=True) from None
         raise
 
 

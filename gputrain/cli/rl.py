@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks, prepare_run
+from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks, prepare_run, train_here
 from gputrain.config.docs import fields_help_text
+
+if TYPE_CHECKING:
+    from gputrain.rl.trainer import PPOTrainer
 
 EXAMPLES = """examples:
   gputrain rl                                                  # PPO on CartPole-v1, CleanRL's ppo.py settings
@@ -29,8 +33,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gputrain.interrupts import startup_signals
-
     # one run directory for every rank and every restart, so resume=auto finds the checkpoints; one
     # that holds a run continues it with its own config.toml
     config, run_dir = prepare_run(args, registry_model=False, default_name=lambda c: ("ppo", c.rl.env))
@@ -39,18 +41,10 @@ def run(args: argparse.Namespace) -> int:
 
         check_layout(config, args.nproc_per_node * args.nnodes)
         return launch_ranks(args, "rl", str(run_dir))
-    with startup_signals("rl"):  # before torch loads: a signal while starting is one line and exit 130
-        from gputrain.distributed.context import shutdown_distributed
-        from gputrain.rl.trainer import PPOTrainer
-        from gputrain.train.run_record import recording_start_up
-        from gputrain.train.signals import StoppedBySignal
 
-        try:
-            with recording_start_up(run_dir):
-                trainer = PPOTrainer(config, run_dir=run_dir)
-            summary = trainer.fit()
-        except StoppedBySignal as err:
-            raise err.for_cli("rl") from None  # the command line's way to resume
-        finally:
-            shutdown_distributed()
-    return 0 if summary["status"] in ("completed", "stopped_early") else 1
+    def build() -> PPOTrainer:
+        from gputrain.rl.trainer import PPOTrainer
+
+        return PPOTrainer(config, run_dir=run_dir)
+
+    return train_here("rl", run_dir, build)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks, prepare_run
+from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks, prepare_run, train_here
 from gputrain.config.docs import fields_help_text
 
 if TYPE_CHECKING:
-    from gputrain.config import Config
+    from gputrain.train.trainer import Trainer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,24 +37,10 @@ def run(args: argparse.Namespace) -> int:
     if is_launcher(args):
         assert run_dir is not None
         return launch_ranks(args, "train", str(run_dir))
-    return _train(config, run_dir)
 
-
-def _train(config: Config, run_dir: Path | None) -> int:
-    from gputrain.interrupts import startup_signals
-
-    with startup_signals("train"):  # before torch loads: a signal while starting is one line and exit 130
-        from gputrain.distributed.context import shutdown_distributed
-        from gputrain.train.run_record import recording_start_up
-        from gputrain.train.signals import StoppedBySignal
+    def build() -> Trainer:
         from gputrain.train.trainer import Trainer
 
-        try:
-            with recording_start_up(run_dir):
-                trainer = Trainer.from_config(config, run_dir=run_dir)
-            summary = trainer.fit()
-        except StoppedBySignal as err:
-            raise err.for_cli("train") from None  # the command line's way to resume
-        finally:
-            shutdown_distributed()
-    return 0 if summary["status"] in ("completed", "stopped_early") else 1
+        return Trainer.from_config(config, run_dir=run_dir)
+
+    return train_here("train", run_dir, build)

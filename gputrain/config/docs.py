@@ -10,8 +10,9 @@ import itertools
 from typing import Any
 
 from gputrain.config import schema
+from gputrain.config.limits import LIMITS
 from gputrain.config.load import _type_name
-from gputrain.config.schema import LIMITS, SECTIONS
+from gputrain.config.schema import SECTIONS
 
 
 @functools.cache

@@ -48,6 +48,11 @@ def not_a_file(path: Path, what: str = "no such file") -> str:
     return f"{what}: {path}" if kind is None else f"{path} is {kind}, not a regular file"
 
 
+def not_a_token_file(path: Path) -> str:
+    """Why `path` cannot be read as a token file: what one is where nothing is there, else what it is."""
+    return not_a_file(path, TOKEN_FILE_HINT) if path.exists() else f"{path}: {TOKEN_FILE_HINT}"
+
+
 def check_data_path(config: DataConfig) -> None:
     """data.path (and data.val_path) of the built-in sources that read files name a file or a folder
     as the source reads: a regular file (not a directory, a device or a FIFO, whose reading would
@@ -73,10 +78,9 @@ def check_data_path(config: DataConfig) -> None:
         )
     if config.name == "tokens":
         if not path.is_dir() and not path.is_file():
-            raise DataError(not_a_file(path, TOKEN_FILE_HINT) if path.exists() else f"{path}: {TOKEN_FILE_HINT}")
+            raise DataError(not_a_token_file(path))
         if config.val_path is not None and not Path(config.val_path).is_file():
-            val = Path(config.val_path)
-            raise DataError(not_a_file(val, TOKEN_FILE_HINT) if val.exists() else f"{val}: {TOKEN_FILE_HINT}")
+            raise DataError(not_a_token_file(Path(config.val_path)))
 
 
 def _one_file(source: str, path: Path) -> str:
@@ -115,11 +119,16 @@ RESUME_FORMS = (
 )
 
 
+def _is_checkpoint(path: Path) -> bool:
+    """Whether `path` is a checkpoint itself: its COMMITTED marker or manifest is there."""
+    return any(os.path.lexists(path / name) for name in CHECKPOINT_FILES)
+
+
 def resume_root(path: Path) -> Path | None:
     """The checkpoints folder whose latest checkpoint `checkpoint.resume=PATH` means: PATH when it
     holds step-N checkpoints, PATH/checkpoints for a run directory; None where PATH is a checkpoint
-    itself (its COMMITTED marker or manifest is there) or none of these."""
-    if any(os.path.lexists(path / name) for name in CHECKPOINT_FILES):
+    itself or none of these."""
+    if _is_checkpoint(path):
         return None
     for root in (path, path / "checkpoints"):
         if root.is_dir() and any(p.is_dir() for p in root.glob("step-*")):
@@ -144,7 +153,7 @@ def check_resume_setting(config: CheckpointConfig) -> None:
         kind = kind_of(path)
         problem = "no such checkpoint directory" if kind is None else f"is {kind}, not a checkpoint directory"
         raise ConfigError("checkpoint.resume", f"{problem}; {RESUME_FORMS}", resume)
-    if resume_root(path) is None and not any(os.path.lexists(path / name) for name in CHECKPOINT_FILES):
+    if not _is_checkpoint(path) and resume_root(path) is None:
         raise ConfigError(
             "checkpoint.resume",
             "not a checkpoint: the folder has no COMMITTED marker or manifest.json, no step-N checkpoints and "

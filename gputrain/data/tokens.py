@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gputrain.config.paths import TOKEN_FILE_HINT, not_a_file
+from gputrain.config.paths import not_a_token_file
 from gputrain.config.schema import DataConfig
 from gputrain.data.registry import DataBundle, register_data
 from gputrain.data.spec import DataSpec
@@ -83,7 +83,7 @@ def count_tokens(path: Path, seq_len: int) -> int:
         DataError: naming the file.
     """
     if not path.is_file():
-        raise DataError(not_a_file(path, TOKEN_FILE_HINT) if path.exists() else f"{path}: {TOKEN_FILE_HINT}")
+        raise DataError(not_a_token_file(path))
     size = path.stat().st_size
     if size % 2:
         raise DataError(f"{path}: odd byte count ({size}): not a flat array of uint16 token ids")

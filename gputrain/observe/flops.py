@@ -99,6 +99,14 @@ class StepFlopCounter:
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[None]:
+        # eager while counting: dynamo marks a compiled forward that it is first asked to run under a
+        # dispatch mode (the counter is one) to run eagerly for good, so train.compile and
+        # train.cuda_graphs would never compile; the next step compiles. The count is the same.
+        with torch.compiler.set_stance("force_eager"), self._counting():
+            yield
+
+    @contextlib.contextmanager
+    def _counting(self) -> Iterator[None]:
         try:
             from torch.utils.flop_counter import FlopCounterMode
 

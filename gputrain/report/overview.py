@@ -11,7 +11,7 @@ from typing import Any
 
 from gputrain.report.config_diff import differs_between, differs_from_defaults, show_value
 from gputrain.report.page import Cell, Row, facts, num, table
-from gputrain.report.rl import iterations_text, rl_stop_reason, rl_tiles
+from gputrain.report.rl import rl_stop_reason, rl_tiles
 from gputrain.report.rundir import Run
 from gputrain.report.svg import esc
 from gputrain.train.tasks import metric_mode
@@ -51,12 +51,12 @@ def _steps_text(run: Run) -> str:
     last = run.last_step
     if run.sweep_only:
         return f"{(run.lr_find or {}).get('steps_run', '–')} sweep steps"
-    if run.is_rl:
-        return iterations_text(run)
+    # an RL run's step is a PPO iteration (a rollout and its update); it has no epochs
+    unit = " iterations" if run.is_rl else ""
     if run.status == "running" or not summary:
-        return f"{last:,} so far" if last is not None else "–"
-    epochs = summary.get("epochs_completed")
-    return f"{summary.get('global_step', 0):,}" + (f" ({epochs} epochs)" if epochs is not None else "")
+        return f"{last:,}{unit} so far" if last is not None else "–"
+    epochs = None if run.is_rl else summary.get("epochs_completed")
+    return f"{summary.get('global_step', 0):,}{unit}" + (f" ({epochs} epochs)" if epochs is not None else "")
 
 
 def _resolved(run: Run, key: str) -> str:

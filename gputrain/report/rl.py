@@ -56,12 +56,3 @@ def rl_stop_reason(run: Run) -> str:
     """Why an RL run stopped early: its return reached rl.stop_at_return (it has no validation metric)."""
     target = (run.config or {}).get("rl", {}).get("stop_at_return")
     return f"the mean return of the last 100 episodes reached rl.stop_at_return = {target}"
-
-
-def iterations_text(run: Run) -> str:
-    """The steps tile of an RL run: PPO iterations (each a rollout and its update)."""
-    summary = run.summary or {}
-    if run.status == "running" or not summary:
-        last = run.last_step
-        return f"{last:,} iterations so far" if last is not None else "–"
-    return f"{summary.get('global_step', 0):,} iterations"

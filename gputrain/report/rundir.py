@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gputrain.errors import DataError
-from gputrain.train.run_files import COMPLETE
+from gputrain.train.prior_run import COMPLETE
 from gputrain.train.scores import Scores, load_scores
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "lr_find.json")

@@ -22,6 +22,7 @@ PARTS = {
     "other": "#7f7f7f",
 }
 """The step's parts (observe/breakdown.py), each with its colour."""
+_FROM_ROWS = "No summary.json yet: the figures are the last logged row's."
 _PEAK_SOURCES = {
     "bench": "measured by gputrain bench on this machine",
     "datasheet": "the GPU's datasheet peak",
@@ -79,23 +80,27 @@ def _describe_peak(source: str | None) -> str:
     return source
 
 
+def _memory_tile(run: Run, f: dict[str, Any]) -> tuple[str, str]:
+    """The peak memory tile, named for what was measured: the allocator's peak on a GPU, the
+    process's resident set elsewhere."""
+    on_gpu = str(run.resolved("device") or "").startswith("cuda")
+    return ("peak device memory" if on_gpu else "peak memory (host RSS)", _bytes(f["peak memory"]))
+
+
 def _rl_speed_html(run: Run, f: dict[str, Any]) -> str:
     """An RL run's speed: a PPO iteration (one rollout and its update) and environment steps/s."""
-    memory_name = "peak device memory" if str(run.resolved("device")).startswith("cuda") else "peak memory (host RSS)"
     tiles = [
         ("iteration time", f"{1000 * f['step time']:.1f} ms" if f["step time"] else "–"),
         ("env steps/s", f"{f['env steps/s']:,.0f}" if f["env steps/s"] else "–"),
-        (memory_name, _bytes(f["peak memory"])),
+        _memory_tile(run, f),
     ]
-    note = " No summary.json yet: the figures are the last logged row's." if f["from rows"] else ""
-    return facts(tiles) + (f'<p class="note">{note.strip()}</p>' if note else "")
+    return facts(tiles) + (f'<p class="note">{_FROM_ROWS}</p>' if f["from rows"] else "")
 
 
 def speed_html(run: Run) -> str:
     f = speed_figures(run)
     if run.is_rl:
         return _rl_speed_html(run, f)
-    device = str(run.resolved("device") or "")
     tiles = [
         ("step time", f"{1000 * f['step time']:.2f} ms" if f["step time"] else "–"),
         ("samples/s", f"{f['samples/s']:,.0f}" if f["samples/s"] else "–"),
@@ -109,12 +114,11 @@ def speed_html(run: Run) -> str:
     ]
     if f["MFU (formula)"] is not None:
         tiles.append(("MFU (6N+12LHQT)", f"{100 * f['MFU (formula)']:.1f}%"))
-    memory_name = "peak device memory" if device.startswith("cuda") else "peak memory (host RSS)"
-    tiles.append((memory_name, _bytes(f["peak memory"])))
+    tiles.append(_memory_tile(run, f))
     body = facts(tiles)
     body += f'<p class="note">MFU peak: {esc(_describe_peak(f["peak source"]))}.'
     if f["from rows"]:
-        body += " No summary.json yet: the figures are the last logged row's."
+        body += f" {_FROM_ROWS}"
     body += "</p>"
     figures: list[Figure] = []
     split = time_split(run)

@@ -37,7 +37,8 @@ from gputrain.rl.settings import PPOSettings, check_layout
 from gputrain.train.build import Placement, place_run
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
 from gputrain.train.metrics import MetricsLogger
-from gputrain.train.run_files import claim_run_dir, default_run_dir, run_dir_path
+from gputrain.train.prior_run import claim_run_dir
+from gputrain.train.run_files import default_run_dir, run_dir_path
 from gputrain.train.state import seed_everything
 from gputrain.train.threads import explicit_threads
 

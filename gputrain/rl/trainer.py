@@ -28,7 +28,7 @@ from gputrain.rl.minibatches import epoch_minibatches
 from gputrain.rl.ppo import LOSS_TERMS, Batch, UpdateResult, ppo_update
 from gputrain.rl.resume import ENV_KEY, check_env_state
 from gputrain.rl.rollout import collect_rollout
-from gputrain.train.run_files import PriorRun
+from gputrain.train.prior_run import PriorRun
 from gputrain.train.run_record import RunEnding, RunRecorder
 from gputrain.train.run_start import start_run
 from gputrain.train.signals import StoppedBySignal, StopRequest

@@ -53,7 +53,8 @@ from gputrain.train.evaluate import EarlyStopping, Evaluator, evaluation_plan
 from gputrain.train.feed import BatchFeed
 from gputrain.train.metrics import MetricsLogger
 from gputrain.train.nonfinite import NonFiniteGuard
-from gputrain.train.run_files import check_run_dir, claim_run_dir, default_run_dir, run_dir_path
+from gputrain.train.prior_run import claim_run_dir
+from gputrain.train.run_files import check_run_dir, default_run_dir, run_dir_path
 from gputrain.train.state import seed_everything
 from gputrain.train.step import StepParts
 from gputrain.train.tasks import ComputeLoss, LossFn, Task, loss_of_batch, resolve_task

@@ -205,7 +205,7 @@ def _auroc_on_device(scores: torch.Tensor, targets: torch.Tensor, k: int) -> tor
     dtype = _sum_dtype(scores.device)
     n = scores.shape[0]
     classes = torch.arange(k, device=scores.device)
-    ordered, order = _sort_rows(scores.t().contiguous())  # one row per class
+    ordered, order = scores.t().sort(dim=1)  # one row per class (CPU scores take `_auroc_on_host`)
     positive = (targets.unsqueeze(0) == classes.unsqueeze(1)).gather(1, order)
     starts = torch.ones_like(ordered, dtype=torch.int64)
     starts[:, 1:] = (ordered[:, 1:] != ordered[:, :-1]).long()
@@ -251,15 +251,6 @@ def _auroc_on_host(scores: torch.Tensor, targets: torch.Tensor, k: int) -> float
     u = rank_sums - pos * (pos + 1) / 2
     defined = (pos > 0) & (neg > 0)
     return float((u[defined] / (pos[defined] * neg[defined])).mean()) if defined.any() else float("nan")
-
-
-def _sort_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rows.sort(dim=1)`; on a CPU through numpy, whose sort is ~30x faster than torch's there
-    (0.4 ms against 13 us for 10 rows of 1,024 scores: more than the rest of a small evaluation)."""
-    if rows.device.type != "cpu":
-        return rows.sort(dim=1)
-    order = torch.from_numpy(np.argsort(rows.numpy(), axis=1))
-    return rows.gather(1, order), order
 
 
 def _gather_rows(rows: torch.Tensor, group: Any) -> torch.Tensor:

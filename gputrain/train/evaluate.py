@@ -88,39 +88,6 @@ def evaluation_plan(
 
 
 @torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    batches: Iterable[Any],
-    *,
-    task: str,
-    metric_names: list[str],
-    loss_fn: LossFn | None,
-    num_classes: int | None,
-    device: torch.device,
-    autocast: Callable[[], Any],
-    step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-    across_ranks: bool = False,
-) -> dict[str, float]:
-    """Mean loss over samples and the requested metrics. One host sync, at the end.
-
-    across_ranks: each rank passed its own share of the split (`shard_for_eval`); the loss sums,
-    sample counts and metric states of all ranks are combined, so every rank returns the
-    figures of the whole split."""
-    return evaluate_split(
-        model,
-        batches,
-        task=task,
-        metric_names=metric_names,
-        loss_fn=loss_fn,
-        num_classes=num_classes,
-        device=device,
-        autocast=autocast,
-        step_fn=step_fn,
-        across_ranks=across_ranks,
-    )[0]
-
-
-@torch.no_grad()
 def evaluate_split(
     model: nn.Module,
     batches: Iterable[Any],
@@ -142,11 +109,16 @@ def evaluate_split(
     group: Any = None,
     graphed: bool = False,
 ) -> tuple[dict[str, float], int]:
-    """`evaluate`, plus the samples the reader left out as unreadable (`count_skipped`, asked once
-    the batches are read: an `EvalBatches`'s count in data.on_error=skip mode), summed over the
-    ranks when they shared the split. `metrics`: the caller's `EvalMetrics`, reset here (one per
-    evaluator, so a split's evaluation allocates nothing it allocated before).
+    """(mean loss over samples and the requested metrics, the samples the reader left out as
+    unreadable): one host sync, at the end. `count_skipped` is asked once the batches are read (an
+    `EvalBatches`'s count in data.on_error=skip mode); the count is summed over the ranks when they
+    shared the split.
 
+    across_ranks: each rank passed its own share of the split (`shard_for_eval`); the loss sums,
+    sample counts and metric states of all ranks are combined, so every rank returns the figures
+    of the whole split.
+    metrics: the caller's `EvalMetrics`, reset here (one per evaluator, so a split's evaluation
+        allocates nothing it allocated before).
     lockstep: the model's forward is collective (FSDP, TP): every rank makes exactly this many
     forward passes, padding past the end of its share (see eval_shares.Lockstep).
     group: the process group the shares are combined over (None: all ranks).
@@ -348,8 +320,11 @@ class Evaluator:
                 f"{split}_data cannot be evaluated: {type(err).__name__}: {first_line(err)}; give it a Dataset with "
                 "a length and samples by index, or a DataLoader"
             ) from err
+        # eager: a compiled model's forward on two samples would be a compile thrown away, and the
+        # changed batch size would make dynamo compile training's graph for any batch size
+        rng = torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
         try:
-            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            with rng, torch.compiler.set_stance("force_eager"):
                 self._run(first, split, keep_scores=False)
         except BadSample:  # an unreadable sample is data.on_error's to handle, when the split is evaluated
             return

@@ -11,7 +11,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Any, cast
 
 import torch
@@ -31,13 +31,14 @@ _DEVICE_RESIDENT_BYTES = 2 << 30
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
-    """Move tensors in (nested) tuples/lists/dicts; non_blocking so pinned copies overlap compute."""
+    """Move tensors in (nested) tuples/lists/mappings; non_blocking so pinned copies overlap compute.
+    A mapping comes back a dict: Hugging Face collators give `BatchEncoding`s, which are no dicts."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True) if batch.device != device else batch
     if isinstance(batch, (list, tuple)):
         moved = [to_device(b, device) for b in batch]
         return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return {k: to_device(v, device) for k, v in batch.items()}
     return batch
 

@@ -28,7 +28,7 @@ from torch import nn
 from gputrain.config import Config, config_to_dict
 from gputrain.distributed.context import all_reduce_mean
 from gputrain.observe.own_sync import own_sync
-from gputrain.train.build import TrainingParts, build_training
+from gputrain.train.build import TrainingParts, build_model_and_data, build_training
 from gputrain.train.device_guard import DeviceGuard
 from gputrain.train.nonfinite import NonFiniteGuard
 from gputrain.train.step import train_step
@@ -172,16 +172,12 @@ def suggest_lr(curve: LRCurve, rule: Rule = "steepest") -> Suggestion:
 
 def build_sweep_parts(config: Config, run_dir: Path) -> TrainingParts:
     """The parts a run of `config` would start with (same seed, so the same initial weights and the
-    same batches), without the validation and test splits. Nothing is written into `run_dir`."""
-    from gputrain.data import build_data
-    from gputrain.models import build_model
-    from gputrain.train.state import seed_everything
-
-    seed_everything(config.train.seed)
-    bundle = build_data(config.data, config.train.seed)
-    model = build_model(config.model, bundle.spec)
+    same batches), without the validation and test splits. Nothing is written into `run_dir`.
+    Built as `gputrain train` builds them (`build_model_and_data`): under torchrun each rank
+    materialises only its own part of the model."""
+    model, data = build_model_and_data(config)
     return build_training(
-        config, model, bundle.train, spec=bundle.spec, run_dir=run_dir, names=(config.model.name, config.data.name)
+        config, model, data.train, spec=data.spec, run_dir=run_dir, names=(config.model.name, config.data.name)
     )
 
 

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data._utils.collate import default_collate
 
 from gputrain.errors import first_line
+from gputrain.train.feed import to_device
 
 _OWN_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parents[1]))
 """torch's and gputrain's code: a frame there is not where the user's model or function went wrong."""
@@ -82,16 +83,6 @@ def describe_batch(batch: Any) -> str:
     return type(batch).__name__
 
 
-def _moved(value: Any, device: torch.device | str) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, Mapping):
-        return {k: _moved(v, device) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_moved(v, device) for v in value)
-    return value
-
-
 def run_model(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None = None) -> Any:
     """`model(*args, **kwargs)` without gradients: on the meta device where every op can run there,
     else for real, in eval mode (no BatchNorm statistics move, no dropout) where the model's
@@ -104,7 +95,8 @@ def run_model(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     meta = {name: torch.empty_like(t, device="meta") for name, t in [*model.named_parameters(), *model.named_buffers()]}
     try:
         with torch.no_grad():
-            return torch.func.functional_call(model, meta, _moved(args, "meta"), _moved(kwargs, "meta"))
+            on_meta = torch.device("meta")
+            return torch.func.functional_call(model, meta, to_device(args, on_meta), to_device(kwargs, on_meta))
     except Exception:  # noqa: BLE001 - an op without a meta kernel: run the real model once instead
         pass
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -112,7 +104,7 @@ def run_model(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     model.eval()
     try:
         with torch.no_grad():
-            return model(*_moved(args, device), **_moved(kwargs, device))
+            return model(*to_device(args, device), **to_device(kwargs, device))
     except Exception as err:  # the model's own error: the caller reports it
         raise ModelFailed(err) from err
     finally:

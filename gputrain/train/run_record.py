@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from gputrain.errors import GputrainError, Interrupted, RunError, UsageError, first_line
-from gputrain.train.run_files import prior_run, write_json, write_text
+from gputrain.interrupts import job_rank
+from gputrain.train.prior_run import prior_run
+from gputrain.train.run_files import write_json, write_text
 from gputrain.train.signals import StopRequest
 from gputrain.train.state import LoopState
 from gputrain.train.step import StepResult
@@ -119,7 +121,7 @@ class RunRecorder:
             where = ending.doing or f"step {self.state().global_step + 1}"
             where += f" (rank {dist.rank})" if dist.enabled else ""
             ending.error = str(exc) if isinstance(exc, GputrainError) else f"{where}: {type(exc).__name__}: {exc}"
-            log_file = run_dir / ("error.log" if dist.is_main else f"error-rank{dist.rank}.log")
+            log_file = _error_log(run_dir, dist.rank)
             writes = self._writes(ending)
             if writes:
                 with contextlib.suppress(OSError):
@@ -129,7 +131,7 @@ class RunRecorder:
                 self.parts.checkpointer.wait()  # keep the last good checkpoint the failed run was writing
             if isinstance(exc, GputrainError) or not isinstance(exc, Exception):
                 raise
-            kept = f"traceback in {log_file}" if writes else f"nothing written: {run_dir} holds another run's files"
+            kept = f"traceback in {log_file}" if writes else _left_as_it_was(run_dir)
             failure = RunError(f"training failed at {ending.error} ({kept})")
         finally:
             self._record(ending, time.perf_counter() - started)
@@ -194,11 +196,11 @@ def recording_start_up(run_dir: Path | None) -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of the parts' code is recorded, then one line
         error = f"start-up (building the data, the model and its placement): {type(exc).__name__}: {first_line(exc)}"
-        rank = int(os.environ.get("RANK", "0") or 0)
+        rank = job_rank()
         prior = prior_run(run_dir) if run_dir is not None else None
         kept = "not recorded: no run directory yet"
         if run_dir is not None and (prior is None or not prior.owns):
-            log_file = run_dir / ("error.log" if rank == 0 else f"error-rank{rank}.log")
+            log_file = _error_log(run_dir, rank)
             with contextlib.suppress(OSError):
                 run_dir.mkdir(parents=True, exist_ok=True)
                 write_text(log_file, traceback.format_exc())
@@ -206,8 +208,17 @@ def recording_start_up(run_dir: Path | None) -> Iterator[None]:
                     write_json(run_dir / "summary.json", _start_up_summary(error, time.perf_counter() - began))
             kept = f"traceback in {log_file}"
         elif run_dir is not None:
-            kept = f"nothing written: {run_dir} holds another run's files"
+            kept = _left_as_it_was(run_dir)
         raise RunError(f"training failed at {error} ({kept})") from None
+
+
+def _error_log(run_dir: Path, rank: int) -> Path:
+    """Where a failure's traceback goes: error.log for rank 0, error-rank<N>.log for another rank."""
+    return run_dir / ("error.log" if rank == 0 else f"error-rank{rank}.log")
+
+
+def _left_as_it_was(run_dir: Path) -> str:
+    return f"nothing written: {run_dir} holds another run's files"
 
 
 def _start_up_summary(error: str, wall_s: float) -> dict[str, Any]:

@@ -9,15 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gputrain.config import Config
-from gputrain.train.run_files import (
-    PriorRun,
-    asks_longer,
-    continue_run,
-    kept_message,
-    prior_run,
-    saved_config,
-    write_run_files,
-)
+from gputrain.train.prior_run import PriorRun, asks_longer, continue_run, kept_message, prior_run, saved_config
+from gputrain.train.run_files import write_run_files
 from gputrain.train.run_record import RecordedParts, RunEnding
 from gputrain.train.signals import StopRequest
 from gputrain.train.state import LoopState

@@ -83,7 +83,7 @@ class StoppedBySignal(Interrupted):
         self.run_dir = run_dir
         super().__init__(f"{what}call fit() again on a Trainer with run_dir={str(run_dir)!r} to resume")
 
-    def for_cli(self, command: str = "train") -> Interrupted:
+    def for_cli(self, command: str) -> Interrupted:
         """The message with the command that resumes the run as written: in a directory holding a
         run, `gputrain <command> --run-dir DIR` continues it with its own config.toml."""
         return Interrupted(f"{self.what}resume with: gputrain {command} --run-dir {shlex.quote(str(self.run_dir))}")

@@ -100,22 +100,22 @@ def resolve_task(
         return Task(spec.task, loss, spec.num_classes, spec.input_shape[0] if spec.task == "lm" else None)
     if step_fn is not None:  # evaluation reports step_fn's loss (no grad, eval mode)
         return Task("custom", None)
-    batch = first_batch(train_data)
+    batch = first_batch(train_data)  # read once: a DataLoader of samples it cannot index starts its workers
     if isinstance(batch, Mapping):
         return _dict_batch_task(model, batch)
-    try:
-        probe = probe_outputs(model, train_data)
-    except ModelFailed as failed:
-        if loss_fn is not None:  # it may run where it trains (a GPU-only kernel): step 1 will tell
-            return Task("custom", loss_fn)
-        pair = as_pair(batch)
-        assert pair is not None  # the probe ran the model on it
-        inputs = pair[0]
-        raise UsageError(
-            f"the model raises on train_data's first samples, model(inputs) with inputs {_shape(inputs)}: "
-            f"{failed}. A model that runs only on its training device: pass loss_fn=(outputs, targets) -> loss "
-            "to the Trainer"
-        ) from failed.error
+    pair = as_pair(batch)
+    probe = None
+    if pair is not None:
+        try:
+            probe = probe_outputs(model, *pair)
+        except ModelFailed as failed:
+            if loss_fn is not None:  # it may run where it trains (a GPU-only kernel): step 1 will tell
+                return Task("custom", loss_fn)
+            raise UsageError(
+                f"the model raises on train_data's first samples, model(inputs) with inputs {_shape(pair[0])}: "
+                f"{failed}. A model that runs only on its training device: pass loss_fn=(outputs, targets) -> loss "
+                "to the Trainer"
+            ) from failed.error
     kind = infer_task(*probe) if probe is not None else None
     if kind is None:
         if loss_fn is not None:
@@ -178,17 +178,12 @@ def _dict_batch_task(model: nn.Module, batch: Mapping[str, Any]) -> Task:
     )
 
 
-def probe_outputs(model: nn.Module, data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(the model's outputs for the data's first samples, their targets), shapes and dtypes only,
-    or None where the samples are not (inputs, targets) tensors.
+def probe_outputs(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the model's outputs for the data's first samples, their targets), shapes and dtypes only.
 
     Raises:
         ModelFailed: the model raised on the first samples' inputs.
     """
-    batch = as_pair(first_batch(data))
-    if batch is None:
-        return None
-    inputs, targets = batch
     if is_uint8_image(inputs[0]):  # the model sees these as floats (data/pixels.py)
         inputs = inputs.float()
     return model_logits(run_model(model, (inputs,))), targets

@@ -265,10 +265,14 @@ class Trainer:
     # ----------------------------------------------------------------- checkpoints
     def _save(self, periodic: bool = False) -> Path | None:
         """Checkpoint now; `periodic` (every_epochs, every_steps): the overhead rule may put it off."""
-        self._settle()  # a checkpoint never holds a step the device masked without the host knowing
-        self.metrics.flush()  # nor a step whose row a kill could still lose (train/metrics.py)
 
-        def state_of() -> dict[str, Any]:  # only when saved: capturing every RNG costs more than a small step
+        def state_of() -> dict[str, Any]:
+            # asked for only when a checkpoint takes this step: capturing every RNG costs more than a
+            # small step, and a save the overhead rule puts off then costs no sync and no flush either.
+            # A checkpoint never holds a step the device masked without the host knowing, nor a step
+            # whose row a kill could still lose (train/metrics.py)
+            self._settle()
+            self.metrics.flush()
             return training_state(
                 self.scheduler, self.precision, self.state, self.device, self.task.kind, self.task.num_classes
             )
@@ -282,6 +286,7 @@ class Trainer:
         return time.perf_counter()
 
     def _interrupted(self) -> None:
+        self._settle()  # the summary counts every masked step, whether or not a checkpoint is saved
         path = self._save()
         self.checkpointer.wait()
         where = f"checkpoint saved at {path}; " if path else ""

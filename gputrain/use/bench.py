@@ -112,14 +112,15 @@ def _cpu_threads(threads: int | None) -> Iterator[None]:
 
 def bench_devices(asked: tuple[str, ...]) -> tuple[str, ...]:
     """The devices asked for, each checked to be on this machine (the `use` commands' check);
-    none asked: the CPU, and CUDA where there is a GPU.
+    none asked: the CPU, and CUDA where there is a GPU. Every name comes out as `use_device` spells
+    it (`cuda:0`), so the answer passed back in (the CLI checks first, bench_inference again) is
+    itself: the same names in the figures whichever way the devices were given.
 
     Raises:
         UsageError: a device that is unknown or not here, in one line.
     """
-    if not asked:
-        return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
-    return tuple(dict.fromkeys(str(use_device(name)) for name in asked))
+    names = asked or (("cpu", "cuda") if torch.cuda.is_available() else ("cpu",))
+    return tuple(dict.fromkeys(str(use_device(name)) for name in names))
 
 
 def _bench_mode(

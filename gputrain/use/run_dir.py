@@ -24,6 +24,7 @@ from gputrain.checkpoint.io import (
     checkpoint_step,
     list_checkpoints,
     read_state,
+    scan_verified,
     verify_checkpoint,
 )
 from gputrain.errors import UsageError
@@ -155,17 +156,13 @@ class _Scan:
 
 
 def _scan(run_dir: Path) -> _Scan:
-    damaged = []
-    for path in list_checkpoints(run_dir / "checkpoints"):
-        try:
-            verify_checkpoint(path)
-        except CorruptCheckpoint as err:
-            damaged.append((path, str(err).removeprefix(f"{path}: ")))  # the path is named beside it
-            continue
-        step = checkpoint_step(path)
-        assert step is not None  # verification read it
-        return _Scan((path, step), damaged)
-    return _Scan(None, damaged)
+    found, damaged = scan_verified(list_checkpoints(run_dir / "checkpoints"), verify_checkpoint)
+    passed_over = [(path, str(err).removeprefix(f"{path}: ")) for path, err in damaged]  # the path is named beside it
+    if found is None:
+        return _Scan(None, passed_over)
+    step = checkpoint_step(found)
+    assert step is not None  # verification read it
+    return _Scan((found, step), passed_over)
 
 
 def _damaged_text(damaged: list[tuple[Path, str]]) -> str:

@@ -1,11 +1,17 @@
 """The adversarial suite: inputs a new user or an attacker would try, one case per test item,
 grouped by what is attacked (one file each). Each case asserts the promised answer: a short
 message naming the field or file and exit 2 for bad input, a record for every ending, nothing
-lost or mixed. The count is printed at the end of a run, by group."""
+lost or mixed. The count is printed at the end of a run, by group.
+
+Fixtures the groups share: `handlers` (the signal handlers, given back after the test) and
+`warned` (the warnings of the `gputrain` logger)."""
 
 from __future__ import annotations
 
+import logging
+import signal
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +28,40 @@ _GROUPS = {
     "test_memory_limits.py": "config values",
 }
 _cases: Counter[str] = Counter()
+
+
+@pytest.fixture
+def handlers() -> Iterator[None]:
+    """The handlers of the signals a run stops for, as they were before the test."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def warned() -> Iterator[list[str]]:
+    """Warnings of the `gputrain` logger (it does not propagate to the root logger pytest watches)."""
+    logger, handler = logging.getLogger("gputrain"), _Collect()
+    previous = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

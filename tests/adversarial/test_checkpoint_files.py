@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 import random
 import shutil
 import struct
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,26 +137,6 @@ def sharded_run(sharded: Path, tmp_path: Path) -> Path:
     copy_dir = tmp_path / "run"
     shutil.copytree(sharded, copy_dir)
     return copy_dir
-
-
-@pytest.fixture
-def warned() -> Iterator[list[str]]:
-    """Warnings of the `gputrain` logger (it does not propagate to the root logger pytest watches)."""
-    messages: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            messages.append(record.getMessage())
-
-    logger, handler = logging.getLogger("gputrain"), Collect(logging.WARNING)
-    previous = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.WARNING)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(previous)
 
 
 # ----------------------------------------------------------------------------- what a resume may change

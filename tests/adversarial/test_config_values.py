@@ -23,7 +23,8 @@ from typing import Any, Literal
 import pytest
 
 from gputrain.config import Config, config_to_toml, load_config
-from gputrain.config.schema import LIMITS, SECTIONS
+from gputrain.config.limits import LIMITS
+from gputrain.config.schema import SECTIONS
 from gputrain.errors import ConfigError, UsageError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,9 +12,8 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -489,28 +488,6 @@ def test_sixteen_bit_png_is_scaled_not_clipped_white(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- mid-run: the guard in evaluation
-class _Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-@pytest.fixture
-def warnings() -> Iterator[list[str]]:
-    logger, handler = logging.getLogger("gputrain"), _Collect()
-    logger.addHandler(handler)
-    previous = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        yield handler.messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(previous)
-
-
 def _evaluator(on_error: str, num_classes: int = 2) -> Evaluator:
     """An Evaluator as build.py makes one for a one-process classification run."""
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, num_classes))
@@ -538,7 +515,7 @@ def test_corrupt_held_out_image_fails_naming_split_and_file(tmp_path: Path, spli
                         r"samples", str(err.value)), str(err.value)
 
 
-def test_corrupt_held_out_images_with_skip_are_left_out_and_counted(tmp_path: Path, warnings: list[str]) -> None:
+def test_corrupt_held_out_images_with_skip_are_left_out_and_counted(tmp_path: Path, warned: list[str]) -> None:
     bundle, broken = _split_with_bad(tmp_path, "val", bad=2)
     assert bundle.val is not None
     evaluator = _evaluator("skip")
@@ -551,8 +528,8 @@ def test_corrupt_held_out_images_with_skip_are_left_out_and_counted(tmp_path: Pa
     assert metrics == pytest.approx(reference.evaluate(bundle.val.subset(readable), "val"), rel=1e-6)
     evaluator.evaluate(bundle.val, "val")
     assert evaluator.skipped == {"val": 2}  # per evaluation, not summed over them
-    assert len(warnings) == 1
-    assert warnings[0].startswith("val split: left out 2 unreadable samples (data.on_error=skip), e.g. sample ")
+    assert len(warned) == 1
+    assert warned[0].startswith("val split: left out 2 unreadable samples (data.on_error=skip), e.g. sample ")
 
 
 def test_held_out_split_with_no_readable_image_under_skip(tmp_path: Path) -> None:

@@ -7,8 +7,6 @@ command line, and the advice they give is a command that works as written."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import shlex
@@ -24,40 +22,16 @@ from torch import nn
 
 from gputrain import Trainer
 from gputrain.cli import main
-from gputrain.data.tensors import TensorData
 from gputrain.errors import ConfigError, UsageError
 from gputrain.report.overview import resume_command
 from gputrain.train.run_files import command_line_words
 from gputrain.train.signals import StoppedBySignal
+from tests.adversarial.helpers import QUIET, fingerprint, linear_data, linear_trainer, read_summary
 from tests.conftest import run_cli
 
-QUIET = {"train.device": "cpu", "log.progress": "none", "log.tensorboard": False, "train.epochs": 2,
-         "train.batch_size": 16, "log.every_steps": 1}
 # a stopped-early run: patience 1 on a loss that stops improving at once (lr far too high)
 EARLY = {"eval.early_stop_metric": "loss", "eval.patience": 1, "optim.lr": 50.0, "train.epochs": 30,
          "data.val_fraction": 0.25, "optim.name": "sgd"}
-
-
-def _data(n: int = 64) -> TensorData:
-    g = torch.Generator().manual_seed(0)
-    return TensorData(torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g))
-
-
-def _trainer(run_dir: Path, **config: Any) -> Trainer:
-    torch.manual_seed(0)
-    data = _data()
-    val = _data(16) if "eval.early_stop_metric" in config else None
-    return Trainer(nn.Linear(6, 3), data, val_data=val, loss_fn=F.cross_entropy, config={**QUIET, **config},
-                   run_dir=run_dir)
-
-
-def _fingerprint(run_dir: Path) -> dict[str, str]:
-    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(run_dir.rglob("*")) if p.is_file()}
-
-
-def _summary(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +39,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A completed run and a stopped-early one, trained once for the module."""
     root = tmp_path_factory.mktemp("kept")
     done, early = root / "done", root / "early"
-    _trainer(done).fit()
-    _trainer(early, **EARLY).fit()
-    assert _summary(early)["status"] == "stopped_early", _summary(early)
+    linear_trainer(done).fit()
+    linear_trainer(early, **EARLY).fit()
+    assert read_summary(early)["status"] == "stopped_early", read_summary(early)
     return {"done": done, "early": early}
 
 
@@ -90,24 +64,24 @@ def early(runs: dict[str, Path], tmp_path: Path) -> Path:
                          ids=["same", "log-every", "keep-last", "workers", "progress", "fewer-epochs", "fewer-steps",
                               "ckpt-every"])
 def test_a_stopped_early_run_is_kept_whatever_only_logs_or_shortens(early: Path, more: dict) -> None:
-    before = _fingerprint(early)
-    summary = _trainer(early, **{**EARLY, **more}).fit()
-    assert summary == _summary(early) and summary["status"] == "stopped_early"
-    assert _fingerprint(early) == before
+    before = fingerprint(early)
+    summary = linear_trainer(early, **{**EARLY, **more}).fit()
+    assert summary == read_summary(early) and summary["status"] == "stopped_early"
+    assert fingerprint(early) == before
 
 
 def test_a_stopped_early_run_trains_on_when_its_length_is_raised(early: Path) -> None:
-    step = _summary(early)["global_step"]
-    summary = _trainer(early, **{**EARLY, "train.epochs": 31}).fit()
+    step = read_summary(early)["global_step"]
+    summary = linear_trainer(early, **{**EARLY, "train.epochs": 31}).fit()
     assert summary["global_step"] > step  # it trained on (and may stop early again)
 
 
 def test_a_completed_run_is_kept_with_a_smaller_batch(done: Path) -> None:
     """Before, "finished" was step >= the new total steps, which a smaller batch raises."""
-    before = _fingerprint(done)
+    before = fingerprint(done)
     with pytest.raises(UsageError, match=r"train\.batch_size = 16 there, 8 given"):
-        _trainer(done, **{"train.batch_size": 8}).fit()
-    assert _fingerprint(done) == before
+        linear_trainer(done, **{"train.batch_size": 8}).fit()
+    assert fingerprint(done) == before
 
 
 DIFFERENT = [("train.batch_size", 32, "16", "32"), ("optim.lr", 0.5, "0.001", "0.5"), ("train.seed", 7, "0", "7"),
@@ -120,21 +94,21 @@ DIFFERENT = [("train.batch_size", 32, "16", "32"), ("optim.lr", 0.5, "0.001", "0
 @pytest.mark.parametrize(("key", "value", "saved", "given"), DIFFERENT, ids=[d[0] for d in DIFFERENT])
 def test_a_complete_run_refuses_another_config_naming_the_key(done: Path, key: str, value: Any, saved: str,
                                                                given: str) -> None:
-    before = _fingerprint(done)
+    before = fingerprint(done)
     with pytest.raises(UsageError) as err:
-        _trainer(done, **{key: value})
+        linear_trainer(done, **{key: value})
     message = str(err.value)
     assert f": {key} = {saved} there, {given} given" in message, message
     assert message.startswith(f"{done} holds a completed run (step 8) trained with another config: ")
     assert "\n" not in message and "choose another run_dir for a new run" in message
     assert f"pass config={str(done / 'config.toml')!r} to continue it with its own config" in message
-    assert _fingerprint(done) == before
+    assert fingerprint(done) == before
 
 
 def test_several_differences_are_counted(done: Path) -> None:
     with pytest.raises(UsageError, match=r"; optim\.lr = 0\.001 there, 0\.5 given \(and 2 more: optim\.momentum, "
                                          r"eval\.patience\)\. A run continues"):
-        _trainer(done, **{"optim.lr": 0.5, "optim.name": "sgd", "optim.momentum": 0.5, "train.seed": 3,
+        linear_trainer(done, **{"optim.lr": 0.5, "optim.name": "sgd", "optim.momentum": 0.5, "train.seed": 3,
                           "eval.patience": 2})
 
 
@@ -149,7 +123,8 @@ def _interrupted(run_dir: Path, **config: Any) -> Trainer:
         return F.cross_entropy(outputs, targets)
 
     torch.manual_seed(0)
-    holder.append(Trainer(nn.Linear(6, 3), _data(), loss_fn=stop_at_3, config={**QUIET, **config}, run_dir=run_dir))
+    holder.append(Trainer(nn.Linear(6, 3), linear_data(), loss_fn=stop_at_3, config={**QUIET, **config},
+                          run_dir=run_dir))
     with pytest.raises(StoppedBySignal) as err:
         holder[0].fit()
     assert "stopped by SIGTERM at step 3" in str(err.value)
@@ -188,13 +163,13 @@ def test_the_cli_resume_advice_works_as_written(tmp_path: Path, capsys: pytest.C
     assert advice.endswith(f"resume with: gputrain train --run-dir {shlex.quote(str(run_dir))}"), advice
     command = shlex.split(advice.split("resume with: gputrain ")[1])
     assert main(command) == 0
-    summary = _summary(run_dir)
+    summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["global_step"] == 3 * (1797 * 7 // 10 // 64)
     assert (run_dir / "config.toml").read_text() == original.read_text()  # the run's own config, kept
 
 
 def test_overrides_apply_on_top_of_the_runs_own_config(tmp_path: Path) -> None:
-    from gputrain.train.run_files import load_run_config
+    from gputrain.train.prior_run import load_run_config
 
     run_dir = tmp_path / "r"
     _interrupted(run_dir, **{"optim.lr": 0.003, "train.epochs": 4})
@@ -207,10 +182,10 @@ def test_overrides_apply_on_top_of_the_runs_own_config(tmp_path: Path) -> None:
 def test_a_run_started_from_another_runs_checkpoint_continues_from_its_own(done: Path, tmp_path: Path) -> None:
     """config.toml keeps checkpoint.resume=<the other run's checkpoint>; continuing the branch goes on
     from the branch's own checkpoints, not back to the other run's."""
-    from gputrain.train.run_files import load_run_config
+    from gputrain.train.prior_run import load_run_config
 
     branch = tmp_path / "branch"
-    _trainer(branch, **{"train.epochs": 3, "checkpoint.resume": str(done / "checkpoints" / "step-8")}).fit()
+    linear_trainer(branch, **{"train.epochs": 3, "checkpoint.resume": str(done / "checkpoints" / "step-8")}).fit()
     assert load_run_config(branch, None, []).checkpoint.resume == "auto"
 
 
@@ -219,7 +194,7 @@ def test_the_cli_refuses_another_config_for_a_run_naming_saved_and_given(tmp_pat
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "r"
     _interrupted(run_dir, **{"optim.lr": 0.003})
-    before = _fingerprint(run_dir)
+    before = fingerprint(run_dir)
     if how == "override":
         args = ["optim.lr=0.01"]
     else:
@@ -231,13 +206,13 @@ def test_the_cli_refuses_another_config_for_a_run_naming_saved_and_given(tmp_pat
     assert "\n" not in line and "optim.lr = 0.003 there, 0.01 given" in line, line
     assert "leave out --config and the overrides to continue it with its own" in line
     assert "choose another --run-dir for a new run" in line
-    assert _fingerprint(run_dir) == before
+    assert fingerprint(run_dir) == before
 
 
 def test_the_runs_own_config_file_given_back_continues_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "r"
     trainer = _interrupted(run_dir, **{"optim.lr": 0.003})
-    summary = Trainer(nn.Linear(6, 3), _data(), loss_fn=F.cross_entropy, config=str(run_dir / "config.toml"),
+    summary = Trainer(nn.Linear(6, 3), linear_data(), loss_fn=F.cross_entropy, config=str(run_dir / "config.toml"),
                       run_dir=run_dir).fit()
     assert summary["status"] == "completed" and summary["global_step"] == trainer.total_steps
 
@@ -247,7 +222,7 @@ def test_a_damaged_config_toml_of_a_run_is_named(tmp_path: Path) -> None:
     _interrupted(run_dir)
     (run_dir / "config.toml").write_text("[train\nepochs = ")
     with pytest.raises(UsageError, match=rf"^{re.escape(str(run_dir / 'config.toml'))}: the config of the run in "):
-        _trainer(run_dir)
+        linear_trainer(run_dir)
 
 
 @pytest.mark.parametrize(("summary", "expected"), [
@@ -270,10 +245,10 @@ def _killed(run_dir: Path) -> Path:
 def test_resume_never_in_a_killed_runs_directory_writes_nothing(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = _killed(tmp_path / "r")
-    before = _fingerprint(run_dir)
+    before = fingerprint(run_dir)
     with pytest.raises(UsageError, match=r"checkpoint\.resume=never would mix two runs"):
-        _trainer(run_dir, **{"checkpoint.resume": "never", "log.progress": "plain"}).fit()
-    assert _fingerprint(run_dir) == before and not (run_dir / "summary.json").exists()
+        linear_trainer(run_dir, **{"checkpoint.resume": "never", "log.progress": "plain"}).fit()
+    assert fingerprint(run_dir) == before and not (run_dir / "summary.json").exists()
     out = capsys.readouterr().out
     assert "failed" not in out and "see it: gputrain report" not in out
 
@@ -283,12 +258,12 @@ def test_a_shape_mismatch_at_resume_writes_nothing(tmp_path: Path, capsys: pytes
     and the directory is left as it was, without a failed summary of a run that never began."""
     run_dir = _killed(tmp_path / "r")
     (run_dir / "config.toml").unlink()
-    before = _fingerprint(run_dir)
-    trainer = Trainer(nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 3)), _data(), loss_fn=F.cross_entropy,
+    before = fingerprint(run_dir)
+    trainer = Trainer(nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 3)), linear_data(), loss_fn=F.cross_entropy,
                       config={**QUIET, "log.progress": "plain"}, run_dir=run_dir)
     with pytest.raises(UsageError, match=r"^cannot resume: "):
         trainer.fit()
-    assert _fingerprint(run_dir) == before
+    assert fingerprint(run_dir) == before
     assert "see it: gputrain report" not in capsys.readouterr().out
 
 
@@ -297,7 +272,7 @@ def test_a_checkpoint_refused_in_a_new_directory_writes_nothing(other_run: Path,
     """Bad input found while resuming (another model's checkpoint) in a new directory: no record of a
     run that never began, no table, no "see it" line."""
     run_dir = tmp_path / "branch"
-    trainer = Trainer(nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 3)), _data(), loss_fn=F.cross_entropy,
+    trainer = Trainer(nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 3)), linear_data(), loss_fn=F.cross_entropy,
                       config={**QUIET, "log.progress": "plain",
                               "checkpoint.resume": str(other_run / "checkpoints" / "step-4")}, run_dir=run_dir)
     with pytest.raises(UsageError, match=r"^cannot resume: "):
@@ -309,19 +284,19 @@ def test_a_checkpoint_refused_in_a_new_directory_writes_nothing(other_run: Path,
 def test_the_cli_refusal_in_a_killed_runs_directory_is_one_line(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = _killed(tmp_path / "r")
-    before = _fingerprint(run_dir)
+    before = fingerprint(run_dir)
     assert main(["train", "--run-dir", str(run_dir), "checkpoint.resume=never"]) == 2
     captured = capsys.readouterr()
     assert len(captured.err.strip().splitlines()) == 1 and captured.out == ""
-    assert _fingerprint(run_dir) == before
+    assert fingerprint(run_dir) == before
 
 
 def test_profile_in_a_completed_runs_directory_changes_nothing(done: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    before = _fingerprint(done)
+    before = fingerprint(done)
     assert main(["profile", "--run-dir", str(done)]) == 2
     captured = capsys.readouterr()
     assert "checkpoint.resume=never would mix two runs" in captured.err and captured.out == ""
-    assert _fingerprint(done) == before
+    assert fingerprint(done) == before
 
 
 def test_a_failure_before_a_fresh_run_began_is_recorded(tmp_path: Path, other_run: Path) -> None:
@@ -330,17 +305,17 @@ def test_a_failure_before_a_fresh_run_began_is_recorded(tmp_path: Path, other_ru
     run_dir = tmp_path / "fresh"
     checkpoint = other_run / "checkpoints" / "step-4"
     (checkpoint / "model.safetensors").write_bytes(b"\0" * 10)
-    before = _fingerprint(other_run)
+    before = fingerprint(other_run)
     with pytest.raises(Exception, match="cannot resume"):
-        _trainer(run_dir, **{"checkpoint.resume": str(checkpoint)}).fit()
-    assert _fingerprint(other_run) == before
-    assert _summary(run_dir)["status"] == "failed" and (run_dir / "error.log").is_file()
+        linear_trainer(run_dir, **{"checkpoint.resume": str(checkpoint)}).fit()
+    assert fingerprint(other_run) == before
+    assert read_summary(run_dir)["status"] == "failed" and (run_dir / "error.log").is_file()
 
 
 @pytest.fixture
 def other_run(tmp_path: Path) -> Path:
     run_dir = tmp_path / "other"
-    _trainer(run_dir, **{"train.epochs": 1}).fit()
+    linear_trainer(run_dir, **{"train.epochs": 1}).fit()
     return run_dir
 
 
@@ -400,7 +375,7 @@ def test_a_wrong_entry_in_the_run_directory_is_refused_before_anything_heavy(tmp
     outside.mkdir()
     _entry(run_dir, name, kind, outside)
     with pytest.raises(UsageError) as err:
-        _trainer(run_dir)
+        linear_trainer(run_dir)
     assert re.fullmatch(rf"run_dir {re.escape(str(run_dir))}: {pattern}.*", str(err.value)), str(err.value)
     assert sorted(p.name for p in run_dir.iterdir()) == [name]  # nothing else written
     assert not any(outside.rglob("*events*")) and sorted(p.name for p in outside.iterdir()) in ([], ["target",
@@ -424,7 +399,7 @@ def test_a_checkpoints_link_inside_the_run_directory_is_followed(tmp_path: Path)
     run_dir.mkdir()
     (run_dir / "kept").mkdir()
     (run_dir / "checkpoints").symlink_to(run_dir / "kept")
-    assert _trainer(run_dir).fit()["status"] == "completed"
+    assert linear_trainer(run_dir).fit()["status"] == "completed"
     assert any((run_dir / "kept").glob("step-*"))
 
 
@@ -444,7 +419,7 @@ def test_an_empty_run_dir_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyP
     """Path("") is the current directory: the run's files would land among the user's."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UsageError, match=r"^run_dir '': empty; give the directory for the run's files$"):
-        _trainer("")  # type: ignore[arg-type]
+        linear_trainer("")  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -488,7 +463,7 @@ def test_a_resume_path_that_is_no_checkpoint_is_a_config_error(done: Path, tmp_p
 def test_a_run_directory_or_its_checkpoints_folder_means_its_latest_checkpoint(done: Path, tmp_path: Path,
                                                                               where: str) -> None:
     value = str(done if where == "run-dir" else done / "checkpoints")
-    trainer = _trainer(tmp_path / "branch", **{"train.epochs": 3, "checkpoint.resume": value})
+    trainer = linear_trainer(tmp_path / "branch", **{"train.epochs": 3, "checkpoint.resume": value})
     assert trainer.checkpointer.resume_point()[0] == done / "checkpoints" / "step-8"
     assert trainer.fit()["global_step"] == 12
 
@@ -505,18 +480,18 @@ def test_the_launcher_refuses_a_resume_path_that_is_no_checkpoint_once(tmp_path:
 # ----------------------------------------------------------------------------- Python's words and the command line's
 def test_python_is_told_run_dir_and_the_command_line_is_told_dash_dash_run_dir(done: Path) -> None:
     with pytest.raises(UsageError) as err:
-        _trainer(done, **{"checkpoint.resume": "never"}).fit()
+        linear_trainer(done, **{"checkpoint.resume": "never"}).fit()
     assert "choose another run_dir" in str(err.value) and "--run-dir" not in str(err.value)
     with command_line_words(), pytest.raises(UsageError) as err:
-        _trainer(done, **{"checkpoint.resume": "never"}).fit()
+        linear_trainer(done, **{"checkpoint.resume": "never"}).fit()
     assert "choose another --run-dir" in str(err.value)
     with pytest.raises(UsageError) as err:  # the words are the command line's only inside it
-        _trainer(done, **{"checkpoint.resume": "never"}).fit()
+        linear_trainer(done, **{"checkpoint.resume": "never"}).fit()
     assert "choose another run_dir" in str(err.value)
 
 
 def test_python_hears_run_dir_when_a_complete_run_is_kept(done: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _trainer(done, **{"log.progress": "plain"}).fit()
+    linear_trainer(done, **{"log.progress": "plain"}).fit()
     out = " ".join(capsys.readouterr().out.split())
     assert "or choose another run_dir for a new run" in out and "--run-dir" not in out
 
@@ -524,7 +499,7 @@ def test_python_hears_run_dir_when_a_complete_run_is_kept(done: Path, capsys: py
 def test_an_unwritable_run_dir_names_the_option_in_python_words(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(UsageError, match=rf"^run_dir {re.escape(str(tmp_path / 'file' / 'r'))}: cannot be created"):
-        _trainer(tmp_path / "file" / "r")
+        linear_trainer(tmp_path / "file" / "r")
 
 
 @pytest.mark.slow
@@ -535,12 +510,12 @@ def test_the_cli_exact_rerun_of_a_stopped_early_run_changes_nothing(tmp_path: Pa
             "optim.lr=0.5", "eval.early_stop_metric=loss", "eval.patience=1", "log.tensorboard=false",
             "log.progress=plain"]
     first = run_cli(*args, cwd=tmp_path, timeout=300)
-    assert first.returncode == 0 and _summary(run_dir)["status"] == "stopped_early", first.stderr
-    before = _fingerprint(run_dir)
+    assert first.returncode == 0 and read_summary(run_dir)["status"] == "stopped_early", first.stderr
+    before = fingerprint(run_dir)
     for again in (args, ["train", "--run-dir", str(run_dir), "log.progress=plain"]):
         result = run_cli(*again, cwd=tmp_path, timeout=300)
         assert result.returncode == 0 and "complete: nothing to train" in result.stdout, result.stderr
-        assert _fingerprint(run_dir) == before
+        assert fingerprint(run_dir) == before
     result = run_cli(*args, "train.batch_size=32", cwd=tmp_path, timeout=300)
     assert result.returncode == 2 and "train.batch_size = 64 there, 32 given" in result.stderr
-    assert _fingerprint(run_dir) == before
+    assert fingerprint(run_dir) == before

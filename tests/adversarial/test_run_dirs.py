@@ -3,14 +3,12 @@ one directory, and a directory that cannot be written is a usage error before an
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -18,34 +16,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from gputrain import Trainer
-from gputrain.data.tensors import TensorData
 from gputrain.errors import UsageError
+from tests.adversarial.helpers import QUIET, fingerprint, linear_data, linear_trainer, read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
-QUIET = {"train.device": "cpu", "log.progress": "none", "log.tensorboard": False, "train.epochs": 2,
-         "train.batch_size": 16, "log.every_steps": 1}
-
-
-def _data() -> TensorData:
-    g = torch.Generator().manual_seed(0)
-    return TensorData(torch.randn(64, 6, generator=g), torch.randint(0, 3, (64,), generator=g))
-
-
-def _trainer(run_dir: Path, **config: Any) -> Trainer:
-    torch.manual_seed(0)
-    return Trainer(nn.Linear(6, 3), _data(), loss_fn=F.cross_entropy, config={**QUIET, **config}, run_dir=run_dir)
-
-
-def _fingerprint(run_dir: Path) -> dict[str, str]:
-    """Every file of the directory and its content hash."""
-    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
 def completed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("runs") / "completed"
-    _trainer(run_dir).fit()
+    linear_trainer(run_dir).fit()
     return run_dir
 
 
@@ -61,22 +41,22 @@ def done(completed: Path, tmp_path: Path) -> Path:
 
 def test_rerunning_a_completed_run_changes_nothing_and_returns_its_summary(done: Path,
                                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    before = _fingerprint(done)
-    summary = _trainer(done, **{"log.progress": "plain"}).fit()
-    assert _fingerprint(done) == before
-    assert summary == json.loads((done / "summary.json").read_text()) and summary["status"] == "completed"
+    before = fingerprint(done)
+    summary = linear_trainer(done, **{"log.progress": "plain"}).fit()
+    assert fingerprint(done) == before
+    assert summary == read_summary(done) and summary["status"] == "completed"
     out = capsys.readouterr().out
     assert "complete: nothing to train" in out and "Raise train.epochs or train.max_steps" in out
 
 
 def test_rerunning_with_fewer_steps_is_still_complete(done: Path) -> None:
-    before = _fingerprint(done)
-    _trainer(done, **{"train.max_steps": 3}).fit()
-    assert _fingerprint(done) == before
+    before = fingerprint(done)
+    linear_trainer(done, **{"train.max_steps": 3}).fit()
+    assert fingerprint(done) == before
 
 
 def test_a_completed_run_trains_longer_when_asked(done: Path) -> None:
-    summary = _trainer(done, **{"train.epochs": 3}).fit()
+    summary = linear_trainer(done, **{"train.epochs": 3}).fit()
     assert summary["status"] == "completed" and summary["global_step"] == 12
 
 
@@ -84,33 +64,33 @@ def test_a_completed_run_trains_longer_when_asked(done: Path) -> None:
 def test_starting_another_run_in_a_directory_with_checkpoints_is_refused(done: Path, tmp_path: Path,
                                                                          resume: str) -> None:
     other = tmp_path / "other"
-    _trainer(other, **{"train.epochs": 1}).fit()
+    linear_trainer(other, **{"train.epochs": 1}).fit()
     path = "never" if resume == "never" else str(other / "checkpoints" / "step-4")
-    before = _fingerprint(done)
+    before = fingerprint(done)
     with pytest.raises(UsageError) as err:
-        _trainer(done, **{"checkpoint.resume": path}).fit()
+        linear_trainer(done, **{"checkpoint.resume": path}).fit()
     message = str(err.value)
     assert message.startswith(f"{done} holds a completed run (step 8): ")
     assert "choose another run_dir" in message and "\n" not in message
-    assert _fingerprint(done) == before
+    assert fingerprint(done) == before
 
 
 def test_resume_never_on_a_completed_run_without_checkpoints_is_refused(tmp_path: Path) -> None:
     run_dir = tmp_path / "r"
-    _trainer(run_dir, **{"checkpoint.enabled": False}).fit()
-    before = _fingerprint(run_dir)
+    linear_trainer(run_dir, **{"checkpoint.enabled": False}).fit()
+    before = fingerprint(run_dir)
     with pytest.raises(UsageError, match="checkpoint.resume=never would mix two runs"):
-        _trainer(run_dir, **{"checkpoint.resume": "never"}).fit()
-    assert _fingerprint(run_dir) == before
+        linear_trainer(run_dir, **{"checkpoint.resume": "never"}).fit()
+    assert fingerprint(run_dir) == before
 
 
 def test_a_completed_run_without_checkpoints_cannot_be_continued(tmp_path: Path) -> None:
     run_dir = tmp_path / "r"
-    _trainer(run_dir, **{"checkpoint.enabled": False}).fit()
-    before = _fingerprint(run_dir)
+    linear_trainer(run_dir, **{"checkpoint.enabled": False}).fit()
+    before = fingerprint(run_dir)
     with pytest.raises(UsageError, match="and no checkpoint to continue it from: choose another run_dir"):
-        _trainer(run_dir, **{"checkpoint.enabled": False, "train.epochs": 3}).fit()
-    assert _fingerprint(run_dir) == before
+        linear_trainer(run_dir, **{"checkpoint.enabled": False, "train.epochs": 3}).fit()
+    assert fingerprint(run_dir) == before
 
 
 def test_a_failed_attempt_without_checkpoints_starts_over(tmp_path: Path) -> None:
@@ -123,12 +103,12 @@ def test_a_failed_attempt_without_checkpoints_starts_over(tmp_path: Path) -> Non
             raise RuntimeError("boom")
         return F.cross_entropy(outputs, targets)
 
-    trainer = Trainer(nn.Linear(6, 3), _data(), loss_fn=crash, config={**QUIET, "checkpoint.enabled": False},
+    trainer = Trainer(nn.Linear(6, 3), linear_data(), loss_fn=crash, config={**QUIET, "checkpoint.enabled": False},
                       run_dir=run_dir)
     with pytest.raises(Exception, match="boom"):
         trainer.fit()
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
-    summary = _trainer(run_dir, **{"checkpoint.resume": "never", "checkpoint.enabled": False}).fit()
+    assert read_summary(run_dir)["status"] == "failed"
+    summary = linear_trainer(run_dir, **{"checkpoint.resume": "never", "checkpoint.enabled": False}).fit()
     assert summary["status"] == "completed" and summary["global_step"] == 8
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
              if "split" not in json.loads(line)]
@@ -136,7 +116,7 @@ def test_a_failed_attempt_without_checkpoints_starts_over(tmp_path: Path) -> Non
 
 
 def test_a_new_run_may_start_from_another_runs_checkpoint_in_a_new_directory(done: Path, tmp_path: Path) -> None:
-    summary = _trainer(tmp_path / "branch", **{"train.epochs": 3,
+    summary = linear_trainer(tmp_path / "branch", **{"train.epochs": 3,
                                                "checkpoint.resume": str(done / "checkpoints" / "step-8")}).fit()
     assert summary["global_step"] == 12
 
@@ -150,22 +130,23 @@ def test_an_unfinished_run_continues_from_one_of_its_own_earlier_checkpoints(tmp
             trainers[0].stop.requested = "SIGTERM"
         return F.cross_entropy(outputs, targets)
 
-    trainers.append(Trainer(nn.Linear(6, 3), _data(), loss_fn=stop_at_6,
+    trainers.append(Trainer(nn.Linear(6, 3), linear_data(), loss_fn=stop_at_6,
                             config={**QUIET, "checkpoint.every_steps": 2, "checkpoint.keep_last": 5,
                                     "checkpoint.max_overhead": 0}, run_dir=run_dir))
     with pytest.raises(Exception, match="stopped by SIGTERM at step 6"):
         trainers[0].fit()
-    summary = _trainer(run_dir, **{"checkpoint.resume": str(run_dir / "checkpoints" / "step-4")}).fit()
+    summary = linear_trainer(run_dir, **{"checkpoint.resume": str(run_dir / "checkpoints" / "step-4")}).fit()
     assert summary["status"] == "completed" and summary["global_step"] == 8
 
 
 def test_rewinding_a_completed_run_to_an_older_checkpoint_is_refused(tmp_path: Path) -> None:
     run_dir = tmp_path / "r"
-    _trainer(run_dir, **{"checkpoint.every_steps": 2, "checkpoint.keep_last": 5, "checkpoint.max_overhead": 0}).fit()
-    before = _fingerprint(run_dir)
+    saving = {"checkpoint.every_steps": 2, "checkpoint.keep_last": 5, "checkpoint.max_overhead": 0}
+    linear_trainer(run_dir, **saving).fit()
+    before, older = fingerprint(run_dir), str(run_dir / "checkpoints" / "step-4")
     with pytest.raises(UsageError, match="would rewrite its records"):
-        _trainer(run_dir, **{"train.epochs": 3, "checkpoint.resume": str(run_dir / "checkpoints" / "step-4")}).fit()
-    assert _fingerprint(run_dir) == before
+        linear_trainer(run_dir, **{"train.epochs": 3, "checkpoint.resume": older}).fit()
+    assert fingerprint(run_dir) == before
 
 
 def _unwritable(tmp_path: Path, kind: str) -> Path:
@@ -189,7 +170,7 @@ UNWRITABLE = ["proc", "file_parent", "dev_null_parent", "sys", "name_too_long"]
 def test_an_unwritable_run_dir_is_a_usage_error_before_anything_is_built(tmp_path: Path, kind: str) -> None:
     run_dir = _unwritable(tmp_path, kind)
     with pytest.raises(UsageError, match=rf"^run_dir {run_dir}: cannot be created or written \("):
-        _trainer(run_dir)
+        linear_trainer(run_dir)
 
 
 @pytest.mark.parametrize("kind", ["proc", "file_parent"])
@@ -217,8 +198,8 @@ def test_the_cli_says_a_completed_run_is_complete_and_exits_0(tmp_path: Path, pr
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert first.returncode == 0, first.stderr
-    before = _fingerprint(run_dir)
+    before = fingerprint(run_dir)
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stderr
     assert "complete: nothing to train" in again.stdout and "Traceback" not in again.stderr
-    assert _fingerprint(run_dir) == before
+    assert fingerprint(run_dir) == before

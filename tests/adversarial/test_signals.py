@@ -10,13 +10,11 @@ exit code and records, and a launch names the rank that failed.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from gputrain import interrupts
 from gputrain.checkpoint import find_resumable, verify_checkpoint
 from gputrain.distributed.launch import culprit
 from gputrain.train.signals import StopRequest
+from tests.adversarial.helpers import read_summary
 from tests.unit.reliability.chaos import TINY, TINY_2_RANKS, kill_at_step, logged_step, start_train
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
@@ -33,10 +32,6 @@ IDS = [s.name for s in SIGNALS]
 
 def _log(run_dir: Path) -> str:
     return run_dir.with_suffix(".log").read_text()
-
-
-def _summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 def _checkpoint_named(run_dir: Path, sig: signal.Signals) -> Path:
@@ -68,7 +63,7 @@ def test_a_first_signal_checkpoints_and_exits_130(sig: signal.Signals, tmp_path:
     path = _checkpoint_named(run_dir, sig)
     verify_checkpoint(path)
     assert find_resumable(run_dir / "checkpoints") == path
-    summary = _summary(run_dir)
+    summary = read_summary(run_dir)
     assert summary["status"] == "interrupted" and summary["global_step"] == int(path.name[5:])
     assert "Traceback" not in _log(run_dir)
 
@@ -97,7 +92,7 @@ def test_a_second_signal_while_the_stopped_run_exits_is_still_130(sig: signal.Si
         proc.send_signal(sig)
     assert proc.wait(timeout=60) == 130
     verify_checkpoint(_checkpoint_named(run_dir, sig))
-    assert _summary(run_dir)["status"] == "interrupted"
+    assert read_summary(run_dir)["status"] == "interrupted"
 
 
 @pytest.mark.slow
@@ -113,19 +108,9 @@ def test_a_second_signal_during_the_save_leaves_at_once(tmp_path: Path) -> None:
     assert proc.wait(timeout=60) == 130
     assert time.monotonic() - sent < 10, "the second signal did not stop the process at once"
     assert "gputrain train: interrupted" in _log(run_dir)
-    assert _summary(run_dir)["status"] == "interrupted"
+    assert read_summary(run_dir)["status"] == "interrupted"
     for path in (run_dir / "checkpoints").glob("step-*"):
         verify_checkpoint(path)  # the save it cut short left nothing at a final path
-
-
-@pytest.fixture
-def handlers() -> Iterator[None]:
-    saved = {sig: signal.getsignal(sig) for sig in SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 def test_after_a_signal_the_defaults_are_not_given_back(handlers: None) -> None:

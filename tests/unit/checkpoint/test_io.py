@@ -19,6 +19,7 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -264,27 +265,26 @@ def test_raw_pickle_as_state_pt_is_refused(trained_run: Path, tmp_path: Path) ->
     assert not sentinel.exists()
 
 
-def test_pickle_disguised_as_safetensors_is_refused(trained_run: Path, tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def _seal_marker(ckpt: Path) -> None:
+    """The marker alone matched to the manifest: where the manifest is the payload, `reseal` (which
+    reads it) cannot run, and an attacker needs only the marker."""
+    (ckpt / "COMMITTED").write_text(f"{ckpt.name[5:]} {sha256_of(ckpt / 'manifest.json')}\n")
+
+
+@pytest.mark.parametrize(("name", "seal", "said"), [
+    ("model.safetensors", reseal, "model.safetensors is not a valid safetensors file"),
+    ("manifest.json", _seal_marker, "manifest.json is unreadable"),
+])
+def test_pickle_disguised_as_a_checkpoint_file_is_refused(name: str, seal: Callable[[Path], None], said: str,
+                                                          trained_run: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     sentinel = tmp_path / "SENTINEL"
     run_dir, ckpt = _hostile_copy(trained_run, tmp_path)
-    (ckpt / "model.safetensors").write_bytes(pickle.dumps(Payload(sentinel)))
-    reseal(ckpt)
+    (ckpt / name).write_bytes(pickle.dumps(Payload(sentinel)))
+    seal(ckpt)
     code, err = _resume(run_dir, capsys)
     assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert f"{ckpt}: model.safetensors is not a valid safetensors file" in err
-    assert not sentinel.exists()
-
-
-def test_pickle_disguised_as_manifest_is_refused(trained_run: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    sentinel = tmp_path / "SENTINEL"
-    run_dir, ckpt = _hostile_copy(trained_run, tmp_path)
-    (ckpt / "manifest.json").write_bytes(pickle.dumps(Payload(sentinel)))
-    (ckpt / "COMMITTED").write_text(f"{ckpt.name[5:]} {sha256_of(ckpt / 'manifest.json')}\n")
-    code, err = _resume(run_dir, capsys)
-    assert code == 1 and "Traceback" not in err
-    assert f"{ckpt}: manifest.json is unreadable" in err
+    assert f"{ckpt}: {said}" in err
     assert not sentinel.exists()
 
 

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from gputrain.config import config_to_toml, load_config
 from gputrain.config.load import _toml_value
 from gputrain.config.names import DATA_NAMES, MODEL_NAMES
-from gputrain.config.schema import LIMITS, SECTIONS, Range
+from gputrain.config.limits import LIMITS, Range
+from gputrain.config.schema import SECTIONS
 from gputrain.errors import ConfigError
 
 HINTS = {f"{s}.{f.name}": typing.get_type_hints(cls)[f.name] for s, cls in SECTIONS.items()

@@ -1,4 +1,4 @@
-"""The one value check (schema.check_values): every number finite and inside its field's Range,
+"""The one value check (limits.check_values): every number finite and inside its field's Range,
 every string printable UTF-8; the bounds are what the consumers accept (numpy, torch); the check
 runs for configs built in Python too, and the bounds are listed by `config show`."""
 
@@ -14,7 +14,8 @@ import torch
 
 from gputrain.config import Config, OptimConfig, TrainConfig, load_config
 from gputrain.config.docs import describe_fields
-from gputrain.config.schema import LIMITS, SECTIONS, Range, check_values
+from gputrain.config.limits import LIMITS, Range, check_values
+from gputrain.config.schema import SECTIONS
 from gputrain.errors import ConfigError
 
 

@@ -149,6 +149,36 @@ def test_counting_failure_leaves_flops_null_and_trains(tmp_path, monkeypatch) ->
     assert seen.count("FLOPs not counted (RuntimeError: no counter here); MFU stays empty") == 1
 
 
+class _TwoLayers(nn.Module):
+    """A forward of the user's own (dynamo compiles it; torch's nn.Sequential it would not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_a_compiled_model_counted_on_its_first_step_compiles_on_the_next() -> None:
+    """Dynamo would have marked a forward first run under the counter's dispatch mode to run eagerly
+    for good: train.compile=true then trained eagerly all run long."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model, x = _TwoLayers(), torch.randn(8, 16)
+    model.compile(backend="eager")  # dynamo's tracing alone: no inductor build in a unit test
+    counter = StepFlopCounter()
+    with counter.counting():
+        model(x).sum().backward()
+    assert counter.total == _mlp_step_flops(8)
+    assert counters["frames"]["ok"] == 0  # counted eagerly
+    model(x).sum().backward()
+    assert counters["frames"]["ok"] == 1  # and compiled at the next step
+    torch._dynamo.reset()
+
+
 def test_cpu_attention_kernel_is_counted() -> None:
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 

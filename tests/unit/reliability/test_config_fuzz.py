@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gputrain.cli import main
-from gputrain.config.schema import LIMITS, SECTIONS
+from gputrain.config.limits import LIMITS
+from gputrain.config.schema import SECTIONS
 from tests.unit.reliability.chaos import REPO
 
 FIELDS = {(s, f.name): typing.get_type_hints(cls)[f.name] for s, cls in SECTIONS.items()

@@ -92,6 +92,21 @@ def test_no_host_read_on_a_non_logging_step(tmp_path: Path, precision: str, mode
     assert all(per_step[s - 1] > 0 for s in logging_steps)  # the reads happen, on the logging steps
 
 
+def test_a_checkpoint_put_off_costs_no_host_read(tmp_path: Path) -> None:
+    """checkpoint.every_steps=1 with an overhead budget that only the first save fits: the saves put
+    off (steps 2-11) do not read the guard's flags. A step's save follows `on_step`, so step k's
+    count holds the save of step k - 1 (step 2's, the save of step 1)."""
+    trainer = _trainer(tmp_path, extra={"checkpoint.every_steps": 1, "checkpoint.max_overhead": 1e-9})
+    assert isinstance(trainer.step_parts.guard, DeviceGuard)
+    per_step: list[int] = []
+    with CountHostReads() as reads:
+        trainer.fit(on_step=lambda: per_step.append(reads.count - sum(per_step)))
+    saved = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "checkpoints").iterdir())
+    assert saved == [1, 12]  # the first save, and the run's end (which always saves)
+    quiet = {step: per_step[step - 1] for step in range(3, 12) if step not in (4, 8)}
+    assert quiet == dict.fromkeys(quiet, 0), f"host reads per step: {per_step}"
+
+
 def test_an_optimizer_without_a_fused_kernel_keeps_the_host_guard(tmp_path: Path, monkeypatch) -> None:
     """NAdam cannot skip an update on the device: the guard stays on the host. That guard reads
     one flag per step (counted with AdamW, whose fused step reads nothing itself)."""

@@ -177,6 +177,7 @@ def test_an_rl_run_shows_its_environment_steps_and_returns_and_no_test_split(rl_
     header = page.split("<section", 1)[0]
     for name, value in (
         ("task", "reinforcement learning (PPO)"),
+        ("steps", f"{summary['iterations']:,} iterations"),  # PPO iterations, and no epochs
         ("environment", "CartPole-v1"),
         ("env steps", f"{summary['env_steps']:,}"),
         ("episodes", f"{summary['episodes']:,}"),
@@ -199,6 +200,7 @@ def test_an_rl_run_shows_its_environment_steps_and_returns_and_no_test_split(rl_
     assert f"<b>env steps</b><span>{summary['env_steps']:,}</span>" in running  # from the last logged row
     assert f"<b>episodes</b><span>{summary['episodes']:,}</span>" in running  # summed over the rows
     assert "<b>device</b><span>cpu</span>" in running
+    assert f"<b>steps</b><span>{summary['iterations']:,} iterations so far</span>" in running
 
     solved = tmp_path / "solved"  # stopped at rl.stop_at_return: not by a validation metric, which it has none of
     shutil.copytree(rl_run, solved)

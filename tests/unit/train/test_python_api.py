@@ -164,6 +164,34 @@ def test_a_validation_split_the_evaluation_cannot_take_is_refused_before_trainin
     assert not any((tmp_path / "a").iterdir()) and not any((tmp_path / "b").iterdir())  # nothing trained
 
 
+class _Mlp(nn.Module):
+    """A forward of the user's own, which dynamo compiles (torch's own modules' it leaves alone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_the_check_of_the_evaluation_splits_compiles_nothing(tmp_path: Path) -> None:
+    """train.compile=true: the check's forward on two samples runs eagerly. Compiled, it was a
+    compile thrown away (seconds), and its batch of 2 made dynamo compile training's graph for any
+    batch size."""
+    from torch._dynamo.utils import counters
+
+    x, y = _blobs()
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        Trainer(_Mlp(), TensorDataset(x, y), val_data=TensorDataset(x, y), test_data=TensorDataset(x, y),
+                config={**QUIET, "train.compile": True}, run_dir=tmp_path)
+        assert counters["frames"]["total"] == 0
+    finally:
+        torch._dynamo.reset()
+
+
 def test_dict_batches_without_labels_are_refused_before_training(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as err:
         Trainer(_tiny_gpt2(), TokenRecords(["input_ids"]), config=QUIET, run_dir=tmp_path)

@@ -1,0 +1,252 @@
+"""The run a directory holds, and whether a config may continue it.
+
+A run directory belongs to one run: its config.toml is that run's config. A command that names a
+directory holding a run continues it with that config (`load_run_config`) and refuses a config that
+differs in anything but training longer (`check_same_run`); a complete run stays as it is unless
+asked to train longer (`continue_run`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gputrain.config import Config, config_to_dict, load_config, parse_override
+from gputrain.errors import GputrainError, UsageError
+from gputrain.train.run_files import check_run_dir, continue_advice, run_dir_option
+
+COMPLETE = ("completed", "stopped_early")
+
+
+@dataclass(frozen=True, slots=True)
+class PriorRun:
+    """What a run directory holds from an earlier run."""
+
+    summary: dict[str, Any] | None
+    """Its summary.json, where it left a readable one."""
+    checkpoints: bool
+    """It holds checkpoints (checkpoints/step-N)."""
+
+    @property
+    def complete(self) -> bool:
+        return self.summary is not None and self.summary.get("status") in COMPLETE
+
+    @property
+    def owns(self) -> bool:
+        """The directory is that run's: it can be continued (checkpoints) or is kept (complete).
+        An earlier attempt that left neither is started over."""
+        return self.checkpoints or self.complete
+
+    def describe(self) -> str:
+        if self.summary is None:
+            return "a run that left no summary" + (" but checkpoints" if self.checkpoints else "")
+        return f"a {self.summary.get('status')} run (step {self.summary.get('global_step')})"
+
+
+def prior_run(run_dir: Path) -> PriorRun | None:
+    """The earlier run `run_dir` holds, or None for a new or empty directory."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = None
+    try:
+        checkpoints = any((run_dir / "checkpoints").glob("step-*"))
+    except OSError:
+        checkpoints = False
+    if summary is None and not checkpoints and not os.path.lexists(run_dir / "metrics.jsonl"):
+        return None
+    return PriorRun(summary if isinstance(summary, dict) else None, checkpoints)
+
+
+def saved_config(run_dir: Path) -> Config | None:
+    """The config the run in `run_dir` was trained with (its config.toml), or None where it left none.
+
+    Raises:
+        UsageError: config.toml is there but cannot be read as a config.
+    """
+    path = run_dir / "config.toml"
+    if not os.path.lexists(path):
+        return None
+    try:
+        return load_config(path)
+    except GputrainError as err:
+        reason = " ".join(str(err).split())
+        raise UsageError(
+            f"{path}: the config of the run in {run_dir} cannot be read ({reason}); restore it, or remove it "
+            "to continue that run with the config given"
+        ) from None
+
+
+def load_run_config(run_dir: Path | None, config_file: str | None, overrides: list[str]) -> Config:
+    """The config a command runs with: where `run_dir` holds a run to continue (or a complete one)
+    and no --config is given, the run's own config.toml with the overrides on top (so `gputrain train
+    --run-dir DIR` continues DIR as it was trained); otherwise --config (or the defaults) with them."""
+    prior = prior_run(run_dir) if run_dir is not None else None
+    if run_dir is not None and config_file is None and prior is not None and prior.owns:
+        saved = saved_config(run_dir)
+        if saved is not None:
+            # the run continues from its own checkpoints, whichever it started from (another run's)
+            return load_config(saved, {"checkpoint.resume": "auto", **dict(map(parse_override, overrides))})
+    return load_config(config_file, overrides)
+
+
+TRAIN_LONGER = ("train.epochs", "train.max_steps", "rl.total_timesteps", "rl.stop_at_return")
+"""Keys whose change means "train longer": a complete run continues where they are raised."""
+FREE_TO_CHANGE = ("log.", "checkpoint.", "data.num_workers", "train.num_threads", "train.device", "parallel.")
+"""Keys (or sections) that change how a run is logged, saved, fed or laid out, not what it trains: a
+run may continue with other values (checkpoints resume on another device, world size or strategy)."""
+
+
+def _may_differ(key: str) -> bool:
+    return key in TRAIN_LONGER or any(
+        key == free or (free.endswith(".") and key.startswith(free)) for free in FREE_TO_CHANGE
+    )
+
+
+def _flat(config: Config) -> dict[str, Any]:
+    return {
+        f"{section}.{key}": value for section, values in config_to_dict(config).items() for key, value in values.items()
+    }
+
+
+def config_differences(saved: Config, given: Config) -> dict[str, tuple[Any, Any]]:
+    """{key: (saved value, given value)} for the keys a continued run may not change. "auto" on
+    either side matches a value: the run resolved it (train.batch_size=auto becomes a number)."""
+    old, new = _flat(saved), _flat(given)
+    return {
+        key: (old.get(key), value)
+        for key, value in new.items()
+        if not _may_differ(key) and old.get(key) != value and "auto" not in (old.get(key), value)
+    }
+
+
+def _show(value: Any) -> str:
+    return "(unset)" if value is None else json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def check_same_run(run_dir: Path, config: Config, prior: PriorRun | None) -> None:
+    """A config given for a directory that holds a run (one to continue or a complete one) is that
+    run's, but for training longer and the keys free to change.
+
+    Raises:
+        UsageError: naming the differing keys (saved vs given) and the choices.
+    """
+    if prior is None or not prior.owns or config.checkpoint.resume == "never":
+        # a new run there (resume=never) is refused as mixing two runs (`check_resume_never`), or
+        # writes nothing of a run (an LR sweep beside it)
+        return
+    saved = saved_config(run_dir)
+    if saved is None:
+        return
+    differences = config_differences(saved, config)
+    if not differences:
+        return
+    shown = [f"{key} = {_show(old)} there, {_show(new)} given" for key, (old, new) in differences.items()]
+    more = f" (and {len(shown) - 3} more: {', '.join(list(differences)[3:])})" if len(shown) > 3 else ""
+    option = run_dir_option()
+    raise UsageError(
+        f"{run_dir} holds {prior.describe()} trained with another config: {'; '.join(shown[:3])}{more}. "
+        f"A run continues with its own config ({continue_advice(run_dir)}; to train it longer, change only "
+        f"its length: {', '.join(TRAIN_LONGER)}), or choose another {option} for a new run"
+    )
+
+
+def asks_longer(saved: Config | None, given: Config) -> bool | None:
+    """Whether `given` raises the length of the run `saved` describes (train.epochs, train.max_steps,
+    rl.total_timesteps, rl.stop_at_return); None where no saved config tells."""
+    if saved is None:
+        return None
+    old, new = saved.train, given.train
+    raised = new.epochs > old.epochs or _raised(old.max_steps, new.max_steps)
+    old_rl, new_rl = saved.rl, given.rl
+    return (
+        raised
+        or int(new_rl.value("total_timesteps")) > int(old_rl.value("total_timesteps"))
+        or _raised(old_rl.stop_at_return, new_rl.stop_at_return)
+    )
+
+
+def _raised(old: float | None, new: float | None) -> bool:
+    """A limit raised: unset (none) is the highest."""
+    return old is not None and (new is None or new > old)
+
+
+def claim_run_dir(run_dir: Path, config: Config) -> None:
+    """The last check before anything heavy: the directory takes files, its entries are right, and
+    a run it holds is this one (`check_same_run`)."""
+    check_run_dir(run_dir, keep=True)
+    check_same_run(run_dir, config, prior_run(run_dir))
+
+
+def continue_run(
+    run_dir: Path,
+    prior: PriorRun | None,
+    resume: str,
+    resume_path: Path | None,
+    total_steps: int,
+    longer: bool | None,
+) -> bool:
+    """Whether this run may train in `run_dir`: a run directory belongs to one run.
+
+    Returns False when `run_dir` holds a complete run (completed or stopped early) that is not asked
+    to train longer (`longer`: the config raises train.epochs, train.max_steps, ...; None where the
+    directory keeps no config, then a run is complete at or past `total_steps`), or has nothing left
+    to train: its files stay as they are. Continuing a run (checkpoint.resume=auto, or one of its
+    own checkpoints) is allowed, and so is starting over where an earlier attempt left neither
+    checkpoints nor a complete run.
+
+    Raises:
+        UsageError: the run would mix with another one in `run_dir`, naming the directory and the
+            choices.
+    """
+    if prior is None:
+        return True
+    option = run_dir_option()
+    ours = resume_path is not None and run_dir.resolve() in resume_path.resolve().parents
+    step = prior.summary.get("global_step") if prior.summary is not None else None
+    if prior.complete and (resume == "auto" or ours):
+        done = isinstance(step, int) and step >= total_steps
+        stopped_early = prior.summary is not None and prior.summary.get("status") == "stopped_early"
+        if done or longer is False or (longer is None and stopped_early):
+            return False
+    if resume == "auto":
+        if resume_path is None and prior.complete:
+            raise UsageError(
+                f"{run_dir} holds {prior.describe()} and no checkpoint to continue it from: choose "
+                f"another {option} for a new run"
+            )
+        return True
+    if not prior.owns:
+        return True  # an earlier attempt that left nothing to continue: start over
+    check_resume_never(run_dir, prior, resume)
+    if ours and not prior.complete:
+        return True  # this run, continued from one of its own earlier checkpoints
+    raise UsageError(
+        f"{run_dir} holds {prior.describe()}: continuing from {resume_path} there would "
+        f"{'rewrite its records' if ours else 'mix two runs in one directory'}; choose another {option}"
+    )
+
+
+def check_resume_never(run_dir: Path, prior: PriorRun | None, resume: str) -> None:
+    """checkpoint.resume=never starts a new run: not in a directory that holds one to keep.
+
+    Raises:
+        UsageError: naming the directory and the choices.
+    """
+    if resume == "never" and prior is not None and prior.owns:
+        raise UsageError(
+            f"{run_dir} holds {prior.describe()}: checkpoint.resume=never would mix two runs in one "
+            f"directory; choose another {run_dir_option()}, or checkpoint.resume=auto to continue that run"
+        )
+
+
+def kept_message(run_dir: Path, prior: PriorRun, longer_keys: str) -> str:
+    """The line for a complete run left as it is."""
+    return (
+        f"{run_dir} holds {prior.describe()}, complete: nothing to train (its summary: "
+        f"{run_dir / 'summary.json'}). Raise {longer_keys} to train it longer, or choose another "
+        f"{run_dir_option()} for a new run"
+    )
