@@ -170,6 +170,7 @@ def main() -> None:
     train = ours["summary"]["train"]
     print(f"gputrain's own report: mfu {train['mfu']}, mfu_formula {train.get('mfu_formula')}, "
           f"flops_per_step {train['flops_per_step']:.4g} (counted) vs {flops:.4g} (formula)")
+    print(f"gputrain's train.compile: {train.get('compile')}")  # "off: ..." would explain a slow run
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from torch import nn
 
 from gputrain.config.schema import Config
 from gputrain.distributed.auto import StrategyChoice
-from gputrain.distributed.blocks import find_blocks
+from gputrain.distributed.compiling import compile_in_place
 from gputrain.distributed.context import DistContext
 from gputrain.distributed.parallel_dims import ParallelDims, dims_for_strategy
 from gputrain.errors import ConfigError
@@ -54,17 +54,6 @@ def setup_parallel(
     mesh = dims.build_mesh(device.type) if ctx.enabled else None
     laid_out = replace(ctx, dp_rank=dims.dp_rank(ctx.rank), dp_size=dims.dp_size, dims=dims, mesh=mesh)
     return laid_out, dims
-
-
-def _apply_compile(model: nn.Module, mode: str | None = None) -> None:
-    """Compile block by block in place: FSDP hooks between blocks stay outside the graphs, and
-    state-dict keys keep their names (no `_orig_mod.` prefix). mode="reduce-overhead" also
-    captures the compiled code in CUDA graphs (train.cuda_graphs), so launches cost ~nothing."""
-    blocks = find_blocks(model)
-    for _, block in blocks:
-        block.compile(mode=mode)
-    if not blocks:
-        model.compile(mode=mode)
 
 
 def parallelize(
@@ -162,7 +151,9 @@ def _shard_in_order(
         model = apply_ac(model, choice.activation_checkpointing)
     cuda_graphs = config.train.cuda_graphs and device.type == "cuda"
     if config.train.compile or cuda_graphs:
-        _apply_compile(model, "reduce-overhead" if cuda_graphs else None)
+        # FSDP's hooks and the checkpoint wrappers sit around each child of a Sequential: compiled inside them
+        per_block = (dims is not None and dims.fsdp_enabled) or choice.activation_checkpointing != "none"
+        compile_in_place(model, "reduce-overhead" if cuda_graphs else None, per_block=per_block)
     if dims is not None and dims.fsdp_enabled:
         from gputrain.distributed.fsdp import apply_fsdp
 

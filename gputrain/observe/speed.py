@@ -39,6 +39,22 @@ def device_peak_memory_bytes(device: torch.device) -> int:
     return host_peak_rss_bytes()
 
 
+SPEED_FIELDS = (
+    "flops_per_step",
+    "achieved_flops",
+    "mfu",
+    "mfu_peak_source",
+    "flops_per_step_formula",
+    "mfu_formula",
+    "host_peak_rss_bytes",
+    "time_breakdown",
+    "time_breakdown_s",
+    "time_breakdown_steps",
+)
+"""The keys `SpeedMeter.summary_fields` gives summary.json's "train" section (null where a run failed
+before it had a meter)."""
+
+
 class SpeedMeter:
     """Args:
     model: the unwrapped model (for the GPT formula).

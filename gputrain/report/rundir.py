@@ -173,9 +173,9 @@ class Run:
         started = (self.env or {}).get("run")
         started = started if isinstance(started, dict) else {}
         summary = self.summary or {}
-        if self.status == "running":
-            return started.get(key, summary.get(key))
-        return summary.get(key, started.get(key))
+        first, second = (started, summary) if self.status == "running" else (summary, started)
+        value = first.get(key)
+        return value if value is not None else second.get(key)  # null: a run that failed while building
 
     def describe_running(self) -> str:
         """What a missing or stale summary means, with the time metrics.jsonl last changed."""

@@ -264,6 +264,7 @@ class PPOTrainer:
             val={},
             test={},
             error=ending.error,
+            compile="compiled (not checked: the PPO update)" if self.config.train.compile else None,
         )
         summary["rl"] = {
             "env": s.env,

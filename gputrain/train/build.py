@@ -48,6 +48,7 @@ from gputrain.switches import apply_process_switches
 from gputrain.train import device_guard
 from gputrain.train.batches import BatchPlan
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
+from gputrain.train.compile_check import CompileCheck
 from gputrain.train.device_guard import DeviceGuard
 from gputrain.train.evaluate import EarlyStopping, Evaluator, evaluation_plan
 from gputrain.train.feed import BatchFeed
@@ -167,6 +168,8 @@ class TrainingParts:
     metrics: MetricsLogger
     console: RunConsole
     run_dir: Path
+    compile_check: CompileCheck | None = None
+    """The compiled model's first step against eager (compile_check.py); None: not compiled."""
 
 
 def build_training(
@@ -310,6 +313,11 @@ def build_training(
         graphed=cuda_graphs,
     )
     checkpointer = Checkpointer(cfg.checkpoint, run_path, dist, par.model, optimizer, pipelined=dims.pp_enabled)
+    compile_check = None
+    if cfg.train.compile or cuda_graphs:
+        compile_check = CompileCheck(par.step_model, step.compute_loss, precision.autocast, device)
+        if dist.enabled or cuda_graphs:  # a second pass would run the collectives / the graphs' pools
+            compile_check.skip("several processes" if dist.enabled else "CUDA graphs")
     metrics = MetricsLogger(
         cfg.log, run_path, dist, console, speed, optimizer, global_batch, total_steps, task.tokens_per_sample
     )
@@ -331,6 +339,7 @@ def build_training(
         metrics,
         console,
         run_path,
+        compile_check,
     )
 
 

@@ -95,9 +95,19 @@ def load_run_config(run_dir: Path | None, config_file: str | None, overrides: li
 
 TRAIN_LONGER = ("train.epochs", "train.max_steps", "rl.total_timesteps", "rl.stop_at_return")
 """Keys whose change means "train longer": a complete run continues where they are raised."""
-FREE_TO_CHANGE = ("log.", "checkpoint.", "data.num_workers", "train.num_threads", "train.device", "parallel.")
-"""Keys (or sections) that change how a run is logged, saved, fed or laid out, not what it trains: a
-run may continue with other values (checkpoints resume on another device, world size or strategy)."""
+FREE_TO_CHANGE = (
+    "log.",
+    "checkpoint.",
+    "data.num_workers",
+    "train.num_threads",
+    "train.device",
+    "train.compile",
+    "train.cuda_graphs",
+    "parallel.",
+)
+"""Keys (or sections) that change how a run is logged, saved, fed, laid out or executed, not what it
+trains: a run may continue with other values (checkpoints resume on another device, world size or
+strategy, compiled or not: a compiled model's weights keep their names)."""
 
 
 def _may_differ(key: str) -> bool:

@@ -24,7 +24,7 @@ from gputrain.train.run_files import write_json, write_text
 from gputrain.train.signals import StopRequest
 from gputrain.train.state import LoopState
 from gputrain.train.step import StepResult
-from gputrain.train.summary import build_summary
+from gputrain.train.summary import build_summary, start_up_summary
 
 if TYPE_CHECKING:
     from gputrain.observe.console import RunConsole
@@ -173,6 +173,7 @@ class RunRecorder:
             test=ending.test,
             error=ending.error,
             eval_skipped=parts.evaluator.skipped,
+            compile=parts.compile_check.status if parts.compile_check is not None else None,
         )
 
     def _writes(self, ending: RunEnding) -> bool:
@@ -205,7 +206,8 @@ def recording_start_up(run_dir: Path | None) -> Iterator[None]:
                 run_dir.mkdir(parents=True, exist_ok=True)
                 write_text(log_file, traceback.format_exc())
                 if rank == 0:
-                    write_json(run_dir / "summary.json", _start_up_summary(error, time.perf_counter() - began))
+                    summary = start_up_summary(error, time.perf_counter() - began, _world_size())
+                    write_json(run_dir / "summary.json", summary)
             kept = f"traceback in {log_file}"
         elif run_dir is not None:
             kept = _left_as_it_was(run_dir)
@@ -221,17 +223,6 @@ def _left_as_it_was(run_dir: Path) -> str:
     return f"nothing written: {run_dir} holds another run's files"
 
 
-def _start_up_summary(error: str, wall_s: float) -> dict[str, Any]:
-    """summary.json of a run that failed before its parts were built: the status, step 0, the error."""
-    return {
-        "status": "failed",
-        "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
-        "global_step": 0,
-        "epochs_completed": 0,
-        "wall_s": wall_s,
-        "train": {"loss": None, "samples_per_s": None},
-        "data": {"skipped_samples": 0, "eval_skipped_samples": {}},
-        "val": {},
-        "test": {},
-        "error": error,
-    }
+def _world_size() -> int:
+    """The job's size from torchrun's environment (the process group may not exist yet)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)

@@ -138,7 +138,7 @@ class Trainer:
         Args:
             on_step: called after each optimizer step (a profiler's step clock).
         """
-        timer, every_ckpt = self.speed.timer, self.config.checkpoint.every_steps
+        timer, every_ckpt, check = self.speed.timer, self.config.checkpoint.every_steps, self.parts.compile_check
         # the feed's loader workers end with the run, however it ends
         with self.recorder.recording() as ending, contextlib.closing(self.feed):
             if not self._start(ending):
@@ -151,6 +151,8 @@ class Trainer:
                     if not micro_batches:  # data.on_error=skip: no sample of this step could be read
                         self._leave_out_step()
                         continue
+                    if check is not None and not check.done:  # compiled: its first step against eager's
+                        check.run(micro_batches[0])
                     log_now = self.metrics.due(state.global_step + 1)
                     with self.speed.step_context():  # counts the FLOPs of the first step only
                         ending.last = train_step(self.step_parts, micro_batches, measure_grad_norm=log_now)

@@ -197,6 +197,33 @@ def test_an_allocation_failing_while_building_is_recorded(tmp_path: Path, capsys
     assert "Traceback (most recent call last)" in (run_dir / "error.log").read_text()
 
 
+def _keys(summary: dict[str, Any], prefix: str = "") -> set[str]:
+    """Every key path of a summary, its metric blocks (val, test) left out: they name the run's metrics."""
+    keys = set()
+    for key, value in summary.items():
+        keys.add(prefix + key)
+        if isinstance(value, dict) and key not in ("val", "test", "time_breakdown", "time_breakdown_s",
+                                                   "eval_skipped_samples"):
+            keys |= _keys(value, f"{prefix}{key}.")
+    return keys
+
+
+def test_a_start_up_failure_leaves_every_key_of_a_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """summary.json's keys are a promise (README: status, device, precision, ...): a run that failed
+    while building has them too, null where nothing was known."""
+    from gputrain.cli import main
+    from gputrain.models import meta
+
+    quick = ["model.name=mlp", "model.hidden_sizes=[8]", "train.epochs=1", "log.progress=none", "log.tensorboard=false"]
+    assert main(["train", "--run-dir", str(tmp_path / "done"), *quick]) == 0
+    monkeypatch.setattr(meta.MetaInit, "materialize", lambda *a, **k: (_ for _ in ()).throw(MemoryError()))
+    assert main(["train", "--run-dir", str(tmp_path / "failed"), *quick]) == 1
+    done, failed = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("done", "failed"))
+    assert _keys(failed) == _keys(done) | {"error"}
+    assert failed["device"] is None and failed["precision"] is None and failed["train"]["mfu"] is None
+
+
 def test_a_failure_while_building_leaves_another_runs_files_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from gputrain.cli import main

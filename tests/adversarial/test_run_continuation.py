@@ -60,9 +60,9 @@ def early(runs: dict[str, Path], tmp_path: Path) -> Path:
 # ----------------------------------------------------------------------------- a complete run stays as it is
 @pytest.mark.parametrize("more", [{}, {"log.every_steps": 3}, {"checkpoint.keep_last": 1}, {"data.num_workers": 0},
                                   {"log.progress": "plain"}, {"train.epochs": 20}, {"train.max_steps": 2},
-                                  {"checkpoint.every_steps": 1}],
+                                  {"checkpoint.every_steps": 1}, {"train.compile": True}],
                          ids=["same", "log-every", "keep-last", "workers", "progress", "fewer-epochs", "fewer-steps",
-                              "ckpt-every"])
+                              "ckpt-every", "compile"])
 def test_a_stopped_early_run_is_kept_whatever_only_logs_or_shortens(early: Path, more: dict) -> None:
     before = fingerprint(early)
     summary = linear_trainer(early, **{**EARLY, **more}).fit()

@@ -20,6 +20,7 @@ TWO_RANK_CASES: dict[str, tuple[list[str], str]] = {
     "ddp": (["parallel.strategy=ddp", "log.breakdown_every=1"], "single"),
     "fsdp": (["parallel.strategy=fsdp", "log.breakdown_every=1"], "single"),
     "ddp_accum": (["parallel.strategy=ddp", "train.grad_accum=2"], "single"),
+    "ddp_compile": (["parallel.strategy=ddp", "train.compile=true"], "single"),  # the mlp: an nn.Sequential
     "fsdp_accum": (["parallel.strategy=fsdp", "train.grad_accum=2"], "single"),
     "fsdp_ac_full": (["parallel.strategy=fsdp", "parallel.activation_checkpointing=full"], "single"),
     "ddp_ac_selective": (["parallel.strategy=ddp", "parallel.activation_checkpointing=selective"], "single"),

@@ -31,6 +31,13 @@ def test_two_ranks_match_one_process(dist_runs: dict[str, Path], case: str) -> N
     assert summary["world_size"] == 2 and summary["global_step"] == 4
 
 
+def test_a_compiled_run_of_several_ranks_says_its_first_step_was_not_checked(dist_runs: dict[str, Path]) -> None:
+    """The check against eager would run the gradient all-reduce a second time: one process only."""
+    summary = json.loads((dist_runs["ddp_compile"] / "summary.json").read_text())
+    assert summary["train"]["compile"] == "compiled (not checked: several processes)"
+    assert json.loads((dist_runs["single"] / "summary.json").read_text())["train"]["compile"] is None
+
+
 def test_sharded_checkpoint_is_complete_and_resumes_on_one_process(dist_runs: dict[str, Path], tmp_path: Path) -> None:
     from gputrain.checkpoint import verify_checkpoint
     from gputrain.train.trainer import Trainer
