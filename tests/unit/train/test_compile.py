@@ -147,3 +147,18 @@ def test_a_model_that_samples_in_eval_mode_stays_compiled_unchecked() -> None:
     check.run((x, y))
     assert check.status == "compiled (not checked: its gradients are random even in eval mode)"
     assert type(model(x).grad_fn).__name__ == "CompiledFunctionBackward"
+
+
+def test_no_memory_for_the_eager_pass_leaves_the_model_compiled_unchecked() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    compile_in_place(model)
+    x, y = _data(16).tensors
+
+    def loss_that_runs_out(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    check = CompileCheck(model, loss_that_runs_out, contextlib.nullcontext, torch.device("cpu"))
+    check.run((x, y))
+    assert check.status == "compiled (not checked: no memory for an eager pass beside it)"
+    assert type(model(x).grad_fn).__name__ == "CompiledFunctionBackward"
