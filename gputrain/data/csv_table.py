@@ -14,8 +14,9 @@ Read strictly, so that a file is either read as it means or refused with its lin
   is an error, never a class or a number). All labels are numbers or all are class names.
   Text labels are classes (sorted); whole numbers are classes (sorted by value, so `1` and `1.0`
   are one class) unless nearly every row has its own value, which is refused as ambiguous
-  (`data.task` decides); fractional numbers are a regression target. A classification needs at
-  least two classes.
+  (`data.task` decides); fractional numbers are a regression target, unless a few of them (≤ 5% of
+  the rows) stand among whole numbers of a handful of values: such stray cells are refused, naming
+  the first (`data.task` decides). A classification needs at least two classes.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ MISSING = frozenset(
 _MIN_AMBIGUOUS_CLASSES = 10
 """Whole-number labels with more distinct values than this and than half the rows are refused in
 data.task=auto: as classes, most would have a single sample; they look like a numeric target."""
+
+_STRAY_FRACTIONS = 0.05
+"""In data.task=auto, fractional labels in at most this share of the rows, among whole numbers of at
+most _MIN_AMBIGUOUS_CLASSES values, are refused as stray cells rather than read as a regression target."""
 
 Row = tuple[int, list[str]]  # (line number in the file, cells)
 
@@ -214,6 +219,8 @@ def _targets(path: Path, column: str, labels: list[tuple[int, str]], task: str) 
             column,
             f"{text!r} is not a whole number; data.task=classification needs whole-number or text labels",
         )
+    if task == "auto" and fractional is not None:
+        _check_not_stray_fractions(path, column, labels, decimals)
     if task == "regression" or (task == "auto" and fractional is not None):
         targets = []
         for (line, text), value in zip(labels, decimals):
@@ -231,6 +238,26 @@ def _targets(path: Path, column: str, labels: list[tuple[int, str]], task: str) 
         )
     class_of = {value: i for i, value in enumerate(distinct)}  # Decimal('1') == Decimal('1.0'): one class
     return _classes(path, column, [str(v) for v in distinct], torch.tensor([class_of[v] for v in decimals]))
+
+
+def _check_not_stray_fractions(path: Path, column: str, labels: list[tuple[int, str]], decimals: list[Decimal]) -> None:
+    """data.task=auto reads fractional labels as a regression target; where a few of them stand among
+    whole numbers of a handful of values (0 and 1 in all rows but one), that one cell would quietly turn
+    a classification into a regression: refused, naming the first, with the two ways on."""
+    whole = {v for v in decimals if v == v.to_integral_value()}
+    fractions = [i for i, v in enumerate(decimals) if v != v.to_integral_value()]
+    if len(whole) > _MIN_AMBIGUOUS_CLASSES or len(fractions) > _STRAY_FRACTIONS * len(decimals):
+        return
+    line, text = labels[fractions[0]]
+    values = ", ".join(str(v) for v in sorted(whole))
+    raise _label_error(
+        path,
+        line,
+        column,
+        f"{text!r} is fractional, like {len(fractions)} label(s) in {len(decimals)}, while the rest are whole "
+        f"numbers of {len(whole)} values ({values}): as classes, fix those cells; if the column is a numeric "
+        "target, set data.task=regression",
+    )
 
 
 def _classes(path: Path, column: str, names: list[str], targets: torch.Tensor) -> tuple[torch.Tensor, str, int]:

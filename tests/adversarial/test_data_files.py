@@ -78,6 +78,12 @@ CSV_ERRORS = [
     ("unique-whole-number-labels", HEADER + _rows(40, lambda i: 100 + 7 * i), {},
      r": column 'y': 40 distinct whole numbers in 40 rows: as classes, most would have one sample; set "
      r"data.task=regression for a numeric target, or data.task=classification if they are classes"),
+    ("a-stray-fraction-among-classes", HEADER + _rows(199, lambda i: i % 2) + "1,2,1.5\n", {},
+     r": line 201, column 'y': '1.5' is fractional, like 1 label\(s\) in 200, while the rest are whole numbers of 2 "
+     r"values \(0, 1\): as classes, fix those cells; if the column is a numeric target, set data.task=regression"),
+    ("a-few-stray-fractions-among-classes", HEADER + "1,2,0.5\n" + _rows(40, lambda i: i % 3) + "1,2,2.25\n", {},
+     r": line 2, column 'y': '0.5' is fractional, like 2 label\(s\) in 42, while the rest are whole numbers of 3 "
+     r"values \(0, 1, 2\): .*"),
     ("fractional-labels-as-classes", HEADER + "1,2,0\n3,4,0.5\n", {"task": "classification"},
      r": line 3, column 'y': '0.5' is not a whole number; data.task=classification needs whole-number or text "
      r"labels"),
@@ -201,6 +207,19 @@ def test_csv_unique_whole_numbers_follow_an_explicit_task(tmp_path: Path, task: 
         assert torch.equal(targets, torch.tensor([[100.0 + 7 * i] for i in range(40)]))
     else:
         assert bundle.spec.num_classes == 40 and targets.tolist() == list(range(40))
+
+
+def test_csv_a_numeric_target_of_mostly_whole_numbers_is_a_regression(tmp_path: Path) -> None:
+    """Ratings in half steps, or counts with some fractions: more than a stray cell is a target."""
+    labels = lambda i: ["1", "2", "3", "2.5", "4", "5", "1", "3", "4.5", "2"][i % 10]  # noqa: E731
+    _, targets, bundle = _read(tmp_path, HEADER + _rows(40, labels))
+    assert bundle.spec.task == "regression"
+    assert targets[:, 0].tolist() == [float(labels(i)) for i in range(40)]
+
+
+def test_csv_a_stray_fraction_follows_an_explicit_regression(tmp_path: Path) -> None:
+    _, targets, bundle = _read(tmp_path, HEADER + _rows(199, lambda i: i % 2) + "1,2,1.5\n", task="regression")
+    assert bundle.spec.task == "regression" and sorted(set(targets[:, 0].tolist())) == [0.0, 1.0, 1.5]
 
 
 def test_csv_pandas_index_column_is_a_named_feature(tmp_path: Path) -> None:
