@@ -8,7 +8,7 @@ and the ratios. The hand loop compiles the whole model, as nanoGPT does; gputrai
 block (so FSDP's hooks stay outside the graphs): the ratio includes that choice.
 Goal: >= 45% MFU on one H100/H200. gpu_proof.py calls these functions (also for fp8 against bf16).
 
-    python benchmarks/gpu_gpt2.py [--batch 16] [--steps 60]
+    python benchmarks/gpu_gpt2.py [--batch 16] [--steps 60] [--ablate]
 """
 
 from __future__ import annotations
@@ -84,13 +84,19 @@ def flops_per_step(job: GptJob) -> float:
     return float(per_token * job.batch * job.seq_len)
 
 
-def run_hand_loop(job: GptJob, data: Any) -> dict[str, Any]:
-    """nanoGPT's loop on gputrain's batch order: {"step_s", "peak_memory_bytes"}."""
+def run_hand_loop(job: GptJob, data: Any, per_block: bool = False) -> dict[str, Any]:
+    """nanoGPT's loop on gputrain's batch order: {"step_s", "peak_memory_bytes"}. `per_block`: compile
+    each block as gputrain does, instead of the whole model."""
+    from gputrain.distributed.compiling import compile_in_place
     from gputrain.train.batches import BatchPlan
 
     device, vocab = job.device, job.vocab
     model = build(job).to(device)
-    step_model = torch.compile(model) if job.compile else model
+    step_model = model
+    if job.compile and per_block:
+        compile_in_place(model)
+    elif job.compile:
+        step_model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, fused=device.type == "cuda")
     plan = BatchPlan(num_samples=len(data), global_batch=job.batch, grad_accum=1, seed=0)
     inputs, targets = data.inputs.to(device), data.targets.to(device)
@@ -129,7 +135,8 @@ def run_gputrain(job: GptJob, data: Any, precision: str = "bf16", extra: dict | 
                   "optim.lr": 6e-4, "log.every_steps": 5, "log.progress": "none", "log.tensorboard": False,
                   "checkpoint.enabled": False, "eval.every_epochs": 0, **(extra or {})}
         summary = Trainer(build(job), data, spec=spec_of(job), config=config, run_dir=run_dir).fit()
-        skip = min(job.warmup // 5, max(0, job.steps // 5 - 1))  # compile and warm-up windows
+        every = int(config["log.every_steps"])
+        skip = min(job.warmup // every, max(0, job.steps // every - 1))  # compile and warm-up windows
         seconds = median(gputrain_step_times(Path(run_dir), skip_rows=skip))
         rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     losses = [(r["step"], r["loss"]) for r in rows if "split" not in r and r.get("loss") is not None]
@@ -145,14 +152,47 @@ def speed(job: GptJob, step_s: float, flops: float, precision: str = "bf16") -> 
             "peak_flops": peak, "peak_source": source}
 
 
+ABLATIONS: list[tuple[str, dict[str, Any] | None]] = [
+    ("hand loop, whole-model compile", None),
+    ("hand loop, per-block compile", {"per_block": True}),
+    ("gputrain, defaults", {}),
+    ("gputrain, non-finite guard off", {"train.on_nonfinite": "off"}),
+    ("gputrain, logging every 20 steps", {"log.every_steps": 20}),
+    ("gputrain, guard off + logging every 20", {"train.on_nonfinite": "off", "log.every_steps": 20}),
+]
+"""Where gputrain's step time goes against the hand loop's: each of its defaults off in turn, and the
+hand loop with gputrain's compile granularity. Each row ~30 s on an H100/H200 (compile included)."""
+
+
+def ablate(job: GptJob, data: Any) -> None:
+    """One line per ABLATIONS row: step ms, tokens/s, and the ratio to the first (whole-model hand loop)."""
+    first: float | None = None
+    for name, extra in ABLATIONS:
+        torch.cuda.empty_cache()
+        torch._dynamo.reset()  # each row compiles afresh, as a new process would
+        if name.startswith("hand"):
+            run = run_hand_loop(job, data, per_block=bool(extra))
+        else:
+            run = run_gputrain(job, data, extra=extra)
+        first = first or run["step_s"]
+        compiled = f"  train.compile: {run['summary']['train'].get('compile')}" if "summary" in run else ""
+        print(f"{name:42s} step {1000 * run['step_s']:7.2f} ms  {job.batch * job.seq_len / run['step_s']:10,.0f} "
+              f"tokens/s  hand/this {first / run['step_s']:.3f}{compiled}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16, help="sequences per step (micro-batch = batch)")
     parser.add_argument("--steps", type=int, default=60, help="steps per run, the first 20 are warm-up")
+    parser.add_argument("--ablate", action="store_true", help="each of gputrain's defaults off in turn (ABLATIONS)")
     args = parser.parse_args()
     job = GptJob(require_cuda("gpu_gpt2"), batch=args.batch, steps=args.steps)
     require_registered(model="gpt")
     data = bigram_tokens(job, job.batch * 8)
+    if args.ablate:
+        print(header(job.device))
+        ablate(job, data)
+        return
     hand = run_hand_loop(job, data)
     torch.cuda.empty_cache()
     ours = run_gputrain(job, data)
