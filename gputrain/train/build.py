@@ -315,9 +315,10 @@ def build_training(
     checkpointer = Checkpointer(cfg.checkpoint, run_path, dist, par.model, optimizer, pipelined=dims.pp_enabled)
     compile_check = None
     if cfg.train.compile or cuda_graphs:
-        compile_check = CompileCheck(par.step_model, step.compute_loss, precision.autocast, device)
-        if dist.enabled or cuda_graphs:  # a second pass would run the collectives / the graphs' pools
-            compile_check.skip("several processes" if dist.enabled else "CUDA graphs")
+        compile_check = CompileCheck(par.model, step.compute_loss, precision.autocast, device, dist)
+        if cuda_graphs or (dist.enabled and not replicated):  # a second pass would replay the graphs' pools,
+            # or gather and reduce FSDP's shards / TP's and a pipeline's activations once more
+            compile_check.skip("CUDA graphs" if cuda_graphs else "sharded or split models")
     metrics = MetricsLogger(
         cfg.log, run_path, dist, console, speed, optimizer, global_batch, total_steps, task.tokens_per_sample
     )

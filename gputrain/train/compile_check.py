@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from gputrain.distributed.compiling import remove_compile
+from gputrain.distributed.context import DistContext
 
 log = logging.getLogger("gputrain")
 
@@ -47,14 +48,25 @@ class CompileCheck:
     `train.compile`).
 
     Args:
-        model: the compiled module the step calls (one process: not wrapped).
+        model: the compiled module, unwrapped: under DDP the module inside it, so that neither pass
+            runs the gradient all-reduce (autograd.grad accumulates into no `.grad`, which DDP's
+            hooks wait for).
         compute_loss: the step's loss of a batch.
         autocast: the run's precision context.
         device: where the model is (its random generator is put back too).
+        dist: the job, where it has several ranks: they agree on the verdict (one all-gather, once).
     """
 
-    def __init__(self, model: nn.Module, compute_loss: ComputeLoss, autocast: Autocast, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        compute_loss: ComputeLoss,
+        autocast: Autocast,
+        device: torch.device,
+        dist: DistContext | None = None,
+    ) -> None:
         self.model, self.compute_loss, self.autocast, self.device = model, compute_loss, autocast, device
+        self.dist = dist
         self.status = "compiled (its first step not checked yet)"
         self.done = False
 
@@ -64,23 +76,26 @@ class CompileCheck:
         self.status = f"compiled (not checked: {why})"
 
     def run(self, batch: Any) -> None:
-        """Compare compiled and eager gradients on `batch`; on a difference, turn compile off."""
+        """Compare compiled and eager gradients on `batch` (this rank's); where they differ on any
+        rank, turn compile off on every rank."""
         self.done = True
+        difference, unchecked = None, None
         try:
             with self._leaving_no_trace():
                 difference = self._difference(batch, training=True)
                 if difference is not None:  # random ops differ compiled and eager: eval mode decides
                     difference = self._difference(batch, training=False)
                 if difference is not None and self._random_in_eval(batch):
-                    raise _Inconclusive("its gradients are random even in eval mode")
+                    difference, unchecked = None, "its gradients are random even in eval mode"
         except _Inconclusive as why:
-            self.skip(str(why))
-            return
+            unchecked = str(why)
         except torch.OutOfMemoryError:  # the eager pass may keep more activations than the compiled step
-            self.skip("no memory for an eager pass beside it")
-            return
+            unchecked = "no memory for an eager pass beside it"
+        difference = self._agreed(difference)
         if difference is None:
             self.status = "compiled (first step's gradients equal eager's)"
+            if unchecked is not None:
+                self.skip(unchecked)
             return
         remove_compile(self.model)
         self.status = f"off: {difference}"
@@ -90,6 +105,15 @@ class CompileCheck:
             difference,
             torch.__version__,
         )
+
+    def _agreed(self, difference: str | None) -> str | None:
+        """The job's verdict: the first rank's difference, or None where no rank found one (every rank
+        then goes on compiled or eager alike, and the summary says what rank 0 did)."""
+        if self.dist is None or not self.dist.enabled:
+            return difference
+        found: list[str | None] = [None] * self.dist.world_size
+        torch.distributed.all_gather_object(found, difference)
+        return next((f"rank {rank}: {text}" for rank, text in enumerate(found) if text is not None), None)
 
     @contextlib.contextmanager
     def _leaving_no_trace(self) -> Iterator[None]:
