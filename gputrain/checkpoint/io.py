@@ -24,6 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 from torch import nn
 
+from gputrain.checkpoint.disk_full import removed_if_failed
 from gputrain.checkpoint.fit import (
     CheckpointMismatch,
     Spec,
@@ -100,13 +101,14 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, state: dict[str, An
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{step_dir_name(step)}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    _phase()
-    save_model(model, str(tmp / MODEL_FILE))
-    _phase()
-    torch.save(state, tmp / STATE_FILE)
-    _phase()
-    return commit_checkpoint_dir(tmp, root / step_dir_name(step), step)
+    with removed_if_failed(tmp, f"the checkpoint of step {step}"):
+        tmp.mkdir()
+        _phase()
+        save_model(model, str(tmp / MODEL_FILE))
+        _phase()
+        torch.save(state, tmp / STATE_FILE)
+        _phase()
+        return commit_checkpoint_dir(tmp, root / step_dir_name(step), step)
 
 
 def commit_checkpoint_dir(
@@ -158,12 +160,13 @@ def save_weights(model: nn.Module | dict[str, torch.Tensor], path: Path) -> None
     """Write final weights (a module, or a gathered state dict) as safetensors via a temporary
     name, so `path` is never half a file."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    if isinstance(model, nn.Module):
-        save_model(model, str(tmp))  # handles tied weights (one copy saved)
-    else:
-        save_file(model, str(tmp))
-    _fsync_file(tmp)
-    tmp.replace(path)
+    with removed_if_failed(tmp, f"the weights ({path.name})"):
+        if isinstance(model, nn.Module):
+            save_model(model, str(tmp))  # handles tied weights (one copy saved)
+        else:
+            save_file(model, str(tmp))
+        _fsync_file(tmp)
+        tmp.replace(path)
 
 
 def verify_checkpoint(path: Path, share: tuple[int, int] = (0, 1)) -> None:

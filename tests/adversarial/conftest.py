@@ -26,6 +26,7 @@ _GROUPS = {
     "test_start_and_launch.py": "signals and launches",
     "test_data_meaning.py": "data files",
     "test_memory_limits.py": "config values",
+    "test_disk_full.py": "run directories",
 }
 _cases: Counter[str] = Counter()
 
