@@ -167,6 +167,15 @@ def agree_on_path(path: Path, ctx: DistContext) -> Path:
     return Path(box[0])
 
 
+def agree_on_text(text: str, ctx: DistContext) -> str:
+    """Rank 0's text on every rank (a refusal only rank 0 could see, said by every rank)."""
+    if not ctx.enabled:
+        return text
+    box = [text]
+    dist.broadcast_object_list(box, src=0)
+    return str(box[0])
+
+
 def shutdown_distributed() -> None:
     """Leave the job. After a clean end the ranks meet in a barrier first, so that none tears its
     process group down while a peer still talks to it: under gloo, a rank that destroyed its group

@@ -21,6 +21,7 @@ from gputrain.errors import GputrainError, Interrupted, RunError, UsageError, fi
 from gputrain.interrupts import job_rank
 from gputrain.train.prior_run import prior_run
 from gputrain.train.run_files import write_json, write_text
+from gputrain.train.run_lock import run_dir_locked
 from gputrain.train.signals import StopRequest
 from gputrain.train.state import LoopState
 from gputrain.train.step import StepResult
@@ -102,6 +103,13 @@ class RunRecorder:
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[RunEnding]:
+        """Around a loop: the run directory held for this run alone (run_lock.py), and its record
+        written however the loop ends."""
+        with run_dir_locked(self.parts.run_dir, self.parts.place.dist), self._recording() as ending:
+            yield ending
+
+    @contextlib.contextmanager
+    def _recording(self) -> Iterator[RunEnding]:
         started = time.perf_counter()
         ending = RunEnding()
         failure: RunError | None = None

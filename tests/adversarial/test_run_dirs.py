@@ -203,3 +203,46 @@ def test_the_cli_says_a_completed_run_is_complete_and_exits_0(tmp_path: Path, pr
     assert again.returncode == 0, again.stderr
     assert "complete: nothing to train" in again.stdout and "Traceback" not in again.stderr
     assert fingerprint(run_dir) == before
+
+
+# ----------------------------------------------------------------------------- one run at a time
+def test_a_second_run_into_a_directory_in_use_is_refused_and_the_first_goes_on(tmp_path: Path) -> None:
+    """Before, the second run resumed from the first's checkpoints and both wrote their metrics,
+    checkpoints and summary over each other's, both exiting 0."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "gputrain", "train", "--run-dir", str(run_dir), "log.progress=none",
+            "log.tensorboard=false", "train.epochs=40", "train.device=cpu"]
+    first = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "checkpoints").is_dir():  # training, with a checkpoint a second run would take
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.05)
+        second = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+        assert first.poll() is None, "the first run ended before the second was refused: lengthen it"
+    finally:
+        _, err = first.communicate(timeout=300)
+    assert second.returncode == 2, second.stderr
+    assert second.stderr.strip().splitlines()[-1] == (
+        f"gputrain train: {run_dir} is in use: another run is training in it now; wait for it to end, or choose "
+        "another --run-dir for a new run")
+    assert first.returncode == 0, err
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in rows if "split" not in row]
+    assert steps == sorted(set(steps)) and read_summary(run_dir)["global_step"] == steps[-1]  # one run's rows
+
+
+def test_the_python_api_is_refused_in_its_own_words_and_writes_nothing(tmp_path: Path) -> None:
+    from gputrain.distributed.context import DistContext
+    from gputrain.train.run_lock import run_dir_locked
+
+    held = tmp_path / "held"
+    with run_dir_locked(held, DistContext()):  # another run training there (flock: per open file, even here)
+        before = fingerprint(held)
+        with pytest.raises(UsageError, match=r"is in use: another run is training in it now; wait for it to end, or "
+                                             r"choose another run_dir for a new run$"):
+            linear_trainer(held).fit()
+        assert fingerprint(held) == before
+    assert linear_trainer(held).fit()["status"] == "completed"  # free again once the other run ended
+
