@@ -120,6 +120,7 @@ def check_run_dir(run_dir: Path, keep: bool = False) -> None:
     leaves no trace; not with several ranks, whose checks would remove each other's directory.
     Raises UsageError naming it."""
     option = run_dir_option()
+    check_not_inside_a_run(run_dir)
     alone = int(os.environ.get("WORLD_SIZE", "1")) <= 1
     made: list[Path] = []
     try:
@@ -136,6 +137,28 @@ def check_run_dir(run_dir: Path, keep: bool = False) -> None:
         for path in made:  # deepest first
             with contextlib.suppress(OSError):
                 path.rmdir()
+
+
+def check_not_inside_a_run(run_dir: Path) -> None:
+    """A run's directory is not one of another run's own folders (its checkpoints, one checkpoint,
+    its TensorBoard logs) nor a checkpoint: the second run would write over the first's files, its
+    final weights over a checkpoint's model.safetensors.
+
+    Raises:
+        UsageError: naming the run (or checkpoint) the directory belongs to.
+    """
+    option, resolved = run_dir_option(), run_dir.resolve()
+    if (resolved / "COMMITTED").is_file():  # checkpoint/io.py's marker, the last file a checkpoint gets
+        raise UsageError(
+            f"{option} {run_dir}: is a checkpoint (it holds COMMITTED); a run writes in a directory of its own"
+        )
+    for parent in resolved.parents:
+        entry = resolved.relative_to(parent).parts[0]
+        if entry in RUN_DIRS and (parent / "config.toml").is_file():
+            raise UsageError(
+                f"{option} {run_dir}: is inside the run directory {parent} (its {entry}/); a run writes in a "
+                f"directory of its own: choose one outside {parent / entry}"
+            )
 
 
 def _run_entries(run_dir: Path) -> Iterable[tuple[str, bool]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,6 +21,12 @@ from gputrain.errors import UsageError
 from tests.adversarial.helpers import QUIET, fingerprint, linear_data, linear_trainer, read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli_quiet(*args: str) -> subprocess.CompletedProcess:
+    from tests.conftest import run_cli
+
+    return run_cli(*args, "log.progress=none", "log.tensorboard=false")
 
 
 @pytest.fixture(scope="module")
@@ -246,3 +253,29 @@ def test_the_python_api_is_refused_in_its_own_words_and_writes_nothing(tmp_path:
         assert fingerprint(held) == before
     assert linear_trainer(held).fit()["status"] == "completed"  # free again once the other run ended
 
+
+
+@pytest.mark.parametrize(("inside", "message"), [
+    ("checkpoints/step-8", r": is a checkpoint \(it holds COMMITTED\); a run writes in a directory of its own$"),
+    ("checkpoints", r": is inside the run directory {done} \(its checkpoints/\); a run writes in a directory of its "
+                    r"own: choose one outside {done}/checkpoints$"),
+    ("checkpoints/new", r": is inside the run directory {done} \(its checkpoints/\); .*"),
+    ("tensorboard/x", r": is inside the run directory {done} \(its tensorboard/\); .*"),
+], ids=["a-checkpoint", "its-checkpoints", "in-its-checkpoints", "in-its-tensorboard"])
+def test_a_run_inside_another_runs_own_folders_is_refused(done: Path, inside: str, message: str) -> None:
+    """Before, a run given `--run-dir A/checkpoints/step-8` wrote its final weights over that
+    checkpoint's model.safetensors (and its config, metrics and summary beside them)."""
+    before = fingerprint(done)
+    run_dir = done / inside
+    result = run_cli_quiet("train", "--run-dir", str(run_dir), "model.name=mlp", "train.epochs=1")
+    assert result.returncode == 2, result.stderr
+    pattern = re.escape(f"gputrain train: --run-dir {run_dir}") + message.format(done=re.escape(str(done)))
+    assert re.fullmatch(pattern, result.stderr.strip()), result.stderr
+    assert fingerprint(done) == before
+
+
+def test_a_run_in_a_folder_of_its_own_inside_another_run_is_allowed(done: Path) -> None:
+    """A fine-tuning run kept beside its base run's files writes none of them."""
+    before = fingerprint(done)
+    assert linear_trainer(done / "finetune").fit()["status"] == "completed"
+    assert {k: v for k, v in fingerprint(done).items() if not k.startswith("finetune/")} == before
