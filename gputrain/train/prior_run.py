@@ -16,7 +16,7 @@ from typing import Any
 
 from gputrain.config import Config, config_to_dict, load_config, parse_override
 from gputrain.errors import GputrainError, UsageError
-from gputrain.train.run_files import check_run_dir, continue_advice, run_dir_option
+from gputrain.train.run_files import check_not_in_data, check_run_dir, continue_advice, run_dir_option
 
 COMPLETE = ("completed", "stopped_early")
 
@@ -185,8 +185,9 @@ def _raised(old: float | None, new: float | None) -> bool:
 
 
 def claim_run_dir(run_dir: Path, config: Config) -> None:
-    """The last check before anything heavy: the directory takes files, its entries are right, and
-    a run it holds is this one (`check_same_run`)."""
+    """The last check before anything heavy: the directory is not in the data it reads, takes files,
+    its entries are right, and a run it holds is this one (`check_same_run`)."""
+    check_not_in_data(run_dir, (config.data.path, config.data.val_path))
     check_run_dir(run_dir, keep=True)
     check_same_run(run_dir, config, prior_run(run_dir))
 

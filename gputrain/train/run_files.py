@@ -161,6 +161,23 @@ def check_not_inside_a_run(run_dir: Path) -> None:
             )
 
 
+def check_not_in_data(run_dir: Path, data_paths: Iterable[str | None]) -> None:
+    """A run's directory is not a data folder it reads, nor inside one: its files there would be
+    read as data by the next run (an image folder takes `checkpoints/` for a class).
+
+    Raises:
+        UsageError: naming the data path.
+    """
+    resolved = run_dir.resolve()
+    for given in filter(None, data_paths):
+        data = Path(given).expanduser().resolve()
+        if data.is_dir() and (resolved == data or data in resolved.parents):
+            raise UsageError(
+                f"{run_dir_option()} {run_dir}: is inside the data folder {given} this run reads; its files "
+                "there would be read as data by the next run: choose a directory outside it"
+            )
+
+
 def _run_entries(run_dir: Path) -> Iterable[tuple[str, bool]]:
     """(name, is a directory) of each entry a run writes that `run_dir` holds already."""
     for name in RUN_DIRS:

@@ -279,3 +279,21 @@ def test_a_run_in_a_folder_of_its_own_inside_another_run_is_allowed(done: Path) 
     before = fingerprint(done)
     assert linear_trainer(done / "finetune").fit()["status"] == "completed"
     assert {k: v for k, v in fingerprint(done).items() if not k.startswith("finetune/")} == before
+
+
+@pytest.mark.parametrize("inside", ["", "runs/first"], ids=["the-data-folder", "inside-it"])
+def test_a_run_into_the_data_folder_it_reads_is_refused(tmp_path: Path, inside: str) -> None:
+    """Before, the run wrote checkpoints/ and tensorboard/ into the image folder, and the next run on
+    that data stopped: "photos/checkpoints: class folder holds no images"."""
+    from tests.unit.data.files import write_image_folder
+
+    photos = write_image_folder(tmp_path / "photos", classes=2, per_class=6)
+    before = fingerprint(photos)
+    run_dir = photos / inside if inside else photos
+    result = run_cli_quiet("train", "--run-dir", str(run_dir), "data.name=image_folder", f"data.path={photos}",
+                           "data.image_size=8", "model.name=cnn", "train.batch_size=4", "train.max_steps=1")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"gputrain train: --run-dir {run_dir}: is inside the data folder {photos} this run reads; its files there "
+        "would be read as data by the next run: choose a directory outside it")
+    assert fingerprint(photos) == before and sorted(p.name for p in photos.iterdir()) == ["class_0", "class_1"]
