@@ -16,7 +16,7 @@ from typing import Any
 
 from gputrain.config import Config, config_to_dict, load_config, parse_override
 from gputrain.errors import GputrainError, UsageError
-from gputrain.train.run_files import check_not_in_data, check_run_dir, continue_advice, run_dir_option
+from gputrain.train.run_files import RUN_FILES, check_not_in_data, check_run_dir, continue_advice, run_dir_option
 
 COMPLETE = ("completed", "stopped_early")
 
@@ -59,6 +59,40 @@ def prior_run(run_dir: Path) -> PriorRun | None:
     if summary is None and not checkpoints and not os.path.lexists(run_dir / "metrics.jsonl"):
         return None
     return PriorRun(summary if isinstance(summary, dict) else None, checkpoints)
+
+
+STATUSES = (*COMPLETE, "interrupted", "failed")
+"""What summary.json's status says, for a summary a gputrain run wrote."""
+
+
+def check_no_foreign_files(run_dir: Path) -> None:
+    """Files under a run's names that no gputrain run wrote (a project's own config.toml, a model
+    folder's model.safetensors) are never written over: a directory that holds any of them, and
+    no run (no config of a run, summary or checkpoint beside them), is refused.
+
+    Raises:
+        UsageError: naming the files.
+    """
+    present = [name for name in RUN_FILES if os.path.isfile(run_dir / name)]
+    if not present or _holds_a_run(run_dir):
+        return
+    them = "them" if len(present) > 1 else "it"
+    raise UsageError(
+        f"{run_dir_option()} {run_dir}: holds {', '.join(present)}, which no gputrain run wrote (no run's "
+        f"config, summary or checkpoint beside {them}); a run would write over {them}: choose an empty or new "
+        "directory"
+    )
+
+
+def _holds_a_run(run_dir: Path) -> bool:
+    prior = prior_run(run_dir)
+    if prior is not None and (prior.checkpoints or (prior.summary or {}).get("status") in STATUSES):
+        return True
+    try:
+        load_config(run_dir / "config.toml")
+    except (GputrainError, OSError):
+        return False
+    return True
 
 
 def saved_config(run_dir: Path) -> Config | None:
@@ -185,10 +219,12 @@ def _raised(old: float | None, new: float | None) -> bool:
 
 
 def claim_run_dir(run_dir: Path, config: Config) -> None:
-    """The last check before anything heavy: the directory is not in the data it reads, takes files,
-    its entries are right, and a run it holds is this one (`check_same_run`)."""
+    """The last check before anything heavy: the directory is not in the data it reads, holds no
+    one else's files under a run's names, takes files, its entries are right, and a run it holds is
+    this one (`check_same_run`)."""
     check_not_in_data(run_dir, (config.data.path, config.data.val_path))
-    check_run_dir(run_dir, keep=True)
+    check_run_dir(run_dir, keep=True)  # first: its entries are of their kinds (a FIFO would block a read)
+    check_no_foreign_files(run_dir)
     check_same_run(run_dir, config, prior_run(run_dir))
 
 

@@ -148,7 +148,11 @@ def check_not_inside_a_run(run_dir: Path) -> None:
         UsageError: naming the run (or checkpoint) the directory belongs to.
     """
     option, resolved = run_dir_option(), run_dir.resolve()
-    if (resolved / "COMMITTED").is_file():  # checkpoint/io.py's marker, the last file a checkpoint gets
+    try:
+        is_checkpoint = (resolved / "COMMITTED").is_file()  # checkpoint/io.py's marker, written last
+    except OSError:  # a name too long: the directory's own check says so
+        return
+    if is_checkpoint:
         raise UsageError(
             f"{option} {run_dir}: is a checkpoint (it holds COMMITTED); a run writes in a directory of its own"
         )
@@ -171,7 +175,11 @@ def check_not_in_data(run_dir: Path, data_paths: Iterable[str | None]) -> None:
     resolved = run_dir.resolve()
     for given in filter(None, data_paths):
         data = Path(given).expanduser().resolve()
-        if data.is_dir() and (resolved == data or data in resolved.parents):
+        try:
+            folder = data.is_dir()
+        except OSError:  # a name too long: the data's own check says so
+            continue
+        if folder and (resolved == data or data in resolved.parents):
             raise UsageError(
                 f"{run_dir_option()} {run_dir}: is inside the data folder {given} this run reads; its files "
                 "there would be read as data by the next run: choose a directory outside it"

@@ -297,3 +297,36 @@ def test_a_run_into_the_data_folder_it_reads_is_refused(tmp_path: Path, inside: 
         f"gputrain train: --run-dir {run_dir}: is inside the data folder {photos} this run reads; its files there "
         "would be read as data by the next run: choose a directory outside it")
     assert fingerprint(photos) == before and sorted(p.name for p in photos.iterdir()) == ["class_0", "class_1"]
+
+
+@pytest.mark.parametrize(("files", "named", "them"), [
+    ({"config.toml": '[server]\nport = 8080\n'}, "config.toml", "it"),  # a project's own config
+    ({"model.safetensors": None, "config.json": '{"model_type": "gpt2"}'}, "model.safetensors", "it"),  # a model folder
+    ({"summary.json": '{"total": 3}', "metrics.jsonl": '{"acc": 1}\n'}, "summary.json, metrics.jsonl", "them"),
+], ids=["project-config", "model-folder", "other-summary-and-metrics"])
+def test_files_no_run_wrote_are_never_written_over(tmp_path: Path, done: Path, files: dict, named: str,
+                                                   them: str) -> None:
+    """Before, `--run-dir .` in a project replaced its config.toml with the run's, and a model folder
+    lost its model.safetensors to the run's final weights."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for name, text in files.items():
+        target = folder / name
+        target.write_bytes((done / "model.safetensors").read_bytes()) if text is None else target.write_text(text)
+    before = fingerprint(folder)
+    result = run_cli_quiet("train", "--run-dir", str(folder), "model.name=mlp", "train.epochs=1")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"gputrain train: --run-dir {folder}: holds {named}, which no gputrain run wrote (no run's config, summary "
+        f"or checkpoint beside {them}); a run would write over {them}: choose an empty or new directory")
+    assert fingerprint(folder) == before
+
+
+def test_an_attempt_that_left_only_its_config_is_started_over(tmp_path: Path) -> None:
+    """A run killed before its first checkpoint left config.toml (a run's): the directory is that run's."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    from gputrain.config import config_to_toml, load_config
+
+    (run_dir / "config.toml").write_text(config_to_toml(load_config({**QUIET})))
+    assert linear_trainer(run_dir).fit()["status"] == "completed"
