@@ -16,7 +16,14 @@ from typing import Any
 
 from gputrain.config import Config, config_to_dict, load_config, parse_override
 from gputrain.errors import GputrainError, UsageError
-from gputrain.train.run_files import RUN_FILES, check_not_in_data, check_run_dir, continue_advice, run_dir_option
+from gputrain.train.run_files import (
+    RUN_DIRS,
+    RUN_FILES,
+    check_not_in_data,
+    check_run_dir,
+    continue_advice,
+    run_dir_option,
+)
 
 COMPLETE = ("completed", "stopped_early")
 
@@ -67,13 +74,15 @@ STATUSES = (*COMPLETE, "interrupted", "failed")
 
 def check_no_foreign_files(run_dir: Path) -> None:
     """Files under a run's names that no gputrain run wrote (a project's own config.toml, a model
-    folder's model.safetensors) are never written over: a directory that holds any of them, and
-    no run (no config of a run, summary or checkpoint beside them), is refused.
+    folder's model.safetensors, another tool's checkpoints/) are never written over or mixed with:
+    a directory that holds any of them, and no run (no config of a run, summary or checkpoint
+    beside them), is refused.
 
     Raises:
         UsageError: naming the files.
     """
     present = [name for name in RUN_FILES if os.path.isfile(run_dir / name)]
+    present += [f"{name}/" for name in RUN_DIRS if (run_dir / name).is_dir() and any((run_dir / name).iterdir())]
     if not present or _holds_a_run(run_dir):
         return
     them = "them" if len(present) > 1 else "it"

@@ -303,7 +303,8 @@ def test_a_run_into_the_data_folder_it_reads_is_refused(tmp_path: Path, inside: 
     ({"config.toml": '[server]\nport = 8080\n'}, "config.toml", "it"),  # a project's own config
     ({"model.safetensors": None, "config.json": '{"model_type": "gpt2"}'}, "model.safetensors", "it"),  # a model folder
     ({"summary.json": '{"total": 3}', "metrics.jsonl": '{"acc": 1}\n'}, "summary.json, metrics.jsonl", "them"),
-], ids=["project-config", "model-folder", "other-summary-and-metrics"])
+    ({"checkpoints/epoch=3.ckpt": "lightning"}, "checkpoints/", "it"),  # another tool's checkpoints
+], ids=["project-config", "model-folder", "other-summary-and-metrics", "another-tools-checkpoints"])
 def test_files_no_run_wrote_are_never_written_over(tmp_path: Path, done: Path, files: dict, named: str,
                                                    them: str) -> None:
     """Before, `--run-dir .` in a project replaced its config.toml with the run's, and a model folder
@@ -312,6 +313,7 @@ def test_files_no_run_wrote_are_never_written_over(tmp_path: Path, done: Path, f
     folder.mkdir()
     for name, text in files.items():
         target = folder / name
+        target.parent.mkdir(exist_ok=True)
         target.write_bytes((done / "model.safetensors").read_bytes()) if text is None else target.write_text(text)
     before = fingerprint(folder)
     result = run_cli_quiet("train", "--run-dir", str(folder), "model.name=mlp", "train.epochs=1")
