@@ -1,6 +1,6 @@
 """A write that fails leaves no partial file behind, and a full disk is said as such.
 
-A checkpoint or the final weights written onto a disk that fills up fail midway (safetensors says
+A checkpoint, the final weights or any file of the run written onto a disk that fills up fail midway (safetensors says
 "No space left on device (os error 28)", torch's zip writer only "unexpected pos"). The partial
 files would keep the disk full, so the run's own record (summary.json, error.log: a few KiB) could
 not be written either and the run would end with no summary. They are removed at once, and the
@@ -22,8 +22,9 @@ NEARLY_FULL = 1 << 20
 zip writer reports a short write only as "unexpected pos")."""
 
 
-class DiskFull(RunError):
-    """The disk under the run directory filled up while a checkpoint or the weights were written."""
+class DiskFull(RunError, OSError):
+    """The disk under the run directory filled up while a run's file was written. An OSError too:
+    what suppresses a failed write (the record of a run that failed) suppresses this one."""
 
 
 @contextlib.contextmanager

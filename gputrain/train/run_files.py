@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gputrain.checkpoint.disk_full import removed_if_failed
 from gputrain.config import Config, config_to_toml
 from gputrain.config.paths import kind_of
 from gputrain.errors import UsageError
@@ -73,8 +74,9 @@ def run_dir_path(value: str | Path) -> Path:
 def write_text(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a reader never sees half a file."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(path)
+    with removed_if_failed(tmp, path.name):  # a full disk: no empty temporary left, and said as such
+        tmp.write_text(text)
+        tmp.replace(path)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -131,15 +131,11 @@ class RunRecorder:
             ending.error = str(exc) if isinstance(exc, GputrainError) else f"{where}: {type(exc).__name__}: {exc}"
             log_file = _error_log(run_dir, dist.rank)
             writes = self._writes(ending)
-            if writes:
-                with contextlib.suppress(OSError):
-                    run_dir.mkdir(parents=True, exist_ok=True)
-                    write_text(log_file, traceback.format_exc())
+            kept = _save_traceback(run_dir, log_file) if writes else _left_as_it_was(run_dir)
             with contextlib.suppress(Exception):
                 self.parts.checkpointer.wait()  # keep the last good checkpoint the failed run was writing
             if isinstance(exc, GputrainError) or not isinstance(exc, Exception):
                 raise
-            kept = f"traceback in {log_file}" if writes else _left_as_it_was(run_dir)
             failure = RunError(f"training failed at {ending.error} ({kept})")
         finally:
             self._record(ending, time.perf_counter() - started)
@@ -209,14 +205,11 @@ def recording_start_up(run_dir: Path | None) -> Iterator[None]:
         prior = prior_run(run_dir) if run_dir is not None else None
         kept = "not recorded: no run directory yet"
         if run_dir is not None and (prior is None or not prior.owns):
-            log_file = _error_log(run_dir, rank)
-            with contextlib.suppress(OSError):
-                run_dir.mkdir(parents=True, exist_ok=True)
-                write_text(log_file, traceback.format_exc())
-                if rank == 0:
+            kept = _save_traceback(run_dir, _error_log(run_dir, rank))
+            if rank == 0:
+                with contextlib.suppress(OSError):
                     summary = start_up_summary(error, time.perf_counter() - began, _world_size())
                     write_json(run_dir / "summary.json", summary)
-            kept = f"traceback in {log_file}"
         elif run_dir is not None:
             kept = _left_as_it_was(run_dir)
         raise RunError(f"training failed at {error} ({kept})") from None
@@ -225,6 +218,17 @@ def recording_start_up(run_dir: Path | None) -> Iterator[None]:
 def _error_log(run_dir: Path, rank: int) -> Path:
     """Where a failure's traceback goes: error.log for rank 0, error-rank<N>.log for another rank."""
     return run_dir / ("error.log" if rank == 0 else f"error-rank{rank}.log")
+
+
+def _save_traceback(run_dir: Path, log_file: Path) -> str:
+    """Write the traceback being handled to `log_file`; say where it is, or that it could not be
+    written (a full disk): never a file that is not there."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text(log_file, traceback.format_exc())
+    except OSError:
+        return f"no traceback: {log_file} could not be written"
+    return f"traceback in {log_file}"
 
 
 def _left_as_it_was(run_dir: Path) -> str:

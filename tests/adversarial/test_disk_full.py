@@ -4,6 +4,7 @@ that says so, and once space is freed the run resumes from its last complete che
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -89,3 +90,32 @@ def test_another_failure_while_saving_stays_itself_and_leaves_no_partial_file(tm
             partial.write_bytes(b"half")
             raise PermissionError(os.strerror(13) + ": read-only")
     assert not partial.exists()
+
+
+def test_a_disk_full_before_the_start_leaves_no_empty_temporaries(small_disk: Path, capsys) -> None:
+    """Before: `training failed at step 1: OSError: [Errno 28] … (traceback in …/error.log)`, an
+    error.log that did not exist, and three empty `.tmp-` files left behind."""
+    run_dir = small_disk / "run"
+    run_dir.mkdir()
+    with open(small_disk / "filler", "wb") as filler, contextlib.suppress(OSError):
+        while True:
+            filler.write(b"\0" * 65536)
+    assert main(["train", "--run-dir", str(run_dir), *QUICK]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gputrain train: no space left on the device for config.toml in {run_dir} (0.0 MiB free); its partial "
+        "files are removed: free some space and run again (a resume continues from the last complete checkpoint)")
+    assert list(run_dir.iterdir()) == []
+
+
+def test_a_traceback_that_cannot_be_written_is_not_said_to_be_there(tmp_path: Path) -> None:
+    from gputrain.train.run_record import _save_traceback
+
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the run directory would be")
+    try:
+        raise RuntimeError("a failure in a step")
+    except RuntimeError:
+        assert _save_traceback(blocked, blocked / "error.log") == (
+            f"no traceback: {blocked / 'error.log'} could not be written")
+        assert _save_traceback(tmp_path, tmp_path / "error.log") == f"traceback in {tmp_path / 'error.log'}"
+    assert "RuntimeError: a failure in a step" in (tmp_path / "error.log").read_text()
