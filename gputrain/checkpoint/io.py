@@ -24,7 +24,6 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 from torch import nn
 
-from gputrain.checkpoint.disk_full import removed_if_failed
 from gputrain.checkpoint.fit import (
     CheckpointMismatch,
     Spec,
@@ -37,6 +36,7 @@ from gputrain.checkpoint.fit import (
     positional_optimizer,
     tied_groups,
 )
+from gputrain.disk_full import removed_if_failed
 from gputrain.errors import RunError
 
 log = logging.getLogger("gputrain")

@@ -15,9 +15,9 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gputrain.checkpoint.disk_full import removed_if_failed
 from gputrain.config import Config, config_to_toml
 from gputrain.config.paths import kind_of
+from gputrain.disk_full import removed_if_failed
 from gputrain.errors import UsageError
 
 if TYPE_CHECKING:

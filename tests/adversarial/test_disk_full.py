@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gputrain.checkpoint.disk_full import DiskFull, removed_if_failed
+from gputrain.disk_full import DiskFull, removed_if_failed
 from gputrain.cli import main
 
 QUICK = ["log.progress=none", "log.tensorboard=false", "train.epochs=2"]
