@@ -1,7 +1,9 @@
+import logging
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,3 +26,27 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
 @pytest.fixture
 def cli():
     return run_cli
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def gputrain_warnings() -> Iterator[list[str]]:
+    """Warnings of the `gputrain` logger (it does not propagate to the root logger pytest watches)."""
+    logger = logging.getLogger("gputrain")
+    handler = _Collect()
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(min(previous or logging.WARNING, logging.WARNING))
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)

@@ -160,11 +160,7 @@ def _fsdp_no_sync(set_requires_gradient_sync: Callable[[bool], None]) -> Iterato
 
 def agree_on_path(path: Path, ctx: DistContext) -> Path:
     """Rank 0's choice of a path, on every rank (default run directories carry a timestamp)."""
-    if not ctx.enabled:
-        return path
-    box = [str(path)]
-    dist.broadcast_object_list(box, src=0)
-    return Path(box[0])
+    return Path(agree_on_text(str(path), ctx))
 
 
 def agree_on_text(text: str, ctx: DistContext) -> str:

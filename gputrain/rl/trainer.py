@@ -28,6 +28,7 @@ from gputrain.rl.minibatches import epoch_minibatches
 from gputrain.rl.ppo import LOSS_TERMS, Batch, UpdateResult, ppo_update
 from gputrain.rl.resume import ENV_KEY, check_env_state
 from gputrain.rl.rollout import collect_rollout
+from gputrain.train.compile_check import unchecked
 from gputrain.train.prior_run import PriorRun
 from gputrain.train.run_record import RunEnding, RunRecorder
 from gputrain.train.run_start import start_run
@@ -264,7 +265,7 @@ class PPOTrainer:
             val={},
             test={},
             error=ending.error,
-            compile="compiled (not checked: the PPO update)" if self.config.train.compile else None,
+            compile=unchecked("the PPO update") if self.config.train.compile else None,
         )
         summary["rl"] = {
             "env": s.env,

@@ -43,6 +43,11 @@ Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
 
 
+def unchecked(why: str) -> str:
+    """summary.json's `train.compile` for a compiled model whose first step was not checked."""
+    return f"compiled (not checked: {why})"
+
+
 class CompileCheck:
     """Runs once, on the first micro-batch: `status` then says what it found (summary.json's
     `train.compile`).
@@ -73,7 +78,7 @@ class CompileCheck:
     def skip(self, why: str) -> None:
         """The check cannot run in this run's layout: the model stays compiled, unchecked."""
         self.done = True
-        self.status = f"compiled (not checked: {why})"
+        self.status = unchecked(why)
 
     def run(self, batch: Any) -> None:
         """Compare compiled and eager gradients on `batch` (this rank's); where they differ on any
@@ -139,30 +144,32 @@ class CompileCheck:
             _Inconclusive: the eager loss or gradients are not finite: nothing to compare against.
         """
         self.model.train(training)
+        named = self._trained_parameters()
         rng = torch.random.get_rng_state()
         device_rng = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
         with torch.compiler.set_stance("force_eager"):
-            eager = self._fingerprint(batch)
+            eager = self._fingerprint(batch, named)
         if not all(math.isfinite(v) for v in eager):
             raise _Inconclusive("the first batch's loss or gradients are not finite")
         torch.random.set_rng_state(rng)
         if device_rng is not None:
             torch.cuda.set_rng_state(device_rng, self.device)
-        return _compare(eager, self._fingerprint(batch), self._names())
+        return _compare(eager, self._fingerprint(batch, named), list(named))
 
     def _random_in_eval(self, batch: Any) -> bool:
         """Whether two eager passes in eval mode differ: the model samples (a VAE's noise), and
         no comparison with compiled code can tell a wrong gradient from another draw."""
+        named = self._trained_parameters()
         with torch.compiler.set_stance("force_eager"):
-            return _compare(self._fingerprint(batch), self._fingerprint(batch), self._names()) is not None
+            return _compare(self._fingerprint(batch, named), self._fingerprint(batch, named), list(named)) is not None
 
-    def _names(self) -> list[str]:
-        return [name for name, p in self.model.named_parameters() if p.requires_grad]
+    def _trained_parameters(self) -> dict[str, nn.Parameter]:
+        return {name: p for name, p in self.model.named_parameters() if p.requires_grad}
 
-    def _fingerprint(self, batch: Any) -> list[float]:
+    def _fingerprint(self, batch: Any, named: dict[str, nn.Parameter]) -> list[float]:
         """[loss, then per parameter: gradient norm, gradient · parameter, parameter norm] (fp32
         sums: no copy of a parameter beyond its gradient)."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = list(named.values())
         with self.autocast():
             loss = self.compute_loss(self.model, batch)
         grads = torch.autograd.grad(loss.float(), params, allow_unused=True)

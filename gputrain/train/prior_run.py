@@ -72,7 +72,7 @@ STATUSES = (*COMPLETE, "interrupted", "failed")
 """What summary.json's status says, for a summary a gputrain run wrote."""
 
 
-def check_no_foreign_files(run_dir: Path) -> None:
+def check_no_foreign_files(run_dir: Path, prior: PriorRun | None) -> None:
     """Files under a run's names that no gputrain run wrote (a project's own config.toml, a model
     folder's model.safetensors, another tool's checkpoints/) are never written over or mixed with:
     a directory that holds any of them, and no run (no config of a run, summary or checkpoint
@@ -83,7 +83,7 @@ def check_no_foreign_files(run_dir: Path) -> None:
     """
     present = [name for name in RUN_FILES if os.path.isfile(run_dir / name)]
     present += [f"{name}/" for name in RUN_DIRS if (run_dir / name).is_dir() and any((run_dir / name).iterdir())]
-    if not present or _holds_a_run(run_dir):
+    if not present or _holds_a_run(run_dir, prior):
         return
     them = "them" if len(present) > 1 else "it"
     raise UsageError(
@@ -93,8 +93,7 @@ def check_no_foreign_files(run_dir: Path) -> None:
     )
 
 
-def _holds_a_run(run_dir: Path) -> bool:
-    prior = prior_run(run_dir)
+def _holds_a_run(run_dir: Path, prior: PriorRun | None) -> bool:
     if prior is not None and (prior.checkpoints or (prior.summary or {}).get("status") in STATUSES):
         return True
     try:
@@ -233,8 +232,9 @@ def claim_run_dir(run_dir: Path, config: Config) -> None:
     this one (`check_same_run`)."""
     check_not_in_data(run_dir, (config.data.path, config.data.val_path))
     check_run_dir(run_dir, keep=True)  # first: its entries are of their kinds (a FIFO would block a read)
-    check_no_foreign_files(run_dir)
-    check_same_run(run_dir, config, prior_run(run_dir))
+    prior = prior_run(run_dir)
+    check_no_foreign_files(run_dir, prior)
+    check_same_run(run_dir, config, prior)
 
 
 def continue_run(

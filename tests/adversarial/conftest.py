@@ -8,7 +8,6 @@ Fixtures the groups share: `handlers` (the signal handlers, given back after the
 
 from __future__ import annotations
 
-import logging
 import signal
 from collections import Counter
 from collections.abc import Iterator
@@ -42,27 +41,10 @@ def handlers() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-class _Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @pytest.fixture
-def warned() -> Iterator[list[str]]:
-    """Warnings of the `gputrain` logger (it does not propagate to the root logger pytest watches)."""
-    logger, handler = logging.getLogger("gputrain"), _Collect()
-    previous = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.WARNING)
-    try:
-        yield handler.messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(previous)
+def warned(gputrain_warnings: list[str]) -> list[str]:
+    """Warnings of the `gputrain` logger (tests/conftest.py's collector)."""
+    return gputrain_warnings
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
