@@ -3,7 +3,7 @@
 Each round runs `gputrain train` (whole process, imports included) once with nothing of ours
 beside it and once next to a second process, in a session of its own, that keeps two threads busy
 (SHA-256 over 1 MB buffers, which releases the GIL, so both threads really run), in both modes:
-- auto: gputrain chooses the intra-op threads (train/threads.py), no OMP_NUM_THREADS set;
+- auto: gputrain chooses the intra-op threads (env/threads.py), no OMP_NUM_THREADS set;
 - old: train.num_threads=<cores>, torch's default before the choice existed.
 It prints each run's wall time, the threads chosen (from the device line) and the load average,
 then per mode the median busy/idle ratio, of the whole process and of the run inside it (the

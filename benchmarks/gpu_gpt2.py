@@ -88,7 +88,7 @@ def run_hand_loop(job: GptJob, data: Any, per_block: bool = False) -> dict[str, 
     """nanoGPT's loop on gputrain's batch order: {"step_s", "peak_memory_bytes"}. `per_block`: compile
     each block as gputrain does, instead of the whole model."""
     from gputrain.distributed.compiling import compile_in_place
-    from gputrain.train.batches import BatchPlan
+    from gputrain.data.batches import BatchPlan
 
     device, vocab = job.device, job.vocab
     model = build(job).to(device)

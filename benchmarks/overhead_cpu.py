@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gputrain import Trainer  # noqa: E402
 from gputrain.data.tensors import TensorData  # noqa: E402
-from gputrain.train.batches import BatchPlan  # noqa: E402
+from gputrain.data.batches import BatchPlan  # noqa: E402
 
 
 def hand_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int) -> None:

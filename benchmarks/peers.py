@@ -83,7 +83,7 @@ def load_case(case: str) -> tuple[Callable[[], Any], Any, Any, Any, Any]:
 
 def plan_batches(x: Any, y: Any, seed: int, epoch: int) -> Iterator[tuple[Any, Any]]:
     """The training batches of `epoch`, in the order gputrain takes them from a TensorDataset."""
-    from gputrain.train.batches import BatchPlan
+    from gputrain.data.batches import BatchPlan
 
     plan = BatchPlan(num_samples=len(x), global_batch=BATCH, grad_accum=1, seed=seed)
     for (idx,) in plan.micro_batches(epoch):

@@ -1,7 +1,7 @@
 """The planner's error on CPU: `gputrain plan`'s bytes per device (one step on fake tensors, composed
 per layout) against the peak the CPU allocator itself reports in real runs of the Trainer.
 
-Measured: `gputrain.train.peak_memory.measure_training` builds the Trainer as `gputrain train` does and
+Measured: `benchmarks.peak_memory.measure_training` builds the Trainer as `gputrain train` does and
 trains 3 steps under torch.profiler's memory events, with c10's memory accounting on for every thread
 (so gloo's threads count too), each run in a fresh process; the peak over steps 2-3 (optimizer state
 exists) less what was allocated once the data was built. One process for strategy none; 2 gloo ranks
@@ -88,7 +88,7 @@ def planned(overrides: list[str], world: int, strategy: str) -> tuple[int, int]:
 def measured_here(overrides: list[str]) -> int:
     """The peak of one process: a fresh one (the allocator's count is only right where nothing was
     profiled before, allocator.py)."""
-    from gputrain.train.peak_memory import measure_training_fresh
+    from benchmarks.peak_memory import measure_training_fresh
 
     with tempfile.TemporaryDirectory() as tmp:
         return measure_training_fresh(overrides, str(Path(tmp) / "run")).peak
@@ -110,7 +110,7 @@ def measured_on_ranks(overrides: list[str], world: int = 2) -> list[int]:
 
 
 def worker(out: str, run_dir: str, overrides: list[str]) -> None:
-    from gputrain.train.peak_memory import measure_training
+    from benchmarks.peak_memory import measure_training
 
     result = measure_training(overrides, run_dir)
     rank = int(os.environ.get("RANK", "0"))

@@ -37,8 +37,8 @@ def _time(fn: Callable[[], None]) -> float:
 
 def measure_overlap(device: torch.device, batch_bytes: int, batches: int, matmul_n: int) -> dict[str, Any]:
     from gputrain.observe.breakdown import StepTimer
-    from gputrain.train.feed import to_device
-    from gputrain.train.prefetch import prefetch_to_cuda
+    from gputrain.data.feed import to_device
+    from gputrain.data.prefetch import prefetch_to_cuda
 
     cuda = device.type == "cuda"
     host = [torch.full((batch_bytes // 4,), float(i)) for i in range(batches)]

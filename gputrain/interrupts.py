@@ -1,6 +1,6 @@
 """A process that a signal is ending exits 130 ("interrupted"), whatever further signals arrive.
 
-Used by a run that stopped for a signal (train/signals.py) and by the launcher once its ranks have
+Used by a run that stopped for a signal (run/signals.py) and by the launcher once its ranks have
 stopped (distributed/launch.py). Signal handlers belong to the main thread: elsewhere these do nothing.
 """
 
@@ -103,7 +103,7 @@ def startup_signals(command: str) -> Iterator[None]:
     """Around a command that starts a run, from before its heavy imports: a SIGINT, SIGTERM or
     SIGUSR1 while it starts prints one line and exits 130 at once, instead of ending the process
     with 128+N and no word. The run arms its own handler before it writes into its directory
-    (train/run_start.py), which checkpoints and records, and gives this one back when it ends."""
+    (run/start.py), which checkpoints and records, and gives this one back when it ends."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -123,8 +123,8 @@ def fsdp_sgd(device: torch.device) -> str:
 
 @check("pinned batches", cuda_only=True)
 def pinned(device: torch.device) -> str:
-    from gputrain.train.batches import BatchPlan
-    from gputrain.train.feed import BatchFeed
+    from gputrain.data.batches import BatchPlan
+    from gputrain.data.feed import BatchFeed
 
     class Rows(torch.utils.data.Dataset):
         def __len__(self) -> int:
@@ -212,8 +212,8 @@ def peak(device: torch.device) -> str:
 @check("prefetch under slow compute", cuda_only=True)
 def prefetch(device: torch.device) -> str:
     from gputrain.observe.breakdown import StepTimer
-    from gputrain.train.feed import to_device
-    from gputrain.train.prefetch import prefetch_to_cuda
+    from gputrain.data.feed import to_device
+    from gputrain.data.prefetch import prefetch_to_cuda
 
     host = [[(torch.full((256, 1024), float(i)).pin_memory(), torch.tensor([i]).pin_memory())] for i in range(40)]
     sums = []

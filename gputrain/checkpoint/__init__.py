@@ -1,6 +1,5 @@
 """Atomic, checksummed checkpoints, their discovery for resume, and the check that one is this run's."""
 
-from gputrain.checkpoint.fit import CheckpointMismatch
 from gputrain.checkpoint.io import (
     CorruptCheckpoint,
     find_resumable,
@@ -11,6 +10,7 @@ from gputrain.checkpoint.io import (
     save_weights,
     verify_checkpoint,
 )
+from gputrain.checkpoint.matching import CheckpointMismatch
 
 __all__ = [
     "CheckpointMismatch",

@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 from torch import nn
 
-from gputrain.checkpoint.fit import (
+from gputrain.checkpoint.matching import (
     CheckpointMismatch,
     Spec,
     canonical_name,

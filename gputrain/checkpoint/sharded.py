@@ -41,7 +41,19 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from gputrain.checkpoint.by_rank import DigestingWriter
-from gputrain.checkpoint.fit import (
+from gputrain.checkpoint.io import (
+    DCP_METADATA,
+    MODEL_FILE,
+    STATE_FILE,
+    CorruptCheckpoint,
+    commit_checkpoint_dir,
+    read_state,
+    read_weights,
+    save_weights,
+    step_dir_name,
+    verify_checkpoint,
+)
+from gputrain.checkpoint.matching import (
     CheckpointMismatch,
     LiveParam,
     SavedItem,
@@ -55,18 +67,6 @@ from gputrain.checkpoint.fit import (
     names_by_tensor,
     positional_optimizer,
     tied_groups,
-)
-from gputrain.checkpoint.io import (
-    DCP_METADATA,
-    MODEL_FILE,
-    STATE_FILE,
-    CorruptCheckpoint,
-    commit_checkpoint_dir,
-    read_state,
-    read_weights,
-    save_weights,
-    step_dir_name,
-    verify_checkpoint,
 )
 from gputrain.checkpoint.safe_dcp import (
     SafeFileSystemReader,

@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_config(args)
         module = importlib.import_module(SUBCOMMANDS[name][0])
-        from gputrain.train.run_files import command_line_words
+        from gputrain.run.files import command_line_words
 
         with command_line_words():  # messages say --run-dir, not Python's run_dir=
             return int(module.run(args) or 0)

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from gputrain.train.run_files import write_json
+    from gputrain.run.files import write_json
     from gputrain.use.bench import (
         DEFAULT_MODES,
         BenchOptions,

@@ -76,8 +76,8 @@ def prepare_run(
     """
     from gputrain.config.paths import check_config_paths
     from gputrain.config.validate import check_registry_layout
-    from gputrain.train.prior_run import check_resume_never, check_same_run, load_run_config, prior_run
-    from gputrain.train.run_files import check_run_dir, default_run_dir, run_dir_path
+    from gputrain.run.files import check_run_dir, default_run_dir, run_dir_path
+    from gputrain.run.prior import check_resume_never, check_same_run, load_run_config, prior_run
 
     run_dir = run_dir_path(args.run_dir) if args.run_dir is not None else None
     config = load_run_config(run_dir, args.config, [*args.overrides, *forced])
@@ -105,12 +105,12 @@ def train_here(command: str, run_dir: Path | None, build: Callable[[], Fits]) ->
         0 where the run completed or stopped early, else 1.
     """
     from gputrain.interrupts import startup_signals
-    from gputrain.train.prior_run import COMPLETE
+    from gputrain.run.prior import COMPLETE
 
     with startup_signals(command):  # before torch loads
         from gputrain.distributed.context import shutdown_distributed
-        from gputrain.train.run_record import recording_start_up
-        from gputrain.train.signals import StoppedBySignal
+        from gputrain.run.record import recording_start_up
+        from gputrain.run.signals import StoppedBySignal
 
         try:
             with recording_start_up(run_dir):

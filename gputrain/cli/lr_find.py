@@ -73,7 +73,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gputrain.config import load_config
-    from gputrain.train.run_files import default_run_dir
+    from gputrain.run.files import default_run_dir
 
     _check(args)
     given = Path(args.run_dir) if args.run_dir else None
@@ -127,8 +127,8 @@ def _note_rank_dependence(parts: TrainingParts, world: int) -> None:
 
 def _write(parts: TrainingParts, curve: LRCurve, sweep: Sweep, suggestion: Suggestion | None, config: Config) -> None:
     """lr_find.json, by rank 0: the only file the sweep writes."""
+    from gputrain.run.files import write_json
     from gputrain.train.lr_find import lr_find_record
-    from gputrain.train.run_files import write_json
 
     if parts.place.dist.is_main:
         write_json(parts.run_dir / "lr_find.json", lr_find_record(curve, sweep, suggestion, parts, config))

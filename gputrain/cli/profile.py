@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         return launch_ranks(args, "profile", str(run_dir), ("--steps", str(args.steps), "--top", str(args.top)))
     with startup_signals("profile"):  # before torch loads: a signal while starting is one line and exit 130
         from gputrain.distributed.context import shutdown_distributed
-        from gputrain.train.run_record import recording_start_up
+        from gputrain.run.record import recording_start_up
         from gputrain.train.trainer import Trainer
 
         try:

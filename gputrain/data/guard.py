@@ -1,7 +1,7 @@
 """A sample that cannot be read mid-run (a corrupt image, a bad row): name it, then fail or skip.
 
 `GuardedDataset` wraps any map-style Dataset read through a DataLoader: the training feed's and,
-for the validation and test splits, the evaluation's (train/feed.py). A failing `__getitem__`
+for the validation and test splits, the evaluation's (data/feed.py). A failing `__getitem__`
 returns a marker instead of raising, because an exception raised in a DataLoader worker reaches the
 main process with the worker's whole traceback pasted into its message; `guarded_collate` drops
 the markers and reports them with the batch, and the reader then fails naming the split and the
@@ -116,7 +116,7 @@ ALONE_HINT = (
 def unwrap(item: GuardedBatch, on_error: str, split: str | None = None, allow_empty: bool = True) -> tuple[Any, int]:
     """(the batch, samples skipped). Raises BadSample naming the split and the first bad sample in
     fail mode. In skip mode the batch is None where every sample was unreadable: an evaluation
-    leaves it out, and so does one training process (its step is left out, train/feed.py); not
+    leaves it out, and so does one training process (its step is left out, data/feed.py); not
     `allow_empty` (a rank of several), that is an error too."""
     if item.failed and (on_error == "fail" or (item.batch is None and not allow_empty)):
         first = item.failed[0]

@@ -76,7 +76,7 @@ def as_tensor_data(data: Any) -> Any:
     in number, dtype and row shape (joined once, a copy). Batches are then gathered by one index
     operation per tensor, with no worker processes and no per-sample collate; the samples and
     their order are the same. Any other data set (or a DataLoader) is returned as it is: a
-    subclass's `__getitem__` is the user's code, which only it can run (train/feed.py reads such
+    subclass's `__getitem__` is the user's code, which only it can run (data/feed.py reads such
     data in this process when a sample is cheap to read)."""
     if isinstance(data, TensorData):
         return data

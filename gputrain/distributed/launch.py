@@ -21,7 +21,7 @@ from gputrain.errors import Interrupted, RunError, UsageError
 
 LAUNCHER_SHARE_ENV = "GPUTRAIN_LAUNCHER_OMP_NUM_THREADS"
 """Set by `launch` to the OMP_NUM_THREADS it chose for the ranks: a default, not the user's, so each
-rank still chooses its thread count (train/threads.py)."""
+rank still chooses its thread count (env/threads.py)."""
 
 
 @dataclass(slots=True)
@@ -118,7 +118,7 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     opts.check()
     # CPU threads per rank: share the cores (torchrun would set 1 and print a warning banner). A share
     # set here is marked as gputrain's, so each rank still chooses from its cores and their load
-    # (train/threads.py); an OMP_NUM_THREADS of the user's wins there.
+    # (env/threads.py); an OMP_NUM_THREADS of the user's wins there.
     if "OMP_NUM_THREADS" not in os.environ:
         share = str(max(1, (os.cpu_count() or 1) // opts.nproc_per_node))
         os.environ["OMP_NUM_THREADS"] = os.environ[LAUNCHER_SHARE_ENV] = share

@@ -16,7 +16,7 @@ process-wide total: a temporary that another thread makes and frees while this o
 profile: a block allocated while it counted and freed after it stopped leaves its size behind, and
 when that address is freed again while it counts, the total drops by a size it never added. So the
 flag, once set, stays set, and a measurement belongs in a process of its own that nothing profiled
-before (train/peak_memory.py's `measure_training_fresh`; torchrun's ranks are). This is torch's CPU
+before (benchmarks/peak_memory.py's `measure_training_fresh`; torchrun's ranks are). This is torch's CPU
 allocator only: no CUDA, none of glibc's or Python's own memory.
 """
 

@@ -26,7 +26,7 @@ from gputrain.report.page import Section, page, plots
 from gputrain.report.rundir import Run, read_runs
 from gputrain.report.speed import compare_speed_html, profile_html, speed_html
 from gputrain.report.svg import esc
-from gputrain.train.run_files import write_text
+from gputrain.run.files import write_text
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gputrain.evaluate.scores import Scores
 from gputrain.report.series import thin_curve
-from gputrain.train.scores import Scores
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gputrain.train.scores import Scores
+from gputrain.evaluate.scores import Scores
 
 MAX_POINTS = 2000
 """Points drawn in a scatter: more only blacken the plot (and grow the file); the errors are

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from gputrain.errors import DataError
-from gputrain.train.prior_run import COMPLETE
-from gputrain.train.scores import Scores, load_scores
+from gputrain.evaluate.scores import Scores, load_scores
+from gputrain.run.prior import COMPLETE
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "lr_find.json")
 """A directory holding none of these is not a run (lr_find.json alone: an LR sweep's directory)."""

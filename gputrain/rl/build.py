@@ -19,6 +19,7 @@ from torch import nn
 from gputrain.config import Config, OptimConfig
 from gputrain.distributed.context import agree_on_path, env_world
 from gputrain.distributed.parallelize import parallelize
+from gputrain.env.threads import explicit_threads
 from gputrain.errors import ConfigError
 from gputrain.observe.console import RunConsole
 from gputrain.observe.speed import SpeedMeter
@@ -34,13 +35,12 @@ from gputrain.rl.pipeline import TrainingEnvs
 from gputrain.rl.policy import ActorCritic, build_policy
 from gputrain.rl.rollout import Rollout
 from gputrain.rl.settings import PPOSettings, check_layout
+from gputrain.run.files import default_run_dir, run_dir_path
+from gputrain.run.prior import claim_run_dir
 from gputrain.train.build import Placement, place_run
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
 from gputrain.train.metrics import MetricsLogger
-from gputrain.train.prior_run import claim_run_dir
-from gputrain.train.run_files import default_run_dir, run_dir_path
 from gputrain.train.state import seed_everything
-from gputrain.train.threads import explicit_threads
 
 CHECKPOINTS_PER_RUN = 10
 """With checkpoint.every_steps=0, a checkpoint every tenth of the iterations (and at the end)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from gputrain.checkpoint.fit import CheckpointMismatch, dtype_text, kind_of_value, listing, shape_text
+from gputrain.checkpoint.matching import CheckpointMismatch, dtype_text, kind_of_value, listing, shape_text
 from gputrain.rl.pipeline import TrainingEnvs
 
 ENV_KEY = "rl"

@@ -28,13 +28,13 @@ from gputrain.rl.minibatches import epoch_minibatches
 from gputrain.rl.ppo import LOSS_TERMS, Batch, UpdateResult, ppo_update
 from gputrain.rl.resume import ENV_KEY, check_env_state
 from gputrain.rl.rollout import collect_rollout
+from gputrain.run.prior import PriorRun
+from gputrain.run.record import RunEnding, RunRecorder
+from gputrain.run.signals import StoppedBySignal, StopRequest
+from gputrain.run.start import start_run
+from gputrain.run.summary import build_summary
 from gputrain.train.compile_check import unchecked
-from gputrain.train.prior_run import PriorRun
-from gputrain.train.run_record import RunEnding, RunRecorder
-from gputrain.train.run_start import start_run
-from gputrain.train.signals import StoppedBySignal, StopRequest
 from gputrain.train.state import LoopState, restore_training_state, training_state
-from gputrain.train.summary import build_summary
 from gputrain.train.trainer import ConfigLike
 
 
@@ -198,7 +198,7 @@ class PPOTrainer:
 
     # ----------------------------------------------------------------- start, resume, save
     def _start(self, ending: RunEnding) -> bool:
-        """Resume or begin in the run directory (train/run_start.py); False when it holds a complete
+        """Resume or begin in the run directory (run/start.py); False when it holds a complete
         run: one that reached its last iteration, or rl.stop_at_return at the checkpoint resumed."""
         return start_run(
             ending,

@@ -23,6 +23,8 @@ from gputrain.config import Config, resolve_grad_accum
 from gputrain.config.sizes import check_training_state_fits, state_memory
 from gputrain.config.validate import check_cuda_graphs, check_pipeline_precision
 from gputrain.data.augment import apply_channels_last, build_batch_transform
+from gputrain.data.batches import BatchPlan
+from gputrain.data.feed import BatchFeed
 from gputrain.data.pixels import as_model_sees_it, pixel_scaler_for
 from gputrain.data.spec import DataSpec, example_input
 from gputrain.data.tensors import as_tensor_data
@@ -32,7 +34,9 @@ from gputrain.distributed.faults import install_test_fault
 from gputrain.distributed.parallel_dims import ParallelDims
 from gputrain.distributed.parallelize import TPPlan, describe_choice, parallelize, pp_group, setup_parallel
 from gputrain.env.device import resolve_device
+from gputrain.env.threads import apply_threads, local_ranks
 from gputrain.errors import ConfigError
+from gputrain.evaluate.evaluator import EarlyStopping, Evaluator, evaluation_plan
 from gputrain.fp8 import apply_fp8
 from gputrain.models.meta import MetaInit, build_on_meta, is_meta, prepare_meta_init
 from gputrain.models.plans import tp_plan_for
@@ -44,22 +48,18 @@ from gputrain.optim import build_optimizer, build_schedule
 from gputrain.optim.states import optimizer_states_per_param
 from gputrain.plan.batch import resolve_auto_batch
 from gputrain.precision import Precision, resolve_precision
+from gputrain.run.files import check_run_dir, default_run_dir, run_dir_path
+from gputrain.run.prior import claim_run_dir
 from gputrain.switches import apply_process_switches
 from gputrain.train import device_guard
-from gputrain.train.batches import BatchPlan
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
 from gputrain.train.compile_check import CompileCheck
 from gputrain.train.device_guard import DeviceGuard
-from gputrain.train.evaluate import EarlyStopping, Evaluator, evaluation_plan
-from gputrain.train.feed import BatchFeed
 from gputrain.train.metrics import MetricsLogger
 from gputrain.train.nonfinite import NonFiniteGuard
-from gputrain.train.prior_run import claim_run_dir
-from gputrain.train.run_files import check_run_dir, default_run_dir, run_dir_path
 from gputrain.train.state import seed_everything
 from gputrain.train.step import StepParts
 from gputrain.train.tasks import ComputeLoss, LossFn, Task, loss_of_batch, resolve_task
-from gputrain.train.threads import apply_threads, local_ranks
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle

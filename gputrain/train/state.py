@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gputrain.checkpoint.fit import CheckpointMismatch, first_difference, kind_of_value, listing
+from gputrain.checkpoint.matching import CheckpointMismatch, first_difference, kind_of_value, listing
 from gputrain.errors import RunError
 
 

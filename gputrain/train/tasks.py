@@ -13,8 +13,8 @@ from torch import nn
 from gputrain.data.pixels import is_uint8_image
 from gputrain.data.spec import DataSpec, TaskName
 from gputrain.errors import RunError, UsageError
+from gputrain.evaluate.probe import ModelFailed, as_pair, first_batch, run_model
 from gputrain.models.outputs import model_logits
-from gputrain.train.probe import ModelFailed, as_pair, first_batch, run_model
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -88,7 +88,7 @@ def resolve_task(
     model: nn.Module, train_data: Any, *, spec: DataSpec | None, loss_fn: LossFn | None, step_fn: ComputeLoss | None
 ) -> Task:
     """The task from the data's spec; for a user's model and data, from the shapes and dtypes of
-    the model's outputs on the first samples (train/probe.py): the logits for (inputs, targets), or
+    the model's outputs on the first samples (evaluate/probe.py): the logits for (inputs, targets), or
     for dict batches the `.logits` of `model(**batch)` against the batch's `labels`.
 
     Raises:

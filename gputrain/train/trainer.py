@@ -19,15 +19,15 @@ from torch.utils.data import DataLoader, Dataset
 from gputrain.config import Config, load_config
 from gputrain.data.spec import DataSpec
 from gputrain.data.tensors import as_tensor_data
+from gputrain.evaluate.scores import save_scores
 from gputrain.observe.own_sync import own_sync
 from gputrain.observe.profiler import ProfileReport, profile_run
+from gputrain.run.record import RunEnding, RunRecorder
+from gputrain.run.signals import StoppedBySignal, StopRequest
+from gputrain.run.start import start_run
 from gputrain.train.build import UserTPPlan, build_model_and_data, build_training, profile_target
 from gputrain.train.device_guard import DeviceGuard
 from gputrain.train.nonfinite import BadStep, note_bad_steps
-from gputrain.train.run_record import RunEnding, RunRecorder
-from gputrain.train.run_start import start_run
-from gputrain.train.scores import save_scores
-from gputrain.train.signals import StoppedBySignal, StopRequest
 from gputrain.train.state import LoopState, restore_training_state, training_state
 from gputrain.train.step import StepResult, train_step
 from gputrain.train.tasks import ComputeLoss, LossFn

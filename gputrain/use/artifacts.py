@@ -29,7 +29,7 @@ from gputrain.checkpoint.io import save_weights
 from gputrain.config import load_config
 from gputrain.data.spec import DataSpec
 from gputrain.errors import UsageError, first_line
-from gputrain.train.run_files import write_json, write_text
+from gputrain.run.files import write_json, write_text
 from gputrain.use.loaded import build_trained_model
 from gputrain.use.preprocess import Preprocessing, ServedModel
 from gputrain.use.run_dir import WeightsSource

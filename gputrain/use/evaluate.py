@@ -1,12 +1,12 @@
 """`evaluate`: a run's model on one of its splits or on new labelled data, with the run's metrics.
 
-The figures come from training's own `Evaluator` (train/evaluate.py), built with the run's task,
+The figures come from training's own `Evaluator` (evaluate/evaluator.py), built with the run's task,
 `eval.metrics` and evaluation batch size, so the final weights on the test split give exactly the
 test metrics the run reported. Under torchrun every rank loads the whole model and evaluates its
 share of the data; the metrics and the kept scores are combined (plain DDP's evaluation).
 
 Written beside the run's own files (or to `out_dir`): `eval-<name>.json` (the metrics, which
-weights, which data) and `scores-<name>.npz` (train/scores.py: per-sample probabilities or
+weights, which data) and `scores-<name>.npz` (evaluate/scores.py: per-sample probabilities or
 predictions, for the report). The name is the split's (`test`), with the weights' kind where they
 are not the final ones (`test-best`) and `-custom` where data overrides rebuilt the split
 (`test-custom`), or the new data file's stem (`new` for data.path=new.csv).
@@ -29,11 +29,11 @@ from gputrain.config import Config, load_config, resolve_grad_accum
 from gputrain.data.pixels import pixel_scaler_for
 from gputrain.distributed.context import DistContext, env_world, init_distributed, rank_device
 from gputrain.errors import UsageError
+from gputrain.evaluate.evaluator import Evaluator, resolve_metrics
+from gputrain.evaluate.scores import Scores, save_scores
 from gputrain.precision import Precision
+from gputrain.run.files import write_json
 from gputrain.switches import apply_process_switches
-from gputrain.train.evaluate import Evaluator, resolve_metrics
-from gputrain.train.run_files import write_json
-from gputrain.train.scores import Scores, save_scores
 from gputrain.train.tasks import resolve_task
 from gputrain.use.loaded import LoadedRun, data_overrides, load_run
 from gputrain.use.new_data import check_new_data_overrides, read_new_data

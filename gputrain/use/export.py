@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from gputrain.errors import RunError, UsageError, first_line
-from gputrain.train.run_files import write_json
+from gputrain.run.files import write_json
 from gputrain.use import artifacts
 from gputrain.use.artifacts import FORMATS, ONNX_OPSET, Runner
 from gputrain.use.extras import EXPORT_EXTRA, require_export_extra

@@ -19,8 +19,8 @@ from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from gputrain.checkpoint.fit import CheckpointMismatch, Spec, canonical_name, check_weights, tied_groups
 from gputrain.checkpoint.io import DCP_METADATA, MODEL_FILE, CorruptCheckpoint, load_checkpoint, model_weights
+from gputrain.checkpoint.matching import CheckpointMismatch, Spec, canonical_name, check_weights, tied_groups
 from gputrain.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpointContent, read_metadata
 from gputrain.errors import UsageError, first_line
 from gputrain.use.run_dir import WeightsSource

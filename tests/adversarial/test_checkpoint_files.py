@@ -37,7 +37,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from gputrain.checkpoint.fit import CheckpointMismatch
+from gputrain.checkpoint.matching import CheckpointMismatch
 from gputrain.checkpoint.io import commit_checkpoint_dir, read_weights
 from gputrain.checkpoint.sharded import load_portable_checkpoint
 from gputrain.cli import main

@@ -30,7 +30,7 @@ from gputrain.data.image_folder import decode_image
 from gputrain.data.registry import DataBundle
 from gputrain.distributed.context import DistContext
 from gputrain.errors import ConfigError, DataError, RunError
-from gputrain.train.evaluate import Evaluator, shard_for_eval
+from gputrain.evaluate.evaluator import Evaluator, shard_for_eval
 from gputrain.train.tasks import Task
 from tests.conftest import run_cli
 from tests.unit.data.files import mnist_like, write_idx, write_image_folder, write_mnist, write_tokens

@@ -108,7 +108,7 @@ def test_a_disk_full_before_the_start_leaves_no_empty_temporaries(small_disk: Pa
 
 
 def test_a_traceback_that_cannot_be_written_is_not_said_to_be_there(tmp_path: Path) -> None:
-    from gputrain.train.run_record import _save_traceback
+    from gputrain.run.record import _save_traceback
 
     blocked = tmp_path / "file"
     blocked.write_text("a file where the run directory would be")

@@ -24,8 +24,8 @@ from gputrain import Trainer
 from gputrain.cli import main
 from gputrain.errors import ConfigError, UsageError
 from gputrain.report.overview import resume_command
-from gputrain.train.run_files import command_line_words
-from gputrain.train.signals import StoppedBySignal
+from gputrain.run.files import command_line_words
+from gputrain.run.signals import StoppedBySignal
 from tests.adversarial.helpers import QUIET, fingerprint, linear_data, linear_trainer, read_summary
 from tests.conftest import run_cli
 
@@ -169,7 +169,7 @@ def test_the_cli_resume_advice_works_as_written(tmp_path: Path, capsys: pytest.C
 
 
 def test_overrides_apply_on_top_of_the_runs_own_config(tmp_path: Path) -> None:
-    from gputrain.train.prior_run import load_run_config
+    from gputrain.run.prior import load_run_config
 
     run_dir = tmp_path / "r"
     _interrupted(run_dir, **{"optim.lr": 0.003, "train.epochs": 4})
@@ -182,7 +182,7 @@ def test_overrides_apply_on_top_of_the_runs_own_config(tmp_path: Path) -> None:
 def test_a_run_started_from_another_runs_checkpoint_continues_from_its_own(done: Path, tmp_path: Path) -> None:
     """config.toml keeps checkpoint.resume=<the other run's checkpoint>; continuing the branch goes on
     from the branch's own checkpoints, not back to the other run's."""
-    from gputrain.train.prior_run import load_run_config
+    from gputrain.run.prior import load_run_config
 
     branch = tmp_path / "branch"
     linear_trainer(branch, **{"train.epochs": 3, "checkpoint.resume": str(done / "checkpoints" / "step-8")}).fit()

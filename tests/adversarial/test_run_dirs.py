@@ -242,7 +242,7 @@ def test_a_second_run_into_a_directory_in_use_is_refused_and_the_first_goes_on(t
 
 def test_the_python_api_is_refused_in_its_own_words_and_writes_nothing(tmp_path: Path) -> None:
     from gputrain.distributed.context import DistContext
-    from gputrain.train.run_lock import run_dir_locked
+    from gputrain.run.lock import run_dir_locked
 
     held = tmp_path / "held"
     with run_dir_locked(held, DistContext()):  # another run training there (flock: per open file, even here)

@@ -22,7 +22,7 @@ import pytest
 from gputrain import interrupts
 from gputrain.checkpoint import find_resumable, verify_checkpoint
 from gputrain.distributed.launch import culprit
-from gputrain.train.signals import StopRequest
+from gputrain.run.signals import StopRequest
 from tests.adversarial.helpers import read_summary
 from tests.unit.reliability.chaos import TINY, TINY_2_RANKS, kill_at_step, logged_step, start_train
 

@@ -22,7 +22,7 @@ from gputrain.cli.launching import _AgentNoise, _quiet_torchrun
 from gputrain.config import load_config
 from gputrain.config.validate import check_registry_layout
 from gputrain.errors import ConfigError
-from gputrain.train.signals import StopRequest
+from gputrain.run.signals import StopRequest
 from tests.conftest import ROOT, run_cli
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
@@ -86,7 +86,7 @@ def test_a_run_stopped_by_a_signal_does_not_hand_back_the_start_up_handler(handl
 
 _ARMED_BEFORE_WRITING = """
 import os, signal, sys
-import gputrain.train.run_start as run_start
+import gputrain.run.start as run_start
 real = run_start.write_run_files
 def write_then_signal(*args, **kwargs):
     real(*args, **kwargs)

@@ -20,7 +20,7 @@ CASES = {
 
 
 def _measure(rank: int, overrides: list[str], run_dir: str) -> int:
-    from gputrain.train.peak_memory import measure_training
+    from benchmarks.peak_memory import measure_training
 
     return measure_training(overrides, run_dir).peak
 

@@ -48,7 +48,7 @@ def _evaluations(rank: int) -> dict[str, Any]:
     from gputrain.data.guard import BadSample
     from gputrain.data.tensors import TensorData
     from gputrain.distributed.context import DistContext
-    from gputrain.train.evaluate import Evaluator
+    from gputrain.evaluate.evaluator import Evaluator
     from gputrain.train.tasks import Task
 
     dist.init_process_group("gloo")
@@ -231,7 +231,7 @@ def _layouts(rank: int) -> dict[str, Any]:
     from gputrain.distributed.parallelize import parallelize, setup_parallel
     from gputrain.models import build_model
     from gputrain.models.plans import tp_plan_for
-    from gputrain.train.evaluate import Evaluator
+    from gputrain.evaluate.evaluator import Evaluator
     from gputrain.train.tasks import Task
 
     dist.init_process_group("gloo")

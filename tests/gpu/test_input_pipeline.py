@@ -8,8 +8,8 @@ from torch import nn
 
 from gputrain.data.augment import apply_channels_last
 from gputrain.observe.breakdown import StepTimer
-from gputrain.train.feed import to_device
-from gputrain.train.prefetch import prefetch_to_cuda
+from gputrain.data.feed import to_device
+from gputrain.data.prefetch import prefetch_to_cuda
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

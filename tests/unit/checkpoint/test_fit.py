@@ -1,4 +1,4 @@
-"""checkpoint/fit.py: whether an intact checkpoint is this run's, said in words that name what
+"""checkpoint/matching.py: whether an intact checkpoint is this run's, said in words that name what
 differs. Whole runs resumed against checkpoints of other models, optimizers and states:
 tests/adversarial/test_checkpoint_files.py."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from gputrain.checkpoint.fit import CheckpointMismatch, Spec, check_weights, first_difference, tied_groups
+from gputrain.checkpoint.matching import CheckpointMismatch, Spec, check_weights, first_difference, tied_groups
 
 PATH = Path("runs/x/checkpoints/step-4")
 

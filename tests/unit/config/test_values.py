@@ -81,7 +81,7 @@ def test_the_largest_seed_is_one_numpy_and_torch_take():
     np.random.seed(seed)  # the legacy seeding takes 0..2**32-1 only
     with pytest.raises(ValueError):
         np.random.seed(seed + 1)
-    # the per-epoch shuffling seed gputrain derives (train/batches.py), for a very long run
+    # the per-epoch shuffling seed gputrain derives (data/batches.py), for a very long run
     torch.Generator().manual_seed(seed * 1_000_003 + LIMITS["train.epochs"].high)
 
 

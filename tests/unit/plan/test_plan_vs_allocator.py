@@ -11,7 +11,7 @@ import torch
 from gputrain.cli.plan import build_plan_target
 from gputrain.config import load_config
 from gputrain.plan.allocator import AllocatorPeak, _report_flag
-from gputrain.train.peak_memory import measure_training_fresh
+from benchmarks.peak_memory import measure_training_fresh
 from gputrain.plan.planner import layout_row
 
 TOLERANCE = 0.10  # the goal: within 10% of the measured peak

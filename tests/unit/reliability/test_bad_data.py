@@ -147,7 +147,7 @@ def _evaluate_shared(rank: int, on_error: str) -> tuple[str, Any]:
 
     from gputrain.data.guard import BadSample
     from gputrain.distributed.context import DistContext
-    from gputrain.train.evaluate import Evaluator
+    from gputrain.evaluate.evaluator import Evaluator
     from gputrain.train.tasks import Task
 
     dist.init_process_group("gloo")
@@ -181,7 +181,7 @@ def test_shared_evaluation_with_an_unreadable_sample_on_one_rank(on_error: str) 
 
 
 def test_an_evaluation_reader_counts_each_pass_alone(tmp_path: Path) -> None:
-    from gputrain.train.feed import EvalBatches
+    from gputrain.data.feed import EvalBatches
 
     reader = EvalBatches(FlakyImages(tmp_path), 16, torch.device("cpu"), on_error="skip", split="val")
     for _ in range(2):

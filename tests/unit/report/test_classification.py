@@ -13,7 +13,7 @@ from sklearn.metrics import average_precision_score, confusion_matrix, roc_auc_s
 
 from gputrain.report.build import write_report
 from gputrain.report.classify import classification_report
-from gputrain.train.scores import Scores, load_scores
+from gputrain.evaluate.scores import Scores, load_scores
 
 
 def _drawn_curves(page: str, title: str) -> dict[str, np.ndarray]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from gputrain.checkpoint.fit import CheckpointMismatch
+from gputrain.checkpoint.matching import CheckpointMismatch
 from gputrain.errors import Interrupted
 from gputrain.rl.trainer import PPOTrainer
 

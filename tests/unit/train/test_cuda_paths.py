@@ -25,8 +25,8 @@ from gputrain.errors import ConfigError
 from gputrain.precision import Precision
 from gputrain.switches import apply_process_switches
 from gputrain.train import state as state_module
-from gputrain.train.batches import BatchPlan
-from gputrain.train.feed import BatchFeed
+from gputrain.data.batches import BatchPlan
+from gputrain.data.feed import BatchFeed
 from gputrain.train.state import capture_rng, restore_rng
 from gputrain.train.step import StepParts, train_step
 
@@ -222,7 +222,7 @@ class ReplayedOutputs(nn.Module):
 def test_evaluation_under_cuda_graphs_copies_each_batchs_outputs_before_the_next_replay() -> None:
     import contextlib
 
-    from gputrain.train.evaluate import evaluate_split
+    from gputrain.evaluate.evaluator import evaluate_split
 
     torch.manual_seed(0)
     model = ReplayedOutputs()

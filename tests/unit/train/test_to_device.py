@@ -6,7 +6,7 @@ from collections import UserDict
 
 import torch
 
-from gputrain.train.feed import to_device
+from gputrain.data.feed import to_device
 
 
 def test_a_mapping_that_is_no_dict_is_moved() -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gputrain.cli import main
-from gputrain.train.scores import load_scores
+from gputrain.evaluate.scores import load_scores
 from gputrain.use.evaluate import evaluate_run
 from gputrain.use.loaded import load_run
 

@@ -22,8 +22,8 @@ from sklearn.metrics import (
 )
 from torch import nn
 
-from gputrain.train.eval_metrics import EvalMetrics
-from gputrain.train.evaluate import evaluate_split
+from gputrain.evaluate.metrics import EvalMetrics
+from gputrain.evaluate.evaluator import evaluate_split
 
 NAMES = ["accuracy", "precision", "recall", "f1", "auroc", "loss"]
 CPU = torch.device("cpu")
@@ -167,7 +167,7 @@ def test_evaluating_imports_neither_torchmetrics_nor_torchvision(tmp_path) -> No
 @pytest.mark.parametrize("tied", [False, True])
 def test_auroc_on_the_host_gives_the_tensor_paths_figure(tied: bool) -> None:
     """CPU scores take numpy, other devices tensor ops (eval_metrics.py): the same figure, ties or not."""
-    from gputrain.train import eval_metrics
+    from gputrain.evaluate import metrics as eval_metrics
 
     torch.manual_seed(4)
     logits = torch.randint(0, 3, (600, 5)).float() if tied else torch.randn(3000, 12)

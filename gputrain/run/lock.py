@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gputrain.distributed.context import DistContext, agree_on_text
 from gputrain.errors import UsageError
-from gputrain.train.run_files import run_dir_option
+from gputrain.run.files import run_dir_option
 
 
 @contextlib.contextmanager

@@ -14,8 +14,8 @@ from torch.utils.data import Dataset
 from gputrain import Trainer
 from gputrain.data.tensors import TensorData
 from gputrain.errors import RunError
-from gputrain.train import feed
-from gputrain.train.feed import auto_num_workers, auto_prefetch_factor
+from gputrain.data import feed
+from gputrain.data.feed import auto_num_workers, auto_prefetch_factor
 
 
 class Sized(Dataset):

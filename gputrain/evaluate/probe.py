@@ -20,8 +20,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torch.utils.data._utils.collate import default_collate
 
+from gputrain.data.feed import to_device
 from gputrain.errors import first_line
-from gputrain.train.feed import to_device
 
 _OWN_DIRS = (str(Path(torch.__file__).parent), str(Path(__file__).parents[1]))
 """torch's and gputrain's code: a frame there is not where the user's model or function went wrong."""

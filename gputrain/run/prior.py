@@ -16,7 +16,7 @@ from typing import Any
 
 from gputrain.config import Config, config_to_dict, load_config, parse_override
 from gputrain.errors import GputrainError, UsageError
-from gputrain.train.run_files import (
+from gputrain.run.files import (
     RUN_DIRS,
     RUN_FILES,
     check_not_in_data,

@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, Subset
 
+from gputrain.data.feed import to_device
 from gputrain.data.guard import BadSample
 from gputrain.data.tensors import TensorData
 from gputrain.distributed.context import DistContext
-from gputrain.train.feed import to_device
-from gputrain.train.scores import Scores, merge
+from gputrain.evaluate.scores import Scores, merge
 
 
 def shard_for_eval(data: Dataset, rank: int, world_size: int) -> Dataset:

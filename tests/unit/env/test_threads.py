@@ -1,4 +1,4 @@
-"""The intra-op thread choice (train/threads.py): recorded facts for the judgement, fake cgroup files
+"""The intra-op thread choice (env/threads.py): recorded facts for the judgement, fake cgroup files
 for the quota, and the same path for real on this machine (its affinity, cgroup and /proc/stat)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 from gputrain.config import load_config
 from gputrain.distributed.launch import LAUNCHER_SHARE_ENV
 from gputrain.errors import ConfigError
-from gputrain.train import threads
-from gputrain.train.threads import CpuShare, apply_threads, auto_threads, busy_cores, cgroup_quota, explicit_threads
+from gputrain.env import threads
+from gputrain.env.threads import CpuShare, apply_threads, auto_threads, busy_cores, cgroup_quota, explicit_threads
 
 
 @pytest.fixture

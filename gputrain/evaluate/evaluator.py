@@ -15,21 +15,21 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from gputrain.config.schema import EvalConfig
+from gputrain.data.feed import EvalBatches
 from gputrain.data.guard import BadSample
 from gputrain.data.tensors import TensorData
 from gputrain.distributed.context import DistContext
 from gputrain.errors import ConfigError, RunError, UsageError, first_line
-from gputrain.train.eval_metrics import CLASSIFICATION, REGRESSION, EvalMetrics
-from gputrain.train.eval_shares import (
+from gputrain.evaluate.metrics import CLASSIFICATION, REGRESSION, EvalMetrics
+from gputrain.evaluate.probe import describe_batch, first_batch, raised_at
+from gputrain.evaluate.scores import KEEPS_SCORES, ScoreKeeper, Scores
+from gputrain.evaluate.shares import (
     Lockstep,
     dp_group,
     gather_scores,
     lockstep_steps,
     shard_for_eval,
 )
-from gputrain.train.feed import EvalBatches
-from gputrain.train.probe import describe_batch, first_batch, raised_at
-from gputrain.train.scores import KEEPS_SCORES, ScoreKeeper, Scores
 from gputrain.train.state import LoopState
 from gputrain.train.tasks import (
     DEFAULT_METRICS,

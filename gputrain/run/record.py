@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from gputrain.errors import GputrainError, Interrupted, RunError, UsageError, first_line
 from gputrain.interrupts import job_rank
-from gputrain.train.prior_run import prior_run
-from gputrain.train.run_files import write_json, write_text
-from gputrain.train.run_lock import run_dir_locked
-from gputrain.train.signals import StopRequest
+from gputrain.run.files import write_json, write_text
+from gputrain.run.lock import run_dir_locked
+from gputrain.run.prior import prior_run
+from gputrain.run.signals import StopRequest
+from gputrain.run.summary import build_summary, start_up_summary
 from gputrain.train.state import LoopState
 from gputrain.train.step import StepResult
-from gputrain.train.summary import build_summary, start_up_summary
 
 if TYPE_CHECKING:
     from gputrain.observe.console import RunConsole

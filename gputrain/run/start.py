@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from gputrain.config import Config
-from gputrain.train.prior_run import PriorRun, asks_longer, continue_run, kept_message, prior_run, saved_config
-from gputrain.train.run_files import write_run_files
-from gputrain.train.run_record import RecordedParts, RunEnding
-from gputrain.train.signals import StopRequest
+from gputrain.run.files import write_run_files
+from gputrain.run.prior import PriorRun, asks_longer, continue_run, kept_message, prior_run, saved_config
+from gputrain.run.record import RecordedParts, RunEnding
+from gputrain.run.signals import StopRequest
 from gputrain.train.state import LoopState
 
 Restore = Callable[[Path, dict[str, Any]], LoopState]

@@ -18,11 +18,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
+from gputrain.data.batches import BatchPlan, PlanBatchSampler
 from gputrain.data.guard import GuardedBatch, GuardedDataset, guarded_collate, nothing_readable, unwrap
+from gputrain.data.prefetch import prefetch_to_cuda
 from gputrain.data.tensors import TensorData
 from gputrain.observe.breakdown import StepTimer
-from gputrain.train.batches import BatchPlan, PlanBatchSampler
-from gputrain.train.prefetch import prefetch_to_cuda
 
 log = logging.getLogger("gputrain")
 

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import Dataset
 
 from gputrain.data.tensors import TensorData
-from gputrain.train.evaluate import shard_for_eval
+from gputrain.evaluate.evaluator import shard_for_eval
 
 
 class Numbers(Dataset):

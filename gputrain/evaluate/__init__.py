@@ -1,0 +1,29 @@
+"""Evaluation of a split during and after training: the evaluator and early stopping (`evaluator`),
+the metrics it computes (`metrics`), how ranks share a split (`shares`), the scores kept for the
+report's curves (`scores`), and the first batch tried before a split is run (`probe`).
+
+Its names are imported on first use (gputrain/lazy.py)."""
+
+from __future__ import annotations
+
+from gputrain.lazy import lazy_exports
+
+_EXPORTS = {
+    "EarlyStopping": "evaluator",
+    "Evaluator": "evaluator",
+    "evaluate_split": "evaluator",
+    "EvalMetrics": "metrics",
+    "Scores": "scores",
+    "load_scores": "scores",
+    "save_scores": "scores",
+}
+__all__ = [
+    "EarlyStopping",
+    "EvalMetrics",
+    "Evaluator",
+    "Scores",
+    "evaluate_split",
+    "load_scores",
+    "save_scores",
+]
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,44 @@
+"""The run directory, shared by every loop and every command: where a run's files are and what they
+are called (`layout`), writing them (`files`), the run a directory already holds (`prior`), one run
+at a time (`lock`), how a loop begins there (`start`), and the record every ending leaves
+(`record`, `summary`), signals included (`signals`).
+
+Its names are imported on first use (gputrain/lazy.py): reading a layout name loads no torch."""
+
+from __future__ import annotations
+
+from gputrain.lazy import lazy_exports
+
+_EXPORTS = {
+    "default_run_dir": "files",
+    "run_dir_path": "files",
+    "write_json": "files",
+    "write_run_files": "files",
+    "write_text": "files",
+    "run_dir_locked": "lock",
+    "PriorRun": "prior",
+    "claim_run_dir": "prior",
+    "prior_run": "prior",
+    "RunEnding": "record",
+    "RunRecorder": "record",
+    "StoppedBySignal": "signals",
+    "StopRequest": "signals",
+    "build_summary": "summary",
+}
+__all__ = [
+    "PriorRun",
+    "RunEnding",
+    "RunRecorder",
+    "StopRequest",
+    "StoppedBySignal",
+    "build_summary",
+    "claim_run_dir",
+    "default_run_dir",
+    "prior_run",
+    "run_dir_locked",
+    "run_dir_path",
+    "write_json",
+    "write_run_files",
+    "write_text",
+]
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,35 @@
+"""The training loop alone: the public `Trainer` (`trainer`), its parts built from a config
+(`build`), one optimizer step (`step`) with its non-finite guards (`nonfinite` on the host, `device_guard` on the device), the loop's state
+(`state`), tasks and losses (`tasks`), checkpoints (`checkpointer`), logged rows (`metrics`), the
+compile check (`compile_check`) and the LR finder (`lr_find`).
+
+The run directory is `gputrain.run`, evaluation `gputrain.evaluate`, feeding `gputrain.data.feed`.
+Names are imported on first use (gputrain/lazy.py)."""
+
+from __future__ import annotations
+
+from gputrain.lazy import lazy_exports
+
+_EXPORTS = {
+    "TrainingParts": "build",
+    "build_training": "build",
+    "Checkpointer": "checkpointer",
+    "MetricsLogger": "metrics",
+    "LoopState": "state",
+    "StepParts": "step",
+    "StepResult": "step",
+    "train_step": "step",
+    "Trainer": "trainer",
+}
+__all__ = [
+    "Checkpointer",
+    "LoopState",
+    "MetricsLogger",
+    "StepParts",
+    "StepResult",
+    "Trainer",
+    "TrainingParts",
+    "build_training",
+    "train_step",
+]
+__getattr__ = lazy_exports(__name__, _EXPORTS)
