@@ -11,6 +11,7 @@ the run.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -29,12 +30,10 @@ from gputrain.rl.ppo import LOSS_TERMS, Batch, UpdateResult, ppo_update
 from gputrain.rl.resume import ENV_KEY, check_env_state
 from gputrain.rl.rollout import collect_rollout
 from gputrain.run.prior import PriorRun
-from gputrain.run.record import RunEnding, RunRecorder
-from gputrain.run.signals import StoppedBySignal, StopRequest
-from gputrain.run.start import start_run
-from gputrain.run.summary import build_summary
+from gputrain.run.record import LoopFigures
+from gputrain.run.shell import LoopShape, RunShell
 from gputrain.train.compile_check import unchecked
-from gputrain.train.state import LoopState, restore_training_state, training_state
+from gputrain.train.state import LoopState
 from gputrain.train.trainer import ConfigLike
 
 
@@ -63,11 +62,20 @@ class PPOTrainer:
         self.checkpointer, self.metrics, self.console = parts.checkpointer, parts.metrics, parts.console
         self.run_dir = parts.run_dir
         self.seed = self.config.train.seed
-        self.state = LoopState()
-        self.stop = StopRequest()
         self.figures: EpisodeFigures | None = None
         """The episode figures of the last logging iteration."""
-        self.recorder = RunRecorder(parts, self.stop, lambda: self.state, summarize=self._summary)
+        shape = LoopShape(
+            total=self.settings.num_iterations,
+            unit="iteration",
+            longer="rl.total_timesteps",
+            meta={"task": None, "num_classes": None},
+            complete=self._already_solved,
+        )
+        check_envs = functools.partial(check_env_state, envs=self.envs, total_envs=self.settings.num_envs)
+        self.shell = RunShell(
+            parts, self.config, shape, self._figures, states={ENV_KEY: self.envs}, checks=(check_envs,)
+        )
+        self.state, self.stop = self.shell.state, self.shell.stop
 
     # ----------------------------------------------------------------- the loop
     def fit(self, on_iteration: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -76,36 +84,36 @@ class PPOTrainer:
         Args:
             on_iteration: called with the iteration's number after each iteration.
         """
-        s = self.settings
-        with self.recorder.recording() as ending:
-            if not self._start(ending):
-                return ending.summary
-            while ending.status is None:
-                iteration = self.state.global_step + 1
-                clock = time.perf_counter()
-                result, batch = self._iterate(iteration)
-                self.state.global_step = iteration
-                self.state.samples_seen += s.batch_size
-                self.state.train_time_s += time.perf_counter() - clock
-                logs = self.metrics.due(iteration)
-                solved = self._log(iteration, result, batch) if logs else False
-                self.console.advance(iteration)
-                ends = solved or iteration >= s.num_iterations
-                saves = ends or iteration % self.parts.checkpoint_every == 0
-                if saves:
-                    self._save()
-                if on_iteration is not None:
-                    on_iteration(iteration)
-                # several ranks agree on a signal where they sync anyway (a row, a checkpoint), as the Trainer's loop
-                if self.stop.agreed(self.dist, self.place.device, logs or saves):
-                    self._interrupted()
-                if ends:
-                    ending.status = "stopped_early" if solved else "completed"
-            self.checkpointer.save_final_weights(self.run_dir / "model.safetensors")
+        summary = self.shell.run(lambda ending: self._train(on_iteration))
         if self.figures is not None and self.figures.window_return is not None:
             last = self.figures.window_size
             self.console.info(f"episodic return {self.figures.window_return:.2f} (mean of the last {last} episodes)")
-        return ending.summary
+        return summary
+
+    def _train(self, on_iteration: Callable[[int], None] | None) -> str:
+        """Iterations until rl.total_timesteps or rl.stop_at_return; returns how the run ended."""
+        s, state, shell = self.settings, self.state, self.shell
+        while True:
+            iteration = state.global_step + 1
+            clock = time.perf_counter()
+            result, batch = self._iterate(iteration)
+            state.global_step = iteration
+            state.samples_seen += s.batch_size
+            state.train_time_s += time.perf_counter() - clock
+            logs = self.metrics.due(iteration)
+            solved = self._log(iteration, result, batch) if logs else False
+            self.console.advance(iteration)
+            ends = solved or iteration >= s.num_iterations
+            saves = ends or iteration % self.parts.checkpoint_every == 0
+            if saves:
+                shell.save()
+            if on_iteration is not None:
+                on_iteration(iteration)
+            # several ranks agree on a signal where they sync anyway (a row, a checkpoint), as the Trainer's loop
+            if shell.stop_requested(logs or saves):
+                shell.interrupted()
+            if ends:
+                return "stopped_early" if solved else "completed"
 
     def _iterate(self, iteration: int) -> tuple[UpdateResult, Batch]:
         """One PPO iteration: rollout, advantages, update; then the schedule's step."""
@@ -196,32 +204,7 @@ class PPOTrainer:
         var_res = res_sq / n - (res / n) ** 2
         return None if var_y <= 0 else 1 - var_res / var_y
 
-    # ----------------------------------------------------------------- start, resume, save
-    def _start(self, ending: RunEnding) -> bool:
-        """Resume or begin in the run directory (run/start.py); False when it holds a complete
-        run: one that reached its last iteration, or rl.stop_at_return at the checkpoint resumed."""
-        return start_run(
-            ending,
-            self.parts,
-            self.config,
-            self.stop,
-            self.settings.num_iterations,
-            self.state,
-            self._restore,
-            longer="rl.total_timesteps",
-            unit="iteration",
-            complete=self._already_solved,
-        )
-
-    def _restore(self, path: Path, saved: dict[str, Any]) -> LoopState:
-        """The policy, optimizer, schedule and counters (as the Trainer's), and every environment."""
-        check_env_state(path, saved, self.envs, self.settings.num_envs)
-        self.state = restore_training_state(
-            path, saved, self.parts.scheduler, self.parts.precision, self.dist.rank, self.place.device
-        )
-        self.envs.load_state_dict(saved[ENV_KEY])
-        return self.state
-
+    # ----------------------------------------------------------------- resume
     def _already_solved(self, prior: PriorRun | None, state: LoopState) -> bool:
         """Whether the run resumed from stopped at rl.stop_at_return, at this checkpoint, and still
         meets it: then it is complete, as a run that reached its last iteration is."""
@@ -231,43 +214,12 @@ class PPOTrainer:
             return False
         return _reaches(self.envs.tracker.take_figures(), self.settings.stop_at_return)
 
-    def _save(self) -> Path | None:
-        if not self.checkpointer.enabled:
-            return None
-        self.metrics.flush()  # the rows of the iterations the checkpoint holds are on disk first (train/metrics.py)
-        state = training_state(self.parts.scheduler, self.parts.precision, self.state, self.place.device, None, None)
-        state[ENV_KEY] = self.envs.state_dict()  # collective: every rank's environments
-        return self.checkpointer.save(self.state.global_step, lambda: state)
-
-    def _interrupted(self) -> None:
-        path = self._save()
-        self.checkpointer.wait()
-        where = f"checkpoint saved at {path}; " if path else ""
-        raise StoppedBySignal(
-            f"stopped by {self.stop.requested} at iteration {self.state.global_step}; {where}", self.run_dir
-        )
-
     # ----------------------------------------------------------------- the record
-    def _summary(self, status: str, wall_s: float, loss: float | None, ending: RunEnding) -> dict[str, Any]:
-        """summary.json: the Trainer's shape (train speed is environment steps per second), and an
+    def _figures(self, status: str) -> LoopFigures:
+        """summary.json: every run's figures (train speed is environment steps per second), and an
         "rl" block with the episodes' figures."""
         s, state, figures = self.settings, self.state, self.figures
-        summary = build_summary(
-            status,
-            wall_s,
-            device=self.place.device,
-            precision=self.place.precision,
-            world_size=self.dist.world_size,
-            state=state,
-            speed=self.parts.speed,
-            train_loss=loss,
-            tokens_per_sample=None,
-            val={},
-            test={},
-            error=ending.error,
-            compile=unchecked("the PPO update") if self.config.train.compile else None,
-        )
-        summary["rl"] = {
+        rl = {
             "env": s.env,
             "policy": s.policy,
             "num_envs": s.num_envs,
@@ -281,7 +233,9 @@ class PPOTrainer:
             "stop_at_return": s.stop_at_return,
             "solved": status == "stopped_early" if s.stop_at_return is not None else None,
         }
-        return summary
+        return LoopFigures(
+            compile=unchecked("the PPO update") if self.config.train.compile else None, blocks={"rl": rl}
+        )
 
 
 def _reaches(figures: EpisodeFigures, target: float | None) -> bool:

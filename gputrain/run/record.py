@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gputrain.errors import GputrainError, Interrupted, RunError, UsageError, first_line
 from gputrain.interrupts import job_rank
@@ -25,26 +25,24 @@ from gputrain.run.prior import prior_run
 from gputrain.run.signals import StopRequest
 from gputrain.run.summary import build_summary, start_up_summary
 from gputrain.train.state import LoopState
-from gputrain.train.step import StepResult
 
 if TYPE_CHECKING:
+    import torch
+
     from gputrain.observe.console import RunConsole
-    from gputrain.train.build import Placement, TrainingParts
+    from gputrain.observe.speed import SpeedMeter
+    from gputrain.train.build import Placement
     from gputrain.train.checkpointer import Checkpointer
     from gputrain.train.metrics import MetricsLogger
 
 
 @dataclass(slots=True)
 class RunEnding:
-    """How the run is ending, filled in as it goes; summary.json is written from it."""
+    """How the run is ending, filled in by the shell and the record; summary.json is written from it."""
 
     status: str | None = None
     """completed, stopped_early, interrupted or failed; None while training goes on."""
     error: str | None = None
-    val: dict[str, float] = field(default_factory=dict)
-    test: dict[str, float] = field(default_factory=dict)
-    last: StepResult | None = None
-    """The last step's result (its loss, where no logging step came after it)."""
     started: bool = False
     """The run has resumed (or begun) and writes into its directory. A run that fails before, in
     its resume, leaves a directory that holds another run's files as they were."""
@@ -58,9 +56,24 @@ class RunEnding:
     """What the run is doing outside its steps (an evaluation), for a failure's message; None: a step."""
 
 
+@dataclass(frozen=True, slots=True)
+class LoopFigures:
+    """What a loop adds to summary.json beyond what every run has (build_summary's common figures)."""
+
+    last_loss: torch.Tensor | None = None
+    """The last step's loss on the device, the train loss where no logging step came after it."""
+    tokens_per_sample: int | None = None
+    val: dict[str, float] = field(default_factory=dict)
+    test: dict[str, float] = field(default_factory=dict)
+    eval_skipped: dict[str, int] | None = None
+    compile: str | None = None
+    """What became of train.compile (train/compile_check.py)."""
+    blocks: dict[str, Any] = field(default_factory=dict)
+    """The loop's own blocks of summary.json (PPO's "rl")."""
+
+
 class RecordedParts(Protocol):
-    """What RunRecorder reads of a run's parts: TrainingParts has them, and so do the parts of
-    another loop (gputrain/rl/) that brings its own summary (`summarize`)."""
+    """What RunRecorder reads of a run's parts: the Trainer's TrainingParts and PPO's RLParts have them."""
 
     @property
     def place(self) -> Placement: ...
@@ -72,32 +85,29 @@ class RecordedParts(Protocol):
     def metrics(self) -> MetricsLogger: ...
     @property
     def checkpointer(self) -> Checkpointer: ...
-
-
-Summarize = Callable[[str, float, "float | None", RunEnding], dict[str, Any]]
-"""(status, wall seconds, train loss, ending) -> the summary.json dict."""
+    @property
+    def speed(self) -> SpeedMeter: ...
 
 
 class RunRecorder:
     """Args:
     parts: the run's parts (where the files go, the job, the console, the metrics, the speed).
     stop: the signal handler, disarmed when the run ends.
-    state: the loop's current state (a resume replaces it).
-    summarize: builds summary.json for a loop other than the Trainer's; by default the Trainer's
-        summary from TrainingParts' figures (speed, task, evaluator).
+    state: the loop's counters (one object for the whole run: a resume fills it in place).
+    figures: the loop's own figures for summary.json, given the run's status.
     """
 
     def __init__(
         self,
         parts: RecordedParts,
         stop: StopRequest,
-        state: Callable[[], LoopState],
-        summarize: Summarize | None = None,
+        state: LoopState,
+        figures: Callable[[str], LoopFigures],
     ) -> None:
         self.parts = parts
         self.stop = stop
         self.state = state
-        self.summarize = summarize or self._training_summary
+        self.figures = figures
         self._fresh = True
         """The run directory held no run to keep when the recording began."""
 
@@ -126,7 +136,7 @@ class RunRecorder:
         except BaseException as exc:
             ending.status = "failed"
             ending.refused = isinstance(exc, UsageError) and not ending.started
-            where = ending.doing or f"step {self.state().global_step + 1}"
+            where = ending.doing or f"step {self.state.global_step + 1}"
             where += f" (rank {dist.rank})" if dist.enabled else ""
             ending.error = str(exc) if isinstance(exc, GputrainError) else f"{where}: {type(exc).__name__}: {exc}"
             log_file = _error_log(run_dir, dist.rank)
@@ -143,42 +153,39 @@ class RunRecorder:
             raise failure
 
     def _record(self, ending: RunEnding, wall_s: float) -> None:
-        parts, state = self.parts, self.state()
+        parts, state = self.parts, self.state
         parts.console.stop()
         self.stop.uninstall()  # also where a complete run was kept: the handlers were armed at the start
         if ending.kept is not None:
             return
         parts.metrics.close()
-        metrics = parts.metrics
-        unlogged = ending.last is not None and metrics.last_logged_step != state.global_step
-        loss = float(ending.last.loss) if unlogged and ending.last is not None else metrics.last_loss
+        metrics, status = parts.metrics, ending.status or "failed"
+        figures = self.figures(status)
+        unlogged = figures.last_loss is not None and metrics.last_logged_step != state.global_step
+        loss = float(figures.last_loss) if unlogged and figures.last_loss is not None else metrics.last_loss
         place = parts.place
-        ending.summary = self.summarize(ending.status or "failed", wall_s, loss, ending)
-        if place.dist.is_main and self._writes(ending):  # else no record, and no table of one
-            with contextlib.suppress(OSError):
-                parts.run_dir.mkdir(parents=True, exist_ok=True)
-                write_json(parts.run_dir / "summary.json", ending.summary)
-            parts.console.final_table(ending.summary, str(parts.run_dir))
-
-    def _training_summary(self, status: str, wall_s: float, loss: float | None, ending: RunEnding) -> dict[str, Any]:
-        parts = cast("TrainingParts", self.parts)  # the default: the Trainer's parts
-        place = parts.place
-        return build_summary(
+        ending.summary = build_summary(
             status,
             wall_s,
             device=place.device,
             precision=place.precision,
             world_size=place.dist.world_size,
-            state=self.state(),
+            state=state,
             speed=parts.speed,
             train_loss=loss,
-            tokens_per_sample=parts.task.tokens_per_sample,
-            val=ending.val,
-            test=ending.test,
+            tokens_per_sample=figures.tokens_per_sample,
+            val=figures.val,
+            test=figures.test,
             error=ending.error,
-            eval_skipped=parts.evaluator.skipped,
-            compile=parts.compile_check.status if parts.compile_check is not None else None,
+            eval_skipped=figures.eval_skipped,
+            compile=figures.compile,
         )
+        ending.summary.update(figures.blocks)
+        if place.dist.is_main and self._writes(ending):  # else no record, and no table of one
+            with contextlib.suppress(OSError):
+                parts.run_dir.mkdir(parents=True, exist_ok=True)
+                write_json(parts.run_dir / "summary.json", ending.summary)
+            parts.console.final_table(ending.summary, str(parts.run_dir))
 
     def _writes(self, ending: RunEnding) -> bool:
         """Whether this ending is recorded in the run directory: once the run has begun writing there;

@@ -1,10 +1,12 @@
 """The training loop alone: the public `Trainer` (`trainer`), its parts built from a config
-(`build`), one optimizer step (`step`) with its non-finite guards (`nonfinite` on the host, `device_guard` on the device), the loop's state
-(`state`), tasks and losses (`tasks`), checkpoints (`checkpointer`), logged rows (`metrics`), the
-compile check (`compile_check`) and the LR finder (`lr_find`).
+(`build`), one optimizer step (`step`) with its non-finite guards (`nonfinite` on the host,
+`device_guard` on the device), the loop's state (`state`), tasks and losses (`tasks`), checkpoints
+(`checkpointer`), logged rows (`metrics`), the compile check (`compile_check`) and the LR finder
+(`lr_find`).
 
-The run directory is `gputrain.run`, evaluation `gputrain.evaluate`, feeding `gputrain.data.feed`.
-Names are imported on first use (gputrain/lazy.py)."""
+The shell every loop runs in is `gputrain.run.shell`; the run directory is `gputrain.run`,
+evaluation `gputrain.evaluate`, feeding `gputrain.data.feed`. Names are imported on first use
+(gputrain/lazy.py)."""
 
 from __future__ import annotations
 

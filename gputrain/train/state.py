@@ -98,26 +98,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def training_state(
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    precision: Any,
-    loop: LoopState,
-    device: torch.device,
-    task: str | None,
-    num_classes: int | None,
-) -> dict[str, Any]:
-    """What a checkpoint holds besides the weights and the optimizer: the LR schedule's position,
-    the loss scale, the loop's counters and every RNG (weights_only-loadable)."""
-    return {
-        "scheduler": scheduler.state_dict(),
-        "precision": precision.state_dict(),
-        "loop": loop.to_dict(),
-        "rng": capture_rng(device),
-        "task": task,
-        "num_classes": num_classes,
-    }
-
-
 class CheckedCheckpoint(dict[str, Any]):
     """A checkpoint's training state (state.pt), read and checked against this run's model and optimizer,
     whose weights and optimizer state are not applied yet: `restore_training_state` applies them once

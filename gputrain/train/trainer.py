@@ -6,7 +6,6 @@ steps, checkpoints and evaluations; every way a run can end leaves summary.json 
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,13 +21,11 @@ from gputrain.data.tensors import as_tensor_data
 from gputrain.evaluate.scores import save_scores
 from gputrain.observe.own_sync import own_sync
 from gputrain.observe.profiler import ProfileReport, profile_run
-from gputrain.run.record import RunEnding, RunRecorder
-from gputrain.run.signals import StoppedBySignal, StopRequest
-from gputrain.run.start import start_run
+from gputrain.run.record import LoopFigures, RunEnding
+from gputrain.run.shell import LoopShape, RunShell
 from gputrain.train.build import UserTPPlan, build_model_and_data, build_training, profile_target
 from gputrain.train.device_guard import DeviceGuard
 from gputrain.train.nonfinite import BadStep, note_bad_steps
-from gputrain.train.state import LoopState, restore_training_state, training_state
 from gputrain.train.step import StepResult, train_step
 from gputrain.train.tasks import ComputeLoss, LossFn
 
@@ -101,12 +98,20 @@ class Trainer:
         for split, data in (("val", self.val_data), ("test", self.test_data)):
             if data is not None:  # a split its evaluation cannot take fails now, not after an epoch
                 self.evaluator.check(data, split)
-        self.state = LoopState()
-        self.stop = StopRequest()
         self.parts = parts
-        self.recorder = RunRecorder(parts, self.stop, lambda: self.state)
+        self.val: dict[str, float] = {}
+        self.test: dict[str, float] = {}
+        """The last validation's and the test's metrics (summary.json)."""
+        self._last: StepResult | None = None
         guard = parts.step.guard
         self._device_guard = guard if isinstance(guard, DeviceGuard) else None
+        shape = LoopShape(
+            total=self.total_steps,
+            meta={"task": self.task.kind, "num_classes": self.task.num_classes},
+            before_save=self._settle,
+        )
+        self.shell = RunShell(parts, self.config, shape, self._figures)
+        self.state, self.stop = self.shell.state, self.shell.stop
 
     @classmethod
     def from_config(
@@ -138,59 +143,49 @@ class Trainer:
         Args:
             on_step: called after each optimizer step (a profiler's step clock).
         """
-        timer, every_ckpt, check = self.speed.timer, self.config.checkpoint.every_steps, self.parts.compile_check
-        # the feed's loader workers end with the run, however it ends
-        with self.recorder.recording() as ending, contextlib.closing(self.feed):
-            if not self._start(ending):
-                return ending.summary  # the directory holds a complete run: it stays as it is
-            state = self.state  # the resumed one, if a checkpoint was found
-            while ending.status is None:
-                clock = time.perf_counter()
-                timer.begin(state.global_step + 1)
-                for micro_batches in self.feed.epoch(state.epoch, state.step_in_epoch):
-                    if not micro_batches:  # data.on_error=skip: no sample of this step could be read
-                        self._leave_out_step()
-                        continue
-                    if check is not None and not check.done:  # compiled: its first step against eager's
-                        check.run(micro_batches[0])
-                    log_now = self.metrics.due(state.global_step + 1)
-                    with self.speed.step_context():  # counts the FLOPs of the first step only
-                        ending.last = train_step(self.step_parts, micro_batches, measure_grad_norm=log_now)
-                    self._account(ending.last, log_now)
-                    timer.end()
-                    if on_step is not None:
-                        on_step()
-                    if every_ckpt and state.global_step % every_ckpt == 0:
-                        clock = self._save_outside(clock)
-                    timer.begin(state.global_step + 1)
-                    if self.stop.agreed(self.dist, self.device, log_now):
-                        state.train_time_s += time.perf_counter() - clock
-                        self._interrupted()
-                    if state.global_step >= self.total_steps:
-                        break
-                if self.device.type == "cuda":
-                    with own_sync():
-                        torch.cuda.synchronize(self.device)
-                state.train_time_s += time.perf_counter() - clock
-                self._settle()  # before the epoch's evaluation and checkpoint
-                ending.status = self._end_epoch(ending)
-            if self.test_data is not None:
-                ending.test = self._evaluate(self.test_data, "test", ending)
-            self.checkpointer.save_final_weights(self.run_dir / "model.safetensors")
-        return ending.summary
-
-    def _start(self, ending: RunEnding) -> bool:
-        """Resume or begin in the run directory (run_start.py); False when it holds a complete run."""
         self.model.train()
         self.step_parts.model.train()
-        longer = "train.epochs or train.max_steps"
-        return start_run(
-            ending, self.parts, self.config, self.stop, self.total_steps, self.state, self._restore, longer=longer
-        )
+        # the feed's loader workers end with the run, however it ends
+        return self.shell.run(lambda ending: self._train(ending, on_step), closing=(self.feed,))
 
-    def _restore(self, path: Path, saved: dict[str, Any]) -> LoopState:
-        self.state = restore_training_state(path, saved, self.scheduler, self.precision, self.dist.rank, self.device)
-        return self.state
+    def _train(self, ending: RunEnding, on_step: Callable[[], None] | None) -> str:
+        """Epochs of steps until the run ends; then the test split. Returns how it ended."""
+        timer, every_ckpt, check = self.speed.timer, self.config.checkpoint.every_steps, self.parts.compile_check
+        state, shell = self.state, self.shell
+        status = None
+        while status is None:
+            clock = time.perf_counter()
+            timer.begin(state.global_step + 1)
+            for micro_batches in self.feed.epoch(state.epoch, state.step_in_epoch):
+                if not micro_batches:  # data.on_error=skip: no sample of this step could be read
+                    self._leave_out_step()
+                    continue
+                if check is not None and not check.done:  # compiled: its first step against eager's
+                    check.run(micro_batches[0])
+                log_now = self.metrics.due(state.global_step + 1)
+                with self.speed.step_context():  # counts the FLOPs of the first step only
+                    self._last = train_step(self.step_parts, micro_batches, measure_grad_norm=log_now)
+                self._account(self._last, log_now)
+                timer.end()
+                if on_step is not None:
+                    on_step()
+                if every_ckpt and state.global_step % every_ckpt == 0:
+                    clock = self._save_outside(clock)
+                timer.begin(state.global_step + 1)
+                if shell.stop_requested(log_now):
+                    state.train_time_s += time.perf_counter() - clock
+                    shell.interrupted()
+                if state.global_step >= self.total_steps:
+                    break
+            if self.device.type == "cuda":
+                with own_sync():
+                    torch.cuda.synchronize(self.device)
+            state.train_time_s += time.perf_counter() - clock
+            self._settle()  # before the epoch's evaluation and checkpoint
+            status = self._end_epoch(ending)
+        if self.test_data is not None:
+            self.test = self._evaluate(self.test_data, "test", ending)
+        return status
 
     def _leave_out_step(self) -> None:
         """A step whose every sample was unreadable (data.on_error=skip) makes no update and is not
@@ -235,20 +230,20 @@ class Trainer:
         stop_early = False
         every_eval = cfg.eval.every_epochs
         if self.val_data is not None and ((every_eval and state.epoch % every_eval == 0) or ends):
-            ending.val = self._evaluate(self.val_data, "val", ending)
-            stop_early = self.early_stopping.update(state, ending.val)
+            self.val = self._evaluate(self.val_data, "val", ending)
+            stop_early = self.early_stopping.update(state, self.val)
         every_epoch_ckpt = cfg.checkpoint.every_epochs
         if ends or stop_early:
-            self._save()
+            self.shell.save()
         elif every_epoch_ckpt and state.epoch % every_epoch_ckpt == 0:
-            self._save(periodic=True)
+            self.shell.save(periodic=True)
         if stop_early:
             self.console.info(
                 f"early stop: {cfg.eval.early_stop_metric} has not improved for {cfg.eval.patience} evaluations"
             )
             return "stopped_early"
-        if self.stop.agreed(self.dist, self.device, True):
-            self._interrupted()
+        if self.shell.stop_requested(True):
+            self.shell.interrupted()
         return "completed" if ends else None
 
     def _evaluate(self, data: Dataset | DataLoader, split: str, ending: RunEnding) -> dict[str, float]:
@@ -264,34 +259,20 @@ class Trainer:
             save_scores(self.run_dir / f"scores-{split}.npz", self.evaluator.scores[split])
         return metrics
 
-    # ----------------------------------------------------------------- checkpoints
-    def _save(self, periodic: bool = False) -> Path | None:
-        """Checkpoint now; `periodic` (every_epochs, every_steps): the overhead rule may put it off."""
-
-        def state_of() -> dict[str, Any]:
-            # asked for only when a checkpoint takes this step: capturing every RNG costs more than a
-            # small step, and a save the overhead rule puts off then costs no sync and no flush either.
-            # A checkpoint never holds a step the device masked without the host knowing, nor a step
-            # whose row a kill could still lose (train/metrics.py)
-            self._settle()
-            self.metrics.flush()
-            return training_state(
-                self.scheduler, self.precision, self.state, self.device, self.task.kind, self.task.num_classes
-            )
-
-        return self.checkpointer.save(self.state.global_step, state_of, self.state.best_step, periodic=periodic)
-
     def _save_outside(self, clock: float) -> float:
         """Save at a step boundary, leaving the save's time out of the training time."""
         self.state.train_time_s += time.perf_counter() - clock
-        self._save(periodic=True)
+        self.shell.save(periodic=True)
         return time.perf_counter()
 
-    def _interrupted(self) -> None:
-        self._settle()  # the summary counts every masked step, whether or not a checkpoint is saved
-        path = self._save()
-        self.checkpointer.wait()
-        where = f"checkpoint saved at {path}; " if path else ""
-        raise StoppedBySignal(
-            f"stopped by {self.stop.requested} at step {self.state.global_step}; {where}", self.run_dir
+    def _figures(self, status: str) -> LoopFigures:
+        """What summary.json says of this loop beyond every run's figures."""
+        check = self.parts.compile_check
+        return LoopFigures(
+            last_loss=self._last.loss if self._last is not None else None,
+            tokens_per_sample=self.task.tokens_per_sample,
+            val=self.val,
+            test=self.test,
+            eval_skipped=self.evaluator.skipped,
+            compile=check.status if check is not None else None,
         )

@@ -1,0 +1,185 @@
+"""The shell every training loop runs in: the run directory held and recorded, a resume (or a kept
+complete run), checkpoints, a signal's stop and the final weights, written once for the Trainer and
+for PPO. A loop supplies only its steps (`train`), what it checkpoints (`states`) and its figures
+for summary.json (`figures`):
+
+    shell = RunShell(parts, config, LoopShape(total=..., unit="step", longer="train.epochs"), states, figures)
+    summary = shell.run(train)   # train(ending) runs the steps; the shell does the rest
+
+The checkpoint's training state (state.pt) holds each registered part's `state_dict()` under its
+name (torchtitan's `CheckpointManager(states=...)`), with the loop's counters ("loop") and every
+RNG ("rng"), so a resume puts back exactly what a save took. The LR finder writes no run record
+and keeps its own short loop (train/lr_find.py): it shares the step, not the shell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from gputrain.config import Config
+from gputrain.run.prior import PriorRun
+from gputrain.run.record import LoopFigures, RecordedParts, RunEnding, RunRecorder
+from gputrain.run.signals import StoppedBySignal, StopRequest
+from gputrain.run.start import start_run
+from gputrain.train.state import LoopState, capture_rng, restore_training_state
+
+
+class Stateful(Protocol):
+    """A part whose state a checkpoint holds: the LR schedule, the loss scaler, PPO's environments."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+Check = Callable[[Path, Mapping[str, Any]], None]
+"""(checkpoint path, its training state) -> None, or CheckpointMismatch: a part's own check that a
+checkpoint is this run's, run before anything of it is applied."""
+
+
+class ShellParts(RecordedParts, Protocol):
+    """What the shell reads of a loop's parts beyond what the record reads: the LR schedule and the
+    loss scaler, which every loop has and every checkpoint holds."""
+
+    @property
+    def scheduler(self) -> Any: ...
+    @property
+    def precision(self) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LoopShape:
+    """How a loop counts, for the resume, the console and the messages."""
+
+    total: int
+    """The steps (or iterations) the run trains to."""
+    unit: str = "step"
+    longer: str = "train.epochs or train.max_steps"
+    """The fields a user raises to train a complete run longer."""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    """Plain values saved beside the state (the Trainer's task and number of classes)."""
+    complete: Callable[[PriorRun | None, LoopState], bool] | None = None
+    """After a resume, whether the earlier run was complete at this checkpoint already (PPO's
+    rl.stop_at_return)."""
+    before_save: Callable[[], None] | None = None
+    """Called before a checkpoint's state is taken (the Trainer reads its guard's pending verdicts)."""
+
+
+class RunShell:
+    """Args:
+    parts: the loop's parts (run directory, job, console, metrics, checkpointer, schedule, scaler).
+    config: the run's config (config.toml, the resume rules).
+    shape: how the loop counts.
+    states: the loop's own checkpointed parts beyond the schedule and the scaler ({"rl": envs}).
+    figures: the loop's figures for summary.json, given the run's status.
+    checks: each part's check of a checkpoint before anything of it is applied.
+    """
+
+    def __init__(
+        self,
+        parts: ShellParts,
+        config: Config,
+        shape: LoopShape,
+        figures: Callable[[str], LoopFigures],
+        states: Mapping[str, Stateful] | None = None,
+        checks: tuple[Check, ...] = (),
+    ) -> None:
+        self.parts, self.config, self.shape = parts, config, shape
+        self.states: dict[str, Stateful] = {
+            "scheduler": parts.scheduler,
+            "precision": parts.precision,
+            **(states or {}),
+        }
+        self.checks = checks
+        self.state = LoopState()
+        """The loop's counters: one object for the whole run (a resume fills it in place)."""
+        self.stop = StopRequest()
+        self.recorder = RunRecorder(parts, self.stop, self.state, figures)
+
+    def run(self, train: Callable[[RunEnding], str], closing: tuple[Any, ...] = ()) -> dict[str, Any]:
+        """Resume or begin, `train(ending)` until it answers how the run ended (completed,
+        stopped_early), then the final weights; returns the summary (summary.json). `closing`: what
+        ends with the run however it ends (the feed's loader workers)."""
+        with self.recorder.recording() as ending, contextlib.ExitStack() as stack:
+            for thing in closing:
+                stack.enter_context(contextlib.closing(thing))
+            if not self._start(ending):
+                return ending.summary  # the directory holds a complete run: it stays as it is
+            ending.status = train(ending)
+            self.parts.checkpointer.save_final_weights(self.parts.run_dir / "model.safetensors")
+        return ending.summary
+
+    # ----------------------------------------------------------------- start and resume
+    def _start(self, ending: RunEnding) -> bool:
+        shape = self.shape
+        return start_run(
+            ending,
+            self.parts,
+            self.config,
+            self.stop,
+            shape.total,
+            self.state,
+            self._restore,
+            longer=shape.longer,
+            unit=shape.unit,
+            complete=shape.complete,
+        )
+
+    def _restore(self, path: Path, saved: dict[str, Any]) -> LoopState:
+        """Every part's check first, then the weights, the schedule, the scaler and the RNGs
+        (restore_training_state), then the loop's own parts; the counters are filled in place."""
+        for check in self.checks:
+            check(path, saved)
+        place = self.parts.place
+        restored = restore_training_state(
+            path, saved, self.parts.scheduler, self.parts.precision, place.dist.rank, place.device
+        )
+        for name, part in self.states.items():
+            if name not in ("scheduler", "precision"):  # restore_training_state checked and loaded those
+                part.load_state_dict(saved[name])
+        for f in dataclasses.fields(LoopState):
+            setattr(self.state, f.name, getattr(restored, f.name))
+        return self.state
+
+    # ----------------------------------------------------------------- checkpoints and signals
+    def save(self, periodic: bool = False) -> Path | None:
+        """Checkpoint now; `periodic` (every_epochs, every_steps): the overhead rule may put it off.
+        Collective when several ranks run."""
+
+        def state_of() -> dict[str, Any]:
+            # asked for only when a checkpoint takes this step: capturing every RNG costs more than a
+            # small step, and a save put off costs no sync and no flush either. A checkpoint never
+            # holds a step the device masked without the host knowing, nor a step whose row a kill
+            # could still lose (train/metrics.py)
+            if self.shape.before_save is not None:
+                self.shape.before_save()
+            self.parts.metrics.flush()
+            return {
+                **{name: part.state_dict() for name, part in self.states.items()},
+                "loop": self.state.to_dict(),
+                "rng": capture_rng(self.parts.place.device),
+                **self.shape.meta,
+            }
+
+        state = self.state
+        return self.parts.checkpointer.save(state.global_step, state_of, state.best_step, periodic=periodic)
+
+    def stop_requested(self, sync_point: bool) -> bool:
+        """Whether a signal asks the run to stop now (several ranks agree on sync points only)."""
+        return self.stop.agreed(self.parts.place.dist, self.parts.place.device, sync_point)
+
+    def interrupted(self) -> None:
+        """Save, wait for the save, and stop the run for the signal (exit 130)."""
+        if self.shape.before_save is not None:
+            self.shape.before_save()  # the summary counts every masked step, whether or not a checkpoint is saved
+        path = self.save()
+        self.parts.checkpointer.wait()
+        where = f"checkpoint saved at {path}; " if path else ""
+        raise StoppedBySignal(
+            f"stopped by {self.stop.requested} at {self.shape.unit} {self.state.global_step}; {where}",
+            self.parts.run_dir,
+        )
