@@ -110,7 +110,7 @@ def child(kind: str, tree: Path) -> None:
             return trainer
 
         trainer, cpu, wall = cpu_and_wall(fit)
-    loader = trainer.feed.loader
+    loader = trainer.parts.feed.loader
     path = "in memory" if loader is None else f"{loader.num_workers} workers"
     print(json.dumps({"cpu_s": cpu, "wall_s": wall, "path": path}))
 

@@ -124,14 +124,14 @@ def child(args: argparse.Namespace) -> None:
             record["params_on_rank"] = sum(
                 (p.to_local() if hasattr(p, "to_local") else p).numel() for p in trainer.model.parameters()
             )
-            save = trainer.checkpointer.save_final_weights
+            save = trainer.parts.checkpointer.save_final_weights
 
             def mark_then_save(path: Path) -> None:
                 # writing model.safetensors gathers the whole model on rank 0: a figure of its own
                 record["peak_train_bytes"] = tracker.peak
                 save(path)
 
-            trainer.checkpointer.save_final_weights = mark_then_save  # type: ignore[method-assign]
+            trainer.parts.checkpointer.save_final_weights = mark_then_save  # type: ignore[method-assign]
             summary = trainer.fit()
         record.update(status=summary["status"], steps=summary["global_step"], loss=summary["train"]["loss"])
     except MemoryError as err:

@@ -37,27 +37,27 @@ def main() -> None:
     args = parser.parse_args()
     trainer = Trainer.from_config({"train.device": args.device, "log.progress": "none", "log.tensorboard": False},
                                   run_dir="/tmp/gputrain-nonfinite-bench")
-    batches = next(trainer.feed.epoch(0))
-    guard = NonFiniteGuard("stop", scaler_active=trainer.precision.scaler is not None)
+    batches = next(trainer.parts.feed.epoch(0))
+    guard = NonFiniteGuard("stop", scaler_active=trainer.parts.precision.scaler is not None)
     times: dict[str, list[float]] = {"off": [], "on": []}
-    parts = {"off": replace(trainer.step_parts, guard=None), "on": replace(trainer.step_parts, guard=guard)}
+    parts = {"off": replace(trainer.parts.step, guard=None), "on": replace(trainer.parts.step, guard=guard)}
     for _ in range(5):  # warm-up
         train_step(parts["on"], batches, measure_grad_norm=False)
     for _ in range(args.repeats):
         for name in ("off", "on"):
-            _sync(trainer.device)
+            _sync(trainer.parts.place.device)
             start = time.perf_counter()
             for _ in range(args.steps):
                 train_step(parts[name], batches, measure_grad_norm=False)
-            _sync(trainer.device)
+            _sync(trainer.parts.place.device)
             times[name].append((time.perf_counter() - start) / args.steps)
     # the check alone: one fused grad-norm reduction, isfinite, one .item() (the host sync)
-    loss = trainer.step_parts.compute_loss(trainer.step_parts.model, batches[0])
+    loss = trainer.parts.step.compute_loss(trainer.parts.step.model, batches[0])
     loss.backward()
     grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
     check_times = []
     for _ in range(args.repeats):
-        _sync(trainer.device)
+        _sync(trainer.parts.place.device)
         start = time.perf_counter()
         for _ in range(args.steps):
             guard.check(loss, torch.nn.utils.get_total_norm(grads))
@@ -66,7 +66,7 @@ def main() -> None:
     check = statistics.median(check_times)
     off, on = statistics.median(times["off"]), statistics.median(times["on"])
     print(f"the check alone: {check * 1e3:.3f} ms per step ({check / off * 100:.2f}% of a step)")
-    print(f"device {trainer.device}, digits CNN, batch {trainer.global_batch}: "
+    print(f"device {trainer.parts.place.device}, digits CNN, batch {trainer.parts.global_batch}: "
           f"step {off * 1e3:.3f} ms without the check, {on * 1e3:.3f} ms with it "
           f"({(on - off) / off * 100:+.1f}%)")
 

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             report = trainer.profile(top=args.top)
         finally:
             shutdown_distributed()
-    if not trainer.dist.is_main:
+    if not trainer.parts.place.dist.is_main:
         return 0  # rank 0 speaks for the job; every rank's files are in the run directory
     _show(report, trainer, run_dir)
     return 0
@@ -102,8 +102,8 @@ def _show(report: ProfileReport, trainer: Trainer, run_dir: Path | None) -> None
     facts = report.facts
     split = report.summary["train"].get("time_breakdown")
     console.print(
-        f"step time {1000 * facts.step_time_s:.2f} ms on {trainer.device} ({facts.precision})"
-        + (f" (rank 0 of {trainer.dist.world_size})" if trainer.dist.enabled else "")
+        f"step time {1000 * facts.step_time_s:.2f} ms on {trainer.parts.place.device} ({facts.precision})"
+        + (f" (rank 0 of {trainer.parts.place.dist.world_size})" if trainer.parts.place.dist.enabled else "")
         + (f"; time split {format_split(split)}" if split else "")
     )
     if report.findings:
@@ -114,8 +114,8 @@ def _show(report: ProfileReport, trainer: Trainer, run_dir: Path | None) -> None
         console.print("findings: none — no bottleneck the advisor knows of")
     for path in report.files:
         console.print(f"wrote {path}")
-    if trainer.dist.enabled:
+    if trainer.parts.place.dist.enabled:
         console.print(
-            f"ranks 1..{trainer.dist.world_size - 1} wrote their own trace-rank<N>.json and "
+            f"ranks 1..{trainer.parts.place.dist.world_size - 1} wrote their own trace-rank<N>.json and "
             f"profile-rank<N>.json into {run_dir}"
         )

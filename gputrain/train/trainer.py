@@ -54,6 +54,16 @@ class Trainer:
         tp_plan: for `parallel.strategy=tp` with a model of your own: {module name: ColwiseParallel(),
             ...} (torch.distributed.tensor.parallel), or a function (module, tp degree) -> that dict.
 
+    Attributes:
+        config: the run's config, with train.batch_size=auto resolved (what config.toml records).
+        model: the module holding this rank's parameters.
+        optimizer, scheduler: the run's optimizer and LR schedule.
+        run_dir: where the run's files go.
+        state: the loop's counters (global_step, epoch, best_step, ...), current during `fit`.
+        stop: the signal handler (setting `stop.requested` stops the run as a signal would).
+        parts: every part of the run, built (train/build.py's TrainingParts: the step, the feed, the
+            evaluator, the checkpointer, the metrics logger, where the run executes, ...).
+
     Raises:
         UsageError (ConfigError, DataError): bad config or input, before anything heavy starts.
     """
@@ -74,7 +84,7 @@ class Trainer:
         names: tuple[str, str] | None = None,
         tp_plan: UserTPPlan | None = None,
     ) -> None:
-        parts = build_training(
+        self.parts = parts = build_training(
             config if isinstance(config, Config) else load_config(config),
             model,
             train_data,
@@ -86,29 +96,26 @@ class Trainer:
             names=names,
             tp_plan=tp_plan,
         )
-        self.config = parts.place.config  # train.batch_size=auto resolved
-        self.place, self.task, self.model = parts.place, parts.task, parts.model
-        self.device, self.dist = parts.place.device, parts.place.dist
-        self.optimizer, self.scheduler, self.precision = parts.optimizer, parts.scheduler, parts.precision
-        self.step_parts, self.feed, self.speed = parts.step, parts.feed, parts.speed
-        self.evaluator, self.early_stopping = parts.evaluator, parts.early_stopping
-        self.checkpointer, self.metrics, self.console = parts.checkpointer, parts.metrics, parts.console
-        self.global_batch, self.total_steps, self.run_dir = parts.global_batch, parts.total_steps, parts.run_dir
+        self.config = parts.place.config
+        self.model, self.optimizer, self.scheduler, self.run_dir = (
+            parts.model,
+            parts.optimizer,
+            parts.scheduler,
+            parts.run_dir,
+        )
         self.val_data, self.test_data = as_tensor_data(val_data), as_tensor_data(test_data)
         for split, data in (("val", self.val_data), ("test", self.test_data)):
             if data is not None:  # a split its evaluation cannot take fails now, not after an epoch
-                self.evaluator.check(data, split)
-        self.parts = parts
+                parts.evaluator.check(data, split)
         self.val: dict[str, float] = {}
         self.test: dict[str, float] = {}
         """The last validation's and the test's metrics (summary.json)."""
         self._last: StepResult | None = None
         guard = parts.step.guard
         self._device_guard = guard if isinstance(guard, DeviceGuard) else None
+        task = parts.task
         shape = LoopShape(
-            total=self.total_steps,
-            meta={"task": self.task.kind, "num_classes": self.task.num_classes},
-            before_save=self._settle,
+            total=parts.total_steps, meta={"task": task.kind, "num_classes": task.num_classes}, before_save=self._settle
         )
         self.shell = RunShell(parts, self.config, shape, self._figures)
         self.state, self.stop = self.shell.state, self.shell.stop
@@ -144,27 +151,28 @@ class Trainer:
             on_step: called after each optimizer step (a profiler's step clock).
         """
         self.model.train()
-        self.step_parts.model.train()
+        self.parts.step.model.train()
         # the feed's loader workers end with the run, however it ends
-        return self.shell.run(lambda ending: self._train(ending, on_step), closing=(self.feed,))
+        return self.shell.run(lambda ending: self._train(ending, on_step), closing=(self.parts.feed,))
 
     def _train(self, ending: RunEnding, on_step: Callable[[], None] | None) -> str:
-        """Epochs of steps until the run ends; then the test split. Returns how it ended."""
-        timer, every_ckpt, check = self.speed.timer, self.config.checkpoint.every_steps, self.parts.compile_check
-        state, shell = self.state, self.shell
+        """Epochs of steps until the run ends, then the test split. Returns how the run ended."""
+        parts, state, shell = self.parts, self.state, self.shell
+        timer, feed, metrics, check = parts.speed.timer, parts.feed, parts.metrics, parts.compile_check
+        every_ckpt, total, device = self.config.checkpoint.every_steps, parts.total_steps, parts.place.device
         status = None
         while status is None:
             clock = time.perf_counter()
             timer.begin(state.global_step + 1)
-            for micro_batches in self.feed.epoch(state.epoch, state.step_in_epoch):
+            for micro_batches in feed.epoch(state.epoch, state.step_in_epoch):
                 if not micro_batches:  # data.on_error=skip: no sample of this step could be read
                     self._leave_out_step()
                     continue
                 if check is not None and not check.done:  # compiled: its first step against eager's
                     check.run(micro_batches[0])
-                log_now = self.metrics.due(state.global_step + 1)
-                with self.speed.step_context():  # counts the FLOPs of the first step only
-                    self._last = train_step(self.step_parts, micro_batches, measure_grad_norm=log_now)
+                log_now = metrics.due(state.global_step + 1)
+                with parts.speed.step_context():  # counts the FLOPs of the first step only
+                    self._last = train_step(parts.step, micro_batches, measure_grad_norm=log_now)
                 self._account(self._last, log_now)
                 timer.end()
                 if on_step is not None:
@@ -175,11 +183,11 @@ class Trainer:
                 if shell.stop_requested(log_now):
                     state.train_time_s += time.perf_counter() - clock
                     shell.interrupted()
-                if state.global_step >= self.total_steps:
+                if state.global_step >= total:
                     break
-            if self.device.type == "cuda":
+            if device.type == "cuda":
                 with own_sync():
-                    torch.cuda.synchronize(self.device)
+                    torch.cuda.synchronize(device)
             state.train_time_s += time.perf_counter() - clock
             self._settle()  # before the epoch's evaluation and checkpoint
             status = self._end_epoch(ending)
@@ -192,22 +200,22 @@ class Trainer:
         counted as one (the LR schedule stays with the updates); the data order moves past it, its
         samples are counted as skipped."""
         self.state.step_in_epoch += 1
-        self.state.skipped_samples += self.feed.take_skipped()
+        self.state.skipped_samples += self.parts.feed.take_skipped()
 
     def _account(self, result: StepResult, log_now: bool) -> None:
         """Count a finished step, stop or skip on a non-finite one, and log it when it is due."""
-        state = self.state
+        state, parts = self.state, self.parts
         if result.verdict.kind == "nonfinite":  # the host guard's verdict, before the step is counted
             self._note_bad([BadStep(state.global_step + 1, result.verdict)])
         state.global_step += 1
         state.step_in_epoch += 1
-        state.samples_seen += self.global_batch
-        state.skipped_samples += self.feed.take_skipped()
+        state.samples_seen += parts.global_batch
+        state.skipped_samples += parts.feed.take_skipped()
         if self._device_guard is not None and (log_now or self._device_guard.full):
             self._settle()
         if log_now:
-            self.metrics.log_step(state, result)
-        self.console.advance(state.global_step)
+            parts.metrics.log_step(state, result)
+        parts.console.advance(state.global_step)
 
     def _settle(self) -> None:
         """Read the device-side guard's verdicts on the steps since the last read (one sync, on a
@@ -216,29 +224,30 @@ class Trainer:
             self._note_bad(self._device_guard.settle(self.state.global_step))
 
     def _note_bad(self, bad: list[BadStep]) -> None:
-        rank = self.dist.rank if self.dist.enabled else None
-        note_bad_steps(bad, self.state, self.config.train.on_nonfinite, self.global_batch, rank)
+        dist = self.parts.place.dist
+        rank = dist.rank if dist.enabled else None
+        note_bad_steps(bad, self.state, self.config.train.on_nonfinite, self.parts.global_batch, rank)
 
     def _end_epoch(self, ending: RunEnding) -> str | None:
         """After an epoch's steps: evaluation, early stopping, the epoch's checkpoint. Returns how the
         run ends now (completed, stopped_early), or None to go on."""
-        cfg, state = self.config, self.state
-        if state.step_in_epoch >= self.feed.steps_per_epoch:
+        cfg, state, parts = self.config, self.state, self.parts
+        if state.step_in_epoch >= parts.feed.steps_per_epoch:
             state.epoch += 1
             state.step_in_epoch = 0
-        ends = state.global_step >= self.total_steps or state.epoch >= cfg.train.epochs
+        ends = state.global_step >= parts.total_steps or state.epoch >= cfg.train.epochs
         stop_early = False
         every_eval = cfg.eval.every_epochs
         if self.val_data is not None and ((every_eval and state.epoch % every_eval == 0) or ends):
             self.val = self._evaluate(self.val_data, "val", ending)
-            stop_early = self.early_stopping.update(state, self.val)
+            stop_early = parts.early_stopping.update(state, self.val)
         every_epoch_ckpt = cfg.checkpoint.every_epochs
         if ends or stop_early:
             self.shell.save()
         elif every_epoch_ckpt and state.epoch % every_epoch_ckpt == 0:
             self.shell.save(periodic=True)
         if stop_early:
-            self.console.info(
+            parts.console.info(
                 f"early stop: {cfg.eval.early_stop_metric} has not improved for {cfg.eval.patience} evaluations"
             )
             return "stopped_early"
@@ -247,16 +256,17 @@ class Trainer:
         return "completed" if ends else None
 
     def _evaluate(self, data: Dataset | DataLoader, split: str, ending: RunEnding) -> dict[str, float]:
+        parts = self.parts
         ending.doing = f"the {split} evaluation after step {self.state.global_step}"
-        metrics = self.evaluator.evaluate(data, split, keep_scores=split == "test")
+        metrics = parts.evaluator.evaluate(data, split, keep_scores=split == "test")
         ending.doing = None
-        if self.place.dims.fsdp_enabled:  # its forward passes leave FSDP's root module gathered
+        if parts.place.dims.fsdp_enabled:  # its forward passes leave FSDP's root module gathered
             from gputrain.distributed.fsdp import reshard  # torch's FSDP takes ~1 s to import: only if used
 
             reshard(self.model)
-        self.metrics.log_eval(split, self.state, metrics)
-        if split in self.evaluator.scores and self.dist.is_main:  # what the report draws ROC curves from
-            save_scores(self.run_dir / f"scores-{split}.npz", self.evaluator.scores[split])
+        parts.metrics.log_eval(split, self.state, metrics)
+        if split in parts.evaluator.scores and parts.place.dist.is_main:  # what the report draws ROC curves from
+            save_scores(self.run_dir / f"scores-{split}.npz", parts.evaluator.scores[split])
         return metrics
 
     def _save_outside(self, clock: float) -> float:
@@ -270,9 +280,9 @@ class Trainer:
         check = self.parts.compile_check
         return LoopFigures(
             last_loss=self._last.loss if self._last is not None else None,
-            tokens_per_sample=self.task.tokens_per_sample,
+            tokens_per_sample=self.parts.task.tokens_per_sample,
             val=self.val,
             test=self.test,
-            eval_skipped=self.evaluator.skipped,
+            eval_skipped=self.parts.evaluator.skipped,
             compile=check.status if check is not None else None,
         )

@@ -149,7 +149,7 @@ def snapshot(trainer: Trainer) -> dict[str, Any]:
         "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
         "lrs": [group["lr"] for group in trainer.optimizer.param_groups],
         "scheduler": copy.deepcopy(trainer.scheduler.state_dict()),
-        "precision": copy.deepcopy(trainer.precision.state_dict()),
+        "precision": copy.deepcopy(trainer.parts.precision.state_dict()),
         "rng": {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
                 "numpy_pos": np_state[2], "python": random.getstate()},
     }

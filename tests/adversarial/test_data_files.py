@@ -618,7 +618,7 @@ def test_trainer_skips_corrupt_held_out_images_when_asked(tmp_path: Path) -> Non
     trainer = Trainer.from_config(None, run_dir=tmp_path / "run", overrides=_overrides(tmp_path / "data", "skip"))
     summary = trainer.fit()
     assert summary["status"] == "completed" and summary["data"]["skipped_samples"] == 1
-    assert trainer.evaluator.skipped == {"val": 1} and set(summary["val"]) >= {"accuracy", "loss"}
+    assert trainer.parts.evaluator.skipped == {"val": 1} and set(summary["val"]) >= {"accuracy", "loss"}
     assert summary["data"]["eval_skipped_samples"] == {"val": 1}
 
 

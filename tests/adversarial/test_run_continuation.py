@@ -214,7 +214,7 @@ def test_the_runs_own_config_file_given_back_continues_it(tmp_path: Path) -> Non
     trainer = _interrupted(run_dir, **{"optim.lr": 0.003})
     summary = Trainer(nn.Linear(6, 3), linear_data(), loss_fn=F.cross_entropy, config=str(run_dir / "config.toml"),
                       run_dir=run_dir).fit()
-    assert summary["status"] == "completed" and summary["global_step"] == trainer.total_steps
+    assert summary["status"] == "completed" and summary["global_step"] == trainer.parts.total_steps
 
 
 def test_a_damaged_config_toml_of_a_run_is_named(tmp_path: Path) -> None:
@@ -464,7 +464,7 @@ def test_a_run_directory_or_its_checkpoints_folder_means_its_latest_checkpoint(d
                                                                               where: str) -> None:
     value = str(done if where == "run-dir" else done / "checkpoints")
     trainer = linear_trainer(tmp_path / "branch", **{"train.epochs": 3, "checkpoint.resume": value})
-    assert trainer.checkpointer.resume_point()[0] == done / "checkpoints" / "step-8"
+    assert trainer.parts.checkpointer.resume_point()[0] == done / "checkpoints" / "step-8"
     assert trainer.fit()["global_step"] == 12
 
 

@@ -193,7 +193,7 @@ def test_the_device_line_says_what_was_chosen(torch_threads: None, tmp_path: Pat
         "train.batch_size": 16,
     }
     trainer = Trainer(nn.Linear(4, 2), data, config=quiet, run_dir=tmp_path)
-    device_line = trainer.place.lines[0]
+    device_line = trainer.parts.place.lines[0]
     chosen = torch.get_num_threads()
     cores = len(os.sched_getaffinity(0))
     assert 1 <= chosen <= cores
@@ -202,4 +202,4 @@ def test_the_device_line_says_what_was_chosen(torch_threads: None, tmp_path: Pat
     assert re.search(expected, device_line), device_line
 
     explicit = Trainer(nn.Linear(4, 2), data, config={**quiet, "train.num_threads": 1}, run_dir=tmp_path / "b")
-    assert explicit.place.lines[0].endswith("; 1 CPU thread (train.num_threads)") and torch.get_num_threads() == 1
+    assert explicit.parts.place.lines[0].endswith("; 1 CPU thread (train.num_threads)") and torch.get_num_threads() == 1

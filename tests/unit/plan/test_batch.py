@@ -40,7 +40,7 @@ def test_auto_is_resolved_into_a_new_config_which_config_toml_records(
     assert getattr(given.train, field) == "auto"  # the caller's config is not written into
     resolved = trainer.config.train
     assert isinstance(getattr(resolved, field), int) and isinstance(resolved.grad_accum, int)
-    assert trainer.global_batch == resolved.batch_size
+    assert trainer.parts.global_batch == resolved.batch_size
     trainer.fit()
     recorded = tomllib.loads((tmp_path / "run" / "config.toml").read_text())["train"]
     assert (recorded["batch_size"], recorded["grad_accum"]) == (resolved.batch_size, resolved.grad_accum)

@@ -121,7 +121,7 @@ def test_evaluation_skips_and_counts_per_split(tmp_path: Path, gputrain_warnings
     summary = trainer.fit()
     assert summary["status"] == "completed" and summary["data"]["skipped_samples"] == 0
     # per evaluation: the val split was evaluated twice, each time without the same 3 samples
-    assert trainer.evaluator.skipped == {"val": len(BAD), "test": len(BAD)}
+    assert trainer.parts.evaluator.skipped == {"val": len(BAD), "test": len(BAD)}
     assert summary["data"]["eval_skipped_samples"] == {"val": len(BAD), "test": len(BAD)}
     warned = [m for m in gputrain_warnings if "unreadable samples (data.on_error=skip)" in m]
     assert [m.split(":")[0] for m in warned] == ["val split", "test split"]

@@ -45,7 +45,7 @@ def _device_guard_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_cpu_gets_the_host_guard_where_reading_the_flag_waits_for_nothing(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(device_guard, "ON_CPU", False)
-    assert isinstance(_trainer(tmp_path).step_parts.guard, NonFiniteGuard)
+    assert isinstance(_trainer(tmp_path).parts.step.guard, NonFiniteGuard)
 
 
 def _data() -> TensorData:
@@ -79,7 +79,7 @@ def _trainer(run_dir: Path, *, precision: str = "fp32", mode: str = "stop", pois
 @pytest.mark.parametrize("clip", [None, 1.0])
 def test_no_host_read_on_a_non_logging_step(tmp_path: Path, precision: str, mode: str, clip: float | None) -> None:
     trainer = _trainer(tmp_path, precision=precision, mode=mode, extra={"train.clip_grad_norm": clip})
-    assert isinstance(trainer.step_parts.guard, DeviceGuard)
+    assert isinstance(trainer.parts.step.guard, DeviceGuard)
     per_step: list[int] = []
     with CountHostReads() as reads:
         def on_step() -> None:
@@ -97,7 +97,7 @@ def test_a_checkpoint_put_off_costs_no_host_read(tmp_path: Path) -> None:
     off (steps 2-11) do not read the guard's flags. A step's save follows `on_step`, so step k's
     count holds the save of step k - 1 (step 2's, the save of step 1)."""
     trainer = _trainer(tmp_path, extra={"checkpoint.every_steps": 1, "checkpoint.max_overhead": 1e-9})
-    assert isinstance(trainer.step_parts.guard, DeviceGuard)
+    assert isinstance(trainer.parts.step.guard, DeviceGuard)
     per_step: list[int] = []
     with CountHostReads() as reads:
         trainer.fit(on_step=lambda: per_step.append(reads.count - sum(per_step)))
@@ -110,10 +110,10 @@ def test_a_checkpoint_put_off_costs_no_host_read(tmp_path: Path) -> None:
 def test_an_optimizer_without_a_fused_kernel_keeps_the_host_guard(tmp_path: Path, monkeypatch) -> None:
     """NAdam cannot skip an update on the device: the guard stays on the host. That guard reads
     one flag per step (counted with AdamW, whose fused step reads nothing itself)."""
-    assert isinstance(_trainer(tmp_path / "nadam", extra={"optim.name": "nadam"}).step_parts.guard, NonFiniteGuard)
+    assert isinstance(_trainer(tmp_path / "nadam", extra={"optim.name": "nadam"}).parts.step.guard, NonFiniteGuard)
     monkeypatch.setattr(device_guard, "fits", lambda *args: False)
     trainer = _trainer(tmp_path / "adamw")
-    assert isinstance(trainer.step_parts.guard, NonFiniteGuard)
+    assert isinstance(trainer.parts.step.guard, NonFiniteGuard)
     per_step: list[int] = []
     with CountHostReads() as reads:
         trainer.fit(on_step=lambda: per_step.append(reads.count - sum(per_step)))
@@ -138,11 +138,11 @@ def test_skip_mode_keeps_the_schedule_exact_without_a_per_step_read(tmp_path: Pa
     """A skipped step must not move the LR schedule. The host guard knows each step's verdict; the
     device guard takes the LR from a table by the device's count of applied steps. Same result."""
     on_device = _trainer(tmp_path / "device", mode="skip", poison=3)
-    assert isinstance(on_device.step_parts.guard, DeviceGuard)
+    assert isinstance(on_device.parts.step.guard, DeviceGuard)
     summary = on_device.fit()
     monkeypatch.setattr(device_guard, "fits", lambda *args: False)
     on_host = _trainer(tmp_path / "host", mode="skip", poison=3)
-    assert isinstance(on_host.step_parts.guard, NonFiniteGuard)
+    assert isinstance(on_host.parts.step.guard, NonFiniteGuard)
     on_host.fit()
     assert summary["train"]["nonfinite_steps"] == 1 and summary["global_step"] == 12
     assert on_device.scheduler.last_epoch == on_host.scheduler.last_epoch == 11
@@ -155,7 +155,7 @@ def test_a_huge_logging_interval_keeps_the_device_buffers_small(tmp_path: Path) 
     """log.every_steps=10**6 must not mean a million-slot buffer on the device (nor a million views
     made at the first step): the flags are read every MAX_WINDOW steps at the latest."""
     trainer = _trainer(tmp_path, poison=3, extra={"log.every_steps": 10**6})
-    guard = trainer.step_parts.guard
+    guard = trainer.parts.step.guard
     assert isinstance(guard, DeviceGuard) and guard.window == device_guard.MAX_WINDOW
     with pytest.raises(NonFiniteStep, match=r"^step 3: loss is nan"):
         trainer.fit()

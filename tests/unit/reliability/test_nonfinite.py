@@ -207,7 +207,7 @@ def test_flag_check_leaves_gradients_bit_identical_and_finds_every_bad_value(bad
 def test_off_means_no_check_at_all(tmp_path: Path) -> None:
     """on_nonfinite=off is the hand-written loop's behaviour: the poisoned step is applied, nothing is counted."""
     trainer, _ = _trainer(tmp_path, "off", 3, "grad_nan", 5)
-    assert trainer.step_parts.guard is None
+    assert trainer.parts.step.guard is None
     summary = trainer.fit()
     assert summary["status"] == "completed" and summary["train"]["nonfinite_steps"] == 0
     assert not all(torch.isfinite(p).all() for p in trainer.model.parameters())

@@ -79,7 +79,7 @@ def test_an_interrupt_writes_the_best_that_was_put_off(tmp_path: Path, monkeypat
         return status
 
     monkeypatch.setattr(trainer, "_end_epoch", end_then_stop)
-    trainer.checkpointer._held = None
+    trainer.parts.checkpointer._held = None
     try:
         trainer.fit()
     except Exception as err:  # noqa: BLE001 - the run ends as an interrupted one

@@ -192,7 +192,7 @@ def test_cuda_graphs_on_cpu_is_ignored_and_leaves_gradients_alone(tmp_path: Path
     trainer = Trainer(nn.Linear(6, 3), data, config={"train.cuda_graphs": True, "train.device": "cpu",
                                                      "log.progress": "none", "log.tensorboard": False},
                       run_dir=tmp_path)
-    assert not trainer.step_parts.persistent_grads
+    assert not trainer.parts.step.persistent_grads
 
 
 @pytest.fixture

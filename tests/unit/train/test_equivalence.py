@@ -26,4 +26,4 @@ def test_grad_accumulation_equals_the_full_batch(tmp_path):
 def test_micro_batch_size_with_auto_accumulation(tmp_path):
     trainer = make_trainer(tmp_path / "r", **{"train.batch_size": 64, "train.grad_accum": "auto",
                                               "train.micro_batch_size": 16})
-    assert trainer.place.grad_accum == 4 and trainer.feed.plan.micro_batch == 16
+    assert trainer.parts.place.grad_accum == 4 and trainer.parts.feed.plan.micro_batch == 16

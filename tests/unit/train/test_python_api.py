@@ -80,7 +80,7 @@ def test_a_hugging_face_causal_lm_trains_on_input_target_batches_with_no_step_fn
     x, y = _tokens()
     trainer = Trainer(_tiny_gpt2(), TensorDataset(x, y), val_data=TensorDataset(x[:16], y[:16]),
                       config={**QUIET, "train.epochs": 2, "optim.lr": 1e-2}, run_dir=tmp_path)
-    assert trainer.task.kind == "lm" and trainer.task.tokens_per_sample == 12  # read through .logits
+    assert trainer.parts.task.kind == "lm" and trainer.parts.task.tokens_per_sample == 12  # read through .logits
     summary = trainer.fit()
     assert set(summary["val"]) == {"loss", "perplexity"} and summary["train"]["loss"] < 3.9  # ln 50 = 3.91
 
@@ -111,7 +111,7 @@ def test_dict_batches_go_to_the_model_and_its_loss_is_used(tmp_path: Path) -> No
     trainer = Trainer(_tiny_gpt2(), HFRecords(), val_data=HFRecords(), config={**QUIET, "train.epochs": 2,
                                                                                 "optim.lr": 1e-2},
                       run_dir=tmp_path)
-    assert trainer.task.dict_batches and trainer.task.kind == "lm" and trainer.task.tokens_per_sample == 12
+    assert trainer.parts.task.dict_batches and trainer.parts.task.kind == "lm" and trainer.parts.task.tokens_per_sample == 12
     summary = trainer.fit()
     assert set(summary["val"]) == {"loss", "perplexity"} and summary["val"]["loss"] < 3.9
     assert summary["train"]["tokens_per_s"] == pytest.approx(12 * summary["train"]["samples_per_s"])
@@ -244,7 +244,7 @@ def test_a_dict_batch_classifier_is_scored_from_its_logits_and_labels(tmp_path: 
     model = Classifier()
     trainer = Trainer(model, LabelledRecords(), val_data=LabelledRecords(32), config={**QUIET, "train.epochs": 2},
                       run_dir=tmp_path)
-    assert (trainer.task.kind, trainer.task.num_classes, trainer.task.dict_batches) == ("classification", 3, True)
+    assert (trainer.parts.task.kind, trainer.parts.task.num_classes, trainer.parts.task.dict_batches) == ("classification", 3, True)
     val = trainer.fit()["val"]
     assert set(val) == {"accuracy", "precision", "recall", "f1", "auroc", "loss"}
     data = LabelledRecords(32)
@@ -354,12 +354,12 @@ def test_tensor_datasets_take_the_in_memory_path_and_train_the_same(tmp_path: Pa
     config = {**QUIET, "train.epochs": 2, "log.every_steps": 1, "data.num_workers": "auto"}
     torch.manual_seed(0)
     fast = Trainer(nn.Linear(5, 3), data, config=config, run_dir=tmp_path / "fast", **kwargs)
-    assert fast.feed.tensors is not None and fast.feed.loader is None  # batch indexing: no workers, no collate
+    assert fast.parts.feed.tensors is not None and fast.parts.feed.loader is None  # batch indexing: no workers, no collate
     fast.fit()
     torch.manual_seed(0)
     slow = Trainer(nn.Linear(5, 3), Rows(*tensors), config={**config, "data.num_workers": 0},
                    run_dir=tmp_path / "slow", **kwargs)
-    assert slow.feed.loader is not None
+    assert slow.parts.feed.loader is not None
     slow.fit()
     assert _losses(tmp_path / "fast") == _losses(tmp_path / "slow")  # the same batches in the same order
 
@@ -375,4 +375,4 @@ class Shifted(TensorDataset):
 def test_a_data_set_that_reads_its_own_way_keeps_its_reads(tmp_path: Path) -> None:
     x, y = _blobs(32)
     trainer = Trainer(nn.Linear(5, 3), Shifted(x, y), config={**QUIET, "data.num_workers": 0}, run_dir=tmp_path)
-    assert trainer.feed.tensors is None  # its __getitem__ runs, sample by sample
+    assert trainer.parts.feed.tensors is None  # its __getitem__ runs, sample by sample

@@ -45,8 +45,8 @@ def test_dataloader_batches_are_micro_batches_and_task_is_inferred(tmp_path):
     trainer = Trainer(model, loader, val_data=DataLoader(TensorDataset(x, y), batch_size=64),
                       config={**TINY, "train.epochs": 2, "train.grad_accum": 2}, run_dir=tmp_path / "dl")
     summary = trainer.fit()
-    assert summary["global_step"] == 2 * (256 // 16 // 2) and trainer.global_batch == 32
-    assert trainer.task.kind == "classification" and "accuracy" in summary["val"]
+    assert summary["global_step"] == 2 * (256 // 16 // 2) and trainer.parts.global_batch == 32
+    assert trainer.parts.task.kind == "classification" and "accuracy" in summary["val"]
 
 
 def test_step_fn_for_any_batch_structure(tmp_path):
