@@ -84,7 +84,7 @@ class PPOTrainer:
         Args:
             on_iteration: called with the iteration's number after each iteration.
         """
-        summary = self.shell.run(lambda ending: self._train(on_iteration))
+        summary = self.shell.run(lambda: self._train(on_iteration))
         if self.figures is not None and self.figures.window_return is not None:
             last = self.figures.window_size
             self.console.info(f"episodic return {self.figures.window_return:.2f} (mean of the last {last} episodes)")

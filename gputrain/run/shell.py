@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -99,9 +99,11 @@ class RunShell:
         """The loop's counters: one object for the whole run (a resume fills it in place)."""
         self.stop = StopRequest()
         self.recorder = RunRecorder(parts, self.stop, self.state, figures)
+        self._ending: RunEnding | None = None
+        """How the run is ending, while `run` runs."""
 
-    def run(self, train: Callable[[RunEnding], str], closing: tuple[Any, ...] = ()) -> dict[str, Any]:
-        """Resume or begin, `train(ending)` until it answers how the run ended (completed,
+    def run(self, train: Callable[[], str], closing: tuple[Any, ...] = ()) -> dict[str, Any]:
+        """Resume or begin, `train()` until it answers how the run ended (completed,
         stopped_early), then the final weights; returns the summary (summary.json). `closing`: what
         ends with the run however it ends (the feed's loader workers)."""
         with self.recorder.recording() as ending, contextlib.ExitStack() as stack:
@@ -109,9 +111,23 @@ class RunShell:
                 stack.enter_context(contextlib.closing(thing))
             if not self._start(ending):
                 return ending.summary  # the directory holds a complete run: it stays as it is
-            ending.status = train(ending)
+            self._ending = ending
+            try:
+                ending.status = train()
+            finally:
+                self._ending = None
             self.parts.checkpointer.save_final_weights(self.parts.run_dir / "model.safetensors")
         return ending.summary
+
+    @contextlib.contextmanager
+    def outside_steps(self, what: str) -> Iterator[None]:
+        """Around work between steps (an evaluation): a failure there names `what` rather than a step."""
+        ending = self._ending
+        if ending is not None:
+            ending.doing = what
+        yield
+        if ending is not None:
+            ending.doing = None
 
     # ----------------------------------------------------------------- start and resume
     def _start(self, ending: RunEnding) -> bool:

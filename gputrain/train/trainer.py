@@ -21,7 +21,7 @@ from gputrain.data.tensors import as_tensor_data
 from gputrain.evaluate.scores import save_scores
 from gputrain.observe.own_sync import own_sync
 from gputrain.observe.profiler import ProfileReport, profile_run
-from gputrain.run.record import LoopFigures, RunEnding
+from gputrain.run.record import LoopFigures
 from gputrain.run.shell import LoopShape, RunShell
 from gputrain.train.build import UserTPPlan, build_model_and_data, build_training, profile_target
 from gputrain.train.device_guard import DeviceGuard
@@ -153,9 +153,9 @@ class Trainer:
         self.model.train()
         self.parts.step.model.train()
         # the feed's loader workers end with the run, however it ends
-        return self.shell.run(lambda ending: self._train(ending, on_step), closing=(self.parts.feed,))
+        return self.shell.run(lambda: self._train(on_step), closing=(self.parts.feed,))
 
-    def _train(self, ending: RunEnding, on_step: Callable[[], None] | None) -> str:
+    def _train(self, on_step: Callable[[], None] | None) -> str:
         """Epochs of steps until the run ends, then the test split. Returns how the run ended."""
         parts, state, shell = self.parts, self.state, self.shell
         timer, feed, metrics, check = parts.speed.timer, parts.feed, parts.metrics, parts.compile_check
@@ -190,9 +190,9 @@ class Trainer:
                     torch.cuda.synchronize(device)
             state.train_time_s += time.perf_counter() - clock
             self._settle()  # before the epoch's evaluation and checkpoint
-            status = self._end_epoch(ending)
+            status = self._end_epoch()
         if self.test_data is not None:
-            self.test = self._evaluate(self.test_data, "test", ending)
+            self.test = self._evaluate(self.test_data, "test")
         return status
 
     def _leave_out_step(self) -> None:
@@ -228,7 +228,7 @@ class Trainer:
         rank = dist.rank if dist.enabled else None
         note_bad_steps(bad, self.state, self.config.train.on_nonfinite, self.parts.global_batch, rank)
 
-    def _end_epoch(self, ending: RunEnding) -> str | None:
+    def _end_epoch(self) -> str | None:
         """After an epoch's steps: evaluation, early stopping, the epoch's checkpoint. Returns how the
         run ends now (completed, stopped_early), or None to go on."""
         cfg, state, parts = self.config, self.state, self.parts
@@ -239,7 +239,7 @@ class Trainer:
         stop_early = False
         every_eval = cfg.eval.every_epochs
         if self.val_data is not None and ((every_eval and state.epoch % every_eval == 0) or ends):
-            self.val = self._evaluate(self.val_data, "val", ending)
+            self.val = self._evaluate(self.val_data, "val")
             stop_early = parts.early_stopping.update(state, self.val)
         every_epoch_ckpt = cfg.checkpoint.every_epochs
         if ends or stop_early:
@@ -255,11 +255,10 @@ class Trainer:
             self.shell.interrupted()
         return "completed" if ends else None
 
-    def _evaluate(self, data: Dataset | DataLoader, split: str, ending: RunEnding) -> dict[str, float]:
+    def _evaluate(self, data: Dataset | DataLoader, split: str) -> dict[str, float]:
         parts = self.parts
-        ending.doing = f"the {split} evaluation after step {self.state.global_step}"
-        metrics = parts.evaluator.evaluate(data, split, keep_scores=split == "test")
-        ending.doing = None
+        with self.shell.outside_steps(f"the {split} evaluation after step {self.state.global_step}"):
+            metrics = parts.evaluator.evaluate(data, split, keep_scores=split == "test")
         if parts.place.dims.fsdp_enabled:  # its forward passes leave FSDP's root module gathered
             from gputrain.distributed.fsdp import reshard  # torch's FSDP takes ~1 s to import: only if used
 
