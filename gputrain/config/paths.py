@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gputrain.config.schema import CheckpointConfig, Config, DataConfig, ModelConfig
 from gputrain.errors import ConfigError, DataError
+from gputrain.run.layout import CHECKPOINT_GLOB, CHECKPOINT_MANIFEST, CHECKPOINT_MARKER, CHECKPOINTS
 
 FILE_SOURCES = ("csv", "text")
 """Data sources whose data.path is one file."""
@@ -111,8 +112,8 @@ def check_hf_config_path(path_text: str) -> None:
         raise ConfigError("model.hf_config", "no such file or directory", path_text)
 
 
-# checkpoint/io.py's marker and manifest names (that module needs torch; this one runs before it loads)
-CHECKPOINT_FILES = ("COMMITTED", "manifest.json")
+CHECKPOINT_FILES = (CHECKPOINT_MARKER, CHECKPOINT_MANIFEST)
+"""What makes a folder a checkpoint itself (run/layout.py names them: checkpoint/io.py needs torch)."""
 RESUME_FORMS = (
     "use auto, never, a checkpoint (runs/NAME/checkpoints/step-100), or a run directory or its checkpoints "
     "folder (its latest checkpoint)"
@@ -130,8 +131,8 @@ def resume_root(path: Path) -> Path | None:
     itself or none of these."""
     if _is_checkpoint(path):
         return None
-    for root in (path, path / "checkpoints"):
-        if root.is_dir() and any(p.is_dir() for p in root.glob("step-*")):
+    for root in (path, path / CHECKPOINTS):
+        if root.is_dir() and any(p.is_dir() for p in root.glob(CHECKPOINT_GLOB)):
             return root
     return None
 

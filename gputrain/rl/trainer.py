@@ -28,6 +28,7 @@ from gputrain.rl.minibatches import epoch_minibatches
 from gputrain.rl.ppo import LOSS_TERMS, Batch, UpdateResult, ppo_update
 from gputrain.rl.resume import ENV_KEY, check_env_state
 from gputrain.rl.rollout import collect_rollout
+from gputrain.run.layout import FINAL_WEIGHTS
 from gputrain.run.prior import PriorRun
 from gputrain.run.record import RunEnding, RunRecorder
 from gputrain.run.signals import StoppedBySignal, StopRequest
@@ -101,7 +102,7 @@ class PPOTrainer:
                     self._interrupted()
                 if ends:
                     ending.status = "stopped_early" if solved else "completed"
-            self.checkpointer.save_final_weights(self.run_dir / "model.safetensors")
+            self.checkpointer.save_final_weights(self.run_dir / FINAL_WEIGHTS)
         if self.figures is not None and self.figures.window_return is not None:
             last = self.figures.window_size
             self.console.info(f"episodic return {self.figures.window_return:.2f} (mean of the last {last} episodes)")

@@ -29,6 +29,7 @@ from gputrain.config.paths import check_resume_setting, resume_root
 from gputrain.config.schema import CheckpointConfig
 from gputrain.distributed.context import DistContext
 from gputrain.errors import RunError
+from gputrain.run.layout import CHECKPOINTS
 from gputrain.train.state import CheckedCheckpoint
 
 
@@ -53,7 +54,7 @@ class Checkpointer:
     ) -> None:
         check_resume_setting(config)
         self.config = config
-        self.root = run_dir / "checkpoints"
+        self.root = run_dir / CHECKPOINTS
         self.dist = dist
         self.model = model
         self.optimizer = optimizer

@@ -22,6 +22,7 @@ from gputrain.data.tensors import as_tensor_data
 from gputrain.evaluate.scores import save_scores
 from gputrain.observe.own_sync import own_sync
 from gputrain.observe.profiler import ProfileReport, profile_run
+from gputrain.run.layout import FINAL_WEIGHTS, scores_name
 from gputrain.run.record import RunEnding, RunRecorder
 from gputrain.run.signals import StoppedBySignal, StopRequest
 from gputrain.run.start import start_run
@@ -176,7 +177,7 @@ class Trainer:
                 ending.status = self._end_epoch(ending)
             if self.test_data is not None:
                 ending.test = self._evaluate(self.test_data, "test", ending)
-            self.checkpointer.save_final_weights(self.run_dir / "model.safetensors")
+            self.checkpointer.save_final_weights(self.run_dir / FINAL_WEIGHTS)
         return ending.summary
 
     def _start(self, ending: RunEnding) -> bool:
@@ -261,7 +262,7 @@ class Trainer:
             reshard(self.model)
         self.metrics.log_eval(split, self.state, metrics)
         if split in self.evaluator.scores and self.dist.is_main:  # what the report draws ROC curves from
-            save_scores(self.run_dir / f"scores-{split}.npz", self.evaluator.scores[split])
+            save_scores(self.run_dir / scores_name(split), self.evaluator.scores[split])
         return metrics
 
     # ----------------------------------------------------------------- checkpoints
