@@ -4,7 +4,12 @@ adding to a run) writes there, what it holds and who writes it.
 Every module that reads or writes a run's file takes its name from here, so the layout is read in
 one place and a rename is one line (tests/unit/run/test_layout.py keeps the names out of the rest
 of the package). This module imports nothing of gputrain and no torch: config/paths.py checks
-`checkpoint.resume`, and the CLI answers, before torch loads.
+`checkpoint.resume` (with `checkpoints_folder`, below), and the CLI answers, before torch loads.
+
+What reads a run directory stays with its reader, by these names: use/run_dir.py chooses the
+weights `--checkpoint` means (the use commands' policy; verifying a checkpoint needs
+checkpoint/io.py, and so torch), report/rundir.py reads what a report shows, and config/paths.py
+judges `checkpoint.resume` as a config field, in messages naming it.
 
     runs/NAME/
       config.toml            the resolved config (run/files.py, at the start); `--config` loads it
@@ -31,6 +36,9 @@ run's, so the folder reads like a run's for the loaders.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 # ----------------------------------------------------------------- files under fixed names
 
@@ -134,3 +142,24 @@ REPORTED_FILES = (CONFIG, METRICS, SUMMARY, LR_FIND)
 """What identifies a directory to `gputrain report` as a run's: one of these at least (lr_find.json
 alone: an LR sweep's directory). Unlike RUN_FILES it has the sweep's file, and leaves out what
 every run that wrote anything also has one of these beside (env.json, error.log, the weights)."""
+
+
+# ----------------------------------------------------------------- reading it (checkpoint.resume, before torch loads)
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """Whether `path` is a checkpoint itself: its marker or manifest is there (whether it is whole
+    is checkpoint/io.py's verification)."""
+    return any(os.path.lexists(path / name) for name in (CHECKPOINT_MARKER, CHECKPOINT_MANIFEST))
+
+
+def checkpoints_folder(path: Path) -> Path | None:
+    """The checkpoints folder whose latest checkpoint `checkpoint.resume=PATH` means: PATH when it
+    holds step-N checkpoints, PATH/checkpoints for a run directory; None where PATH is a checkpoint
+    itself or none of these."""
+    if is_checkpoint_dir(path):
+        return None
+    for root in (path, path / CHECKPOINTS):
+        if root.is_dir() and any(p.is_dir() for p in root.glob(CHECKPOINT_GLOB)):
+            return root
+    return None
