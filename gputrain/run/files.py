@@ -1,7 +1,7 @@
 """The run directory: where it is, how it is named to the user, and the small files written into
 it. Its fixed entries (checkpoints/, summary.json, ...) are checked for their kind, and for links
 leading out of it, before anything heavy (`check_run_dir`). Which run it holds, and whether a config
-may continue that run: prior_run.py.
+may continue that run: prior.py; what each file is called: layout.py.
 """
 
 from __future__ import annotations
