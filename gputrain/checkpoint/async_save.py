@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gputrain.checkpoint.io import save_checkpoint
+from gputrain.checkpoint.io import save_checkpoint, step_dir_name
 from gputrain.errors import RunError
 
 
@@ -84,7 +84,7 @@ class AsyncSaver:
     def save_copy(self, root: Path, step: int, copy: HostCopy, after: Callable[[Path], None] | None = None) -> Path:
         """Write a copy already in host memory in the background (after the save in flight)."""
         self.wait()
-        self._pending = root / f"step-{step}"
+        self._pending = root / step_dir_name(step)
         self._thread = threading.Thread(
             target=self._write,
             args=(root, step, copy.weights, copy.state, after),

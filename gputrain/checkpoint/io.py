@@ -38,13 +38,22 @@ from gputrain.checkpoint.matching import (
 )
 from gputrain.disk_full import removed_if_failed
 from gputrain.errors import RunError
+from gputrain.run.layout import (
+    CHECKPOINT_MANIFEST,
+    CHECKPOINT_MARKER,
+    CHECKPOINT_STATE,
+    CHECKPOINT_WEIGHTS,
+    CHECKPOINTS,
+    checkpoint_name,
+    step_of_name,
+)
 
 log = logging.getLogger("gputrain")
 
-MARKER = "COMMITTED"
-MANIFEST = "manifest.json"
-MODEL_FILE = "model.safetensors"
-STATE_FILE = "state.pt"
+MARKER = CHECKPOINT_MARKER
+MANIFEST = CHECKPOINT_MANIFEST
+MODEL_FILE = CHECKPOINT_WEIGHTS
+STATE_FILE = CHECKPOINT_STATE
 DCP_METADATA = ".metadata"
 
 
@@ -93,7 +102,7 @@ def _phase() -> None:
 
 
 def step_dir_name(step: int) -> str:
-    return f"step-{step}"
+    return checkpoint_name(step)
 
 
 def save_checkpoint(root: Path, step: int, model: nn.Module, state: dict[str, Any]) -> Path:
@@ -256,7 +265,7 @@ def _check_location(path: Path) -> None:
     """A checkpoint directory reached through a symbolic link (step-N itself, or the run's
     `checkpoints/` folder) must stay inside its run directory (the parent of `checkpoints/`): one
     leading elsewhere would resume another run's, or anyone's, files."""
-    linked = path.is_symlink() or (path.parent.name == "checkpoints" and path.parent.is_symlink())
+    linked = path.is_symlink() or (path.parent.name == CHECKPOINTS and path.parent.is_symlink())
     if linked and not _inside(path, path.absolute().parent.parent):
         raise CorruptCheckpoint(f"{path}: a symbolic link leading out of the run directory (to {path.resolve()})")
 
@@ -426,10 +435,7 @@ def _first_line(err: BaseException) -> str:
 
 
 def _step_of(path: Path) -> int | None:
-    name = path.name
-    if not name.startswith("step-") or not name[5:].isdigit():
-        return None
-    return int(name[5:])
+    return step_of_name(path.name)
 
 
 def list_checkpoints(root: Path) -> list[Path]:

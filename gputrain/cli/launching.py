@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gputrain.errors import Interrupted, UsageError
+from gputrain.run.layout import SUMMARY
 
 if TYPE_CHECKING:
     from gputrain.config import Config
@@ -167,7 +168,7 @@ def _launch(args: argparse.Namespace, command: str, run_dir: str, options: tuple
 def _recorded_since(run_dir: Path, began: float) -> bool:
     """Whether the ranks wrote a summary in this launch (a run that began, then stopped)."""
     try:
-        return (run_dir / "summary.json").stat().st_mtime >= began
+        return (run_dir / SUMMARY).stat().st_mtime >= began
     except OSError:
         return False
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks
 from gputrain.config.docs import fields_help_text
 from gputrain.errors import RunError, UsageError
+from gputrain.run.layout import CONFIG, LR_FIND
 
 if TYPE_CHECKING:
     from gputrain.config import Config
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
     _check(args)
     given = Path(args.run_dir) if args.run_dir else None
-    own_config = given / "config.toml" if given is not None and args.config is None else None
+    own_config = given / CONFIG if given is not None and args.config is None else None
     if own_config is not None and own_config.is_file():
         args.config = str(own_config)  # the run's own config: the sweep that run starts with
     config = load_config(args.config, [*args.overrides, *_FORCED])
@@ -131,7 +132,7 @@ def _write(parts: TrainingParts, curve: LRCurve, sweep: Sweep, suggestion: Sugge
     from gputrain.train.lr_find import lr_find_record
 
     if parts.place.dist.is_main:
-        write_json(parts.run_dir / "lr_find.json", lr_find_record(curve, sweep, suggestion, parts, config))
+        write_json(parts.run_dir / LR_FIND, lr_find_record(curve, sweep, suggestion, parts, config))
 
 
 def _print_result(run_dir: Path, curve: LRCurve, sweep: Sweep, suggestion: Suggestion, run_config: str | None) -> None:
@@ -147,4 +148,4 @@ def _print_result(run_dir: Path, curve: LRCurve, sweep: Sweep, suggestion: Sugge
     )
     others = "; ".join(f"{rule} rule: {lr:.2e}" for rule, lr in other_suggestions(curve, suggestion.rule).items())
     print(f"suggested optim.lr={suggestion.lr:.2e} (rule: {suggestion.rule_text}; {others})")
-    print(f"wrote {run_dir / 'lr_find.json'}; its curve: gputrain report {shlex.quote(str(run_dir))}")
+    print(f"wrote {run_dir / LR_FIND}; its curve: gputrain report {shlex.quote(str(run_dir))}")

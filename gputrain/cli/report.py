@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from gputrain.errors import RunError, UsageError
+from gputrain.run.layout import REPORT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("a run directory is given twice; give each run once")
     output = Path(args.output) if args.output else None
     if output is not None and output.is_dir():
-        raise UsageError(f"-o {output}: is a directory; give a file name such as {output / 'report.html'}")
+        raise UsageError(f"-o {output}: is a directory; give a file name such as {output / REPORT}")
     started = time.perf_counter()
     try:
         written = write_report(paths, output)

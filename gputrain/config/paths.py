@@ -8,12 +8,12 @@ Only existence is checked here: what a file holds is read (and checked) by its l
 
 from __future__ import annotations
 
-import os
 import stat
 from pathlib import Path
 
 from gputrain.config.schema import CheckpointConfig, Config, DataConfig, ModelConfig
 from gputrain.errors import ConfigError, DataError
+from gputrain.run.layout import checkpoints_folder, is_checkpoint_dir
 
 FILE_SOURCES = ("csv", "text")
 """Data sources whose data.path is one file."""
@@ -111,29 +111,10 @@ def check_hf_config_path(path_text: str) -> None:
         raise ConfigError("model.hf_config", "no such file or directory", path_text)
 
 
-# checkpoint/io.py's marker and manifest names (that module needs torch; this one runs before it loads)
-CHECKPOINT_FILES = ("COMMITTED", "manifest.json")
 RESUME_FORMS = (
     "use auto, never, a checkpoint (runs/NAME/checkpoints/step-100), or a run directory or its checkpoints "
     "folder (its latest checkpoint)"
 )
-
-
-def _is_checkpoint(path: Path) -> bool:
-    """Whether `path` is a checkpoint itself: its COMMITTED marker or manifest is there."""
-    return any(os.path.lexists(path / name) for name in CHECKPOINT_FILES)
-
-
-def resume_root(path: Path) -> Path | None:
-    """The checkpoints folder whose latest checkpoint `checkpoint.resume=PATH` means: PATH when it
-    holds step-N checkpoints, PATH/checkpoints for a run directory; None where PATH is a checkpoint
-    itself or none of these."""
-    if _is_checkpoint(path):
-        return None
-    for root in (path, path / "checkpoints"):
-        if root.is_dir() and any(p.is_dir() for p in root.glob("step-*")):
-            return root
-    return None
 
 
 def check_resume_setting(config: CheckpointConfig) -> None:
@@ -153,7 +134,7 @@ def check_resume_setting(config: CheckpointConfig) -> None:
         kind = kind_of(path)
         problem = "no such checkpoint directory" if kind is None else f"is {kind}, not a checkpoint directory"
         raise ConfigError("checkpoint.resume", f"{problem}; {RESUME_FORMS}", resume)
-    if not _is_checkpoint(path) and resume_root(path) is None:
+    if not is_checkpoint_dir(path) and checkpoints_folder(path) is None:
         raise ConfigError(
             "checkpoint.resume",
             "not a checkpoint: the folder has no COMMITTED marker or manifest.json, no step-N checkpoints and "

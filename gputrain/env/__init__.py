@@ -11,6 +11,7 @@ from pathlib import Path
 from gputrain.env.checks import Check, gpu_present, passed, run_checks
 from gputrain.env.device import explain_cuda_unavailable, resolve_device
 from gputrain.env.facts import EnvReport, collect_env
+from gputrain.run.layout import ENV
 
 __all__ = [
     "Check",
@@ -27,7 +28,7 @@ __all__ = [
 
 def write_env_json(run_dir: str | Path) -> Path:
     """Record this machine's facts as `<run_dir>/env.json` and return its path."""
-    path = Path(run_dir) / "env.json"
+    path = Path(run_dir) / ENV
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(collect_env().to_dict(), indent=2) + "\n")
     return path

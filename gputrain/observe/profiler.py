@@ -22,6 +22,7 @@ from torch import nn
 
 from gputrain.observe.advisor import SHORT_KERNEL_US, Finding, RunFacts, advise
 from gputrain.observe.own_sync import OWN_SYNC
+from gputrain.run.layout import memory_snapshot_name, profile_name, trace_name
 
 WAIT_STEPS, WARMUP_STEPS = 1, 1
 _MATMUL_KERNEL_HINTS = ("gemm", "xmma", "cutlass", "conv", "wgrad", "dgrad", "matmul", "cublas")
@@ -198,17 +199,16 @@ def profile_run(target: ProfileTarget, top: int = 10) -> ProfileReport:
     run_dir = target.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     files: list[str] = []
-    suffix = f"-rank{target.rank}" if target.rank is not None else ""
     cuda = target.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with (
         profile(
             activities=activities, schedule=schedule(wait=WAIT_STEPS, warmup=WARMUP_STEPS, active=active, repeat=1)
         ) as prof,
-        _memory_history(target.device, run_dir / f"memory_snapshot{suffix}.pickle", files),
+        _memory_history(target.device, run_dir / memory_snapshot_name(target.rank), files),
     ):
         summary = target.fit(prof.step)
-    trace = run_dir / f"trace{suffix}.json"
+    trace = run_dir / trace_name(target.rank)
     prof.export_chrome_trace(str(trace))
     files.insert(0, str(trace))
     facts = collect_facts(target, prof, active, summary)
@@ -220,7 +220,7 @@ def profile_run(target: ProfileTarget, top: int = 10) -> ProfileReport:
         top_device_ops=_top_ops(prof, "self_device_us", top) if cuda else [],
         top_host_ops=_top_ops(prof, "self_host_us", top),
     )
-    facts_file = run_dir / f"profile{suffix}.json"
+    facts_file = run_dir / profile_name(target.rank)
     facts_file.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     report.files.append(str(facts_file))
     return report

@@ -27,6 +27,7 @@ from gputrain.report.rundir import Run, read_runs
 from gputrain.report.speed import compare_speed_html, profile_html, speed_html
 from gputrain.report.svg import esc
 from gputrain.run.files import write_text
+from gputrain.run.layout import REPORT, TENSORBOARD
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +104,7 @@ def comparison_page(runs: Sequence[Run]) -> str:
 
 def _footer(runs: Sequence[Run]) -> str:
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-    logdirs = " ".join(str(r.path / "tensorboard") for r in runs if (r.path / "tensorboard").is_dir())
+    logdirs = " ".join(str(r.path / TENSORBOARD) for r in runs if (r.path / TENSORBOARD).is_dir())
     tensorboard = f" Live curves during a run: <code>tensorboard --logdir {esc(logdirs)}</code>." if logdirs else ""
     return (
         f"Written by gputrain {esc(__version__)} report at {stamp} from the run directories' own files; "
@@ -114,7 +115,7 @@ def _footer(runs: Sequence[Run]) -> str:
 def default_output(paths: Sequence[Path]) -> Path:
     """One run: report.html in its directory. Several: compare-<time>.html here."""
     if len(paths) == 1:
-        return paths[0] / "report.html"
+        return paths[0] / REPORT
     return Path(f"compare-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.html")
 
 

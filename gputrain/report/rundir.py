@@ -20,10 +20,19 @@ import numpy as np
 
 from gputrain.errors import DataError
 from gputrain.evaluate.scores import Scores, load_scores
+from gputrain.run.layout import (
+    CONFIG,
+    ENV,
+    ERROR_LOG,
+    LR_FIND,
+    METRICS,
+    REPORTED_FILES,
+    SUMMARY,
+    profile_name,
+    scores_name,
+)
 from gputrain.run.prior import COMPLETE
 
-RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "lr_find.json")
-"""A directory holding none of these is not a run (lr_find.json alone: an LR sweep's directory)."""
 ERROR_LOG_LINES = 40
 _TASK_OF_METRIC = {
     "accuracy": "classification",
@@ -250,49 +259,49 @@ def read_run(path: Path, name: str | None = None) -> Run:
     """Everything a report shows of the run in `path`.
 
     Raises:
-        DataError: `path` is not a directory, holds none of RUN_FILES (it names them), or is a run
+        DataError: `path` is not a directory, holds none of REPORTED_FILES (it names them), or is a run
             that has logged nothing yet.
     """
     if not path.exists():
         raise DataError(f"{path}: no such directory")
     if not path.is_dir():
         raise DataError(f"{path}: not a directory; give a run directory (runs/<name>/)")
-    present = [f for f in RUN_FILES if (path / f).is_file()]
+    present = [f for f in REPORTED_FILES if (path / f).is_file()]
     if not present:
         raise DataError(
-            f"{path}: not a run directory: it has no {', '.join(RUN_FILES[:-1])} or {RUN_FILES[-1]} "
+            f"{path}: not a run directory: it has no {', '.join(REPORTED_FILES[:-1])} or {REPORTED_FILES[-1]} "
             "(gputrain train writes them into its --run-dir)"
         )
     run = Run(path=path, name=name or path.name)
-    _read_config(path / "config.toml", run)
-    summary = _read_json(path / "summary.json", run)
+    _read_config(path / CONFIG, run)
+    summary = _read_json(path / SUMMARY, run)
     run.summary = summary if isinstance(summary, dict) else None
-    metrics = path / "metrics.jsonl"
+    metrics = path / METRICS
     if metrics.is_file():
         run.metrics_written = metrics.stat().st_mtime
         _read_metrics(metrics, run)
-    if run.steps.count == 0 and not run.evals and run.summary is None and "lr_find.json" not in present:
+    if run.steps.count == 0 and not run.evals and run.summary is None and LR_FIND not in present:
         state = "is empty" if metrics.is_file() else "does not exist yet"
         every = (run.config or {}).get("log", {}).get("every_steps", 10)
         raise DataError(
             f"{path}: no metrics yet: metrics.jsonl {state}; the run logs its first row after "
             f"log.every_steps={every} steps, so run gputrain report again then"
         )
-    env = _read_json(path / "env.json", run)
+    env = _read_json(path / ENV, run)
     run.env = env if isinstance(env, dict) else None
-    profile = _read_json(path / "profile.json", run)
+    profile = _read_json(path / profile_name(None), run)
     run.profile = profile if isinstance(profile, dict) else None
-    lr_find = _read_json(path / "lr_find.json", run)
+    lr_find = _read_json(path / LR_FIND, run)
     run.lr_find = lr_find if isinstance(lr_find, dict) else None
     if run.config is None and run.lr_find is not None and isinstance(run.lr_find.get("config"), dict):
         run.config = run.lr_find["config"]  # a sweep's own directory: the config the sweep ran
-    scores = path / "scores-test.npz"
+    scores = path / scores_name("test")
     if scores.is_file():
         try:
             run.scores = load_scores(scores)
         except (OSError, ValueError, KeyError) as err:
-            run.notes.append(f"scores-test.npz could not be read ({type(err).__name__}); the test curves are left out")
-    error_log = path / "error.log"
+            run.notes.append(f"{scores.name} could not be read ({type(err).__name__}); the test curves are left out")
+    error_log = path / ERROR_LOG
     if error_log.is_file():
         with_errors = error_log.read_text(encoding="utf-8", errors="replace").splitlines()
         run.error_log = "\n".join(with_errors[-ERROR_LOG_LINES:])

@@ -1,7 +1,7 @@
 """The run directory: where it is, how it is named to the user, and the small files written into
 it. Its fixed entries (checkpoints/, summary.json, ...) are checked for their kind, and for links
 leading out of it, before anything heavy (`check_run_dir`). Which run it holds, and whether a config
-may continue that run: prior_run.py.
+may continue that run: prior.py; what each file is called: layout.py.
 """
 
 from __future__ import annotations
@@ -13,15 +13,13 @@ import os
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gputrain.config import Config, config_to_toml
 from gputrain.config.paths import kind_of
 from gputrain.disk_full import removed_if_failed
 from gputrain.errors import UsageError
-
-if TYPE_CHECKING:
-    from gputrain.train.build import Placement
+from gputrain.run.layout import CHECKPOINT_MARKER, CONFIG, ENV, RUN_DIRS, RUN_FILE_PATTERNS, RUN_FILES
 
 # ----------------------------------------------------------------- how a run directory is named to the user
 
@@ -47,8 +45,8 @@ def run_dir_option() -> str:
 def continue_advice(run_dir: Path) -> str:
     """How to continue the run in `run_dir` with its own config."""
     if _COMMAND_LINE.get():
-        return f"leave out --config and the overrides to continue it with its own {run_dir / 'config.toml'}"
-    return f"pass config={str(run_dir / 'config.toml')!r} to continue it with its own config"
+        return f"leave out --config and the overrides to continue it with its own {run_dir / CONFIG}"
+    return f"pass config={str(run_dir / CONFIG)!r} to continue it with its own config"
 
 
 # ----------------------------------------------------------------- files
@@ -83,36 +81,29 @@ def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
-def write_run_files(run_dir: Path, config: Config, place: Placement | None = None) -> None:
+class Started(Protocol):
+    """A run's placement as env.json records it (train/build.py's Placement). A protocol, not that
+    class: the run directory sits below the training loop, which imports it."""
+
+    def start_facts(self) -> dict[str, Any]:
+        """Device, precision, world size and layout as the start resolved them."""
+        ...
+
+
+def write_run_files(run_dir: Path, config: Config, place: Started | None = None) -> None:
     """The files a run directory holds from its start: the resolved config (loadable with
     --config) and the doctor's facts about this machine, with `place`'s `start_facts` as "run"."""
     from gputrain.env import collect_env  # the doctor's modules: only needed once a run starts
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_text(run_dir / "config.toml", config_to_toml(config))
+    write_text(run_dir / CONFIG, config_to_toml(config))
     facts = collect_env().to_dict()
     if place is not None:
-        facts["run"] = start_facts(place)
-    write_json(run_dir / "env.json", facts)
+        facts["run"] = place.start_facts()
+    write_json(run_dir / ENV, facts)
 
 
-def start_facts(place: Placement) -> dict[str, Any]:
-    """What the run resolved at its start (config.toml keeps `auto`): device, precision, world size
-    and layout. summary.json has them only once the run ends; a report of a run still going reads
-    them here."""
-    world = place.dist.world_size
-    layout = f"{place.choice.strategy} on {world} ranks ({place.dims.describe()})" if world > 1 else "one process"
-    return {"device": str(place.device), "precision": place.precision, "world_size": world, "layout": layout}
-
-
-# ----------------------------------------------------------------- the directory and its entries
-
-RUN_DIRS = ("checkpoints", "tensorboard")
-"""Entries a run writes as directories."""
-RUN_FILES = ("config.toml", "env.json", "summary.json", "metrics.jsonl", "error.log", "model.safetensors")
-"""Entries a run writes as regular files, under fixed names."""
-RUN_FILE_PATTERNS = ("error-rank*.log", "scores-*.npz", "trace*.json", "profile*.json", "memory_snapshot*.pickle")
-"""Files a run writes under names of these forms (a rank's, a split's, a profile's)."""
+# ----------------------------------------------------------------- the directory and its entries (names: layout.py)
 
 
 def check_run_dir(run_dir: Path, keep: bool = False) -> None:
@@ -151,7 +142,7 @@ def check_not_inside_a_run(run_dir: Path) -> None:
     """
     option, resolved = run_dir_option(), run_dir.resolve()
     try:
-        is_checkpoint = (resolved / "COMMITTED").is_file()  # checkpoint/io.py's marker, written last
+        is_checkpoint = (resolved / CHECKPOINT_MARKER).is_file()  # written last
     except OSError:  # a name too long: the directory's own check says so
         return
     if is_checkpoint:
@@ -160,7 +151,7 @@ def check_not_inside_a_run(run_dir: Path) -> None:
         )
     for parent in resolved.parents:
         entry = resolved.relative_to(parent).parts[0]
-        if entry in RUN_DIRS and (parent / "config.toml").is_file():
+        if entry in RUN_DIRS and (parent / CONFIG).is_file():
             raise UsageError(
                 f"{option} {run_dir}: is inside the run directory {parent} (its {entry}/); a run writes in a "
                 f"directory of its own: choose one outside {parent / entry}"

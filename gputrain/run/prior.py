@@ -17,13 +17,12 @@ from typing import Any
 from gputrain.config import Config, config_to_dict, load_config, parse_override
 from gputrain.errors import GputrainError, UsageError
 from gputrain.run.files import (
-    RUN_DIRS,
-    RUN_FILES,
     check_not_in_data,
     check_run_dir,
     continue_advice,
     run_dir_option,
 )
+from gputrain.run.layout import CHECKPOINT_GLOB, CHECKPOINTS, CONFIG, METRICS, RUN_DIRS, RUN_FILES, SUMMARY
 
 COMPLETE = ("completed", "stopped_early")
 
@@ -56,14 +55,14 @@ class PriorRun:
 def prior_run(run_dir: Path) -> PriorRun | None:
     """The earlier run `run_dir` holds, or None for a new or empty directory."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = json.loads((run_dir / SUMMARY).read_text())
     except (OSError, ValueError):
         summary = None
     try:
-        checkpoints = any((run_dir / "checkpoints").glob("step-*"))
+        checkpoints = any((run_dir / CHECKPOINTS).glob(CHECKPOINT_GLOB))
     except OSError:
         checkpoints = False
-    if summary is None and not checkpoints and not os.path.lexists(run_dir / "metrics.jsonl"):
+    if summary is None and not checkpoints and not os.path.lexists(run_dir / METRICS):
         return None
     return PriorRun(summary if isinstance(summary, dict) else None, checkpoints)
 
@@ -97,7 +96,7 @@ def _holds_a_run(run_dir: Path, prior: PriorRun | None) -> bool:
     if prior is not None and (prior.checkpoints or (prior.summary or {}).get("status") in STATUSES):
         return True
     try:
-        load_config(run_dir / "config.toml")
+        load_config(run_dir / CONFIG)
     except (GputrainError, OSError):
         return False
     return True
@@ -109,7 +108,7 @@ def saved_config(run_dir: Path) -> Config | None:
     Raises:
         UsageError: config.toml is there but cannot be read as a config.
     """
-    path = run_dir / "config.toml"
+    path = run_dir / CONFIG
     if not os.path.lexists(path):
         return None
     try:
@@ -303,6 +302,6 @@ def kept_message(run_dir: Path, prior: PriorRun, longer_keys: str) -> str:
     """The line for a complete run left as it is."""
     return (
         f"{run_dir} holds {prior.describe()}, complete: nothing to train (its summary: "
-        f"{run_dir / 'summary.json'}). Raise {longer_keys} to train it longer, or choose another "
+        f"{run_dir / SUMMARY}). Raise {longer_keys} to train it longer, or choose another "
         f"{run_dir_option()} for a new run"
     )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gputrain.errors import GputrainError, Interrupted, RunError, UsageError, first_line
 from gputrain.interrupts import job_rank
 from gputrain.run.files import write_json, write_text
+from gputrain.run.layout import SUMMARY, error_log_name
 from gputrain.run.lock import run_dir_locked
 from gputrain.run.prior import prior_run
 from gputrain.run.signals import StopRequest
@@ -184,7 +185,7 @@ class RunRecorder:
         if place.dist.is_main and self._writes(ending):  # else no record, and no table of one
             with contextlib.suppress(OSError):
                 parts.run_dir.mkdir(parents=True, exist_ok=True)
-                write_json(parts.run_dir / "summary.json", ending.summary)
+                write_json(parts.run_dir / SUMMARY, ending.summary)
             parts.console.final_table(ending.summary, str(parts.run_dir))
 
     def _writes(self, ending: RunEnding) -> bool:
@@ -216,7 +217,7 @@ def recording_start_up(run_dir: Path | None) -> Iterator[None]:
             if rank == 0:
                 with contextlib.suppress(OSError):
                     summary = start_up_summary(error, time.perf_counter() - began, _world_size())
-                    write_json(run_dir / "summary.json", summary)
+                    write_json(run_dir / SUMMARY, summary)
         elif run_dir is not None:
             kept = _left_as_it_was(run_dir)
         raise RunError(f"training failed at {error} ({kept})") from None
@@ -224,7 +225,7 @@ def recording_start_up(run_dir: Path | None) -> Iterator[None]:
 
 def _error_log(run_dir: Path, rank: int) -> Path:
     """Where a failure's traceback goes: error.log for rank 0, error-rank<N>.log for another rank."""
-    return run_dir / ("error.log" if rank == 0 else f"error-rank{rank}.log")
+    return run_dir / error_log_name(rank)
 
 
 def _save_traceback(run_dir: Path, log_file: Path) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gputrain.config import Config
+from gputrain.run.layout import FINAL_WEIGHTS
 from gputrain.run.prior import PriorRun
 from gputrain.run.record import LoopFigures, RecordedParts, RunEnding, RunRecorder
 from gputrain.run.signals import StoppedBySignal, StopRequest
@@ -116,7 +117,7 @@ class RunShell:
                 ending.status = train()
             finally:
                 self._ending = None
-            self.parts.checkpointer.save_final_weights(self.parts.run_dir / "model.safetensors")
+            self.parts.checkpointer.save_final_weights(self.parts.run_dir / FINAL_WEIGHTS)
         return ending.summary
 
     @contextlib.contextmanager

@@ -87,6 +87,14 @@ class Placement:
     lines: tuple[str, ...]
     """What the console says about it first: the device line, the layout line."""
 
+    def start_facts(self) -> dict[str, Any]:
+        """What the run resolved at its start (config.toml keeps `auto`): device, precision, world
+        size and layout, env.json's "run" (run/files.py). summary.json has them only once the run
+        ends; a report of a run still going reads them there."""
+        world = self.dist.world_size
+        layout = f"{self.choice.strategy} on {world} ranks ({self.dims.describe()})" if world > 1 else "one process"
+        return {"device": str(self.device), "precision": self.precision, "world_size": world, "layout": layout}
+
 
 def place_run(
     config: Config, model: nn.Module, train_data: Any, precision_choice: tuple[str, str] | None = None

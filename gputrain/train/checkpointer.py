@@ -25,10 +25,11 @@ from torch import nn
 from gputrain.checkpoint import CorruptCheckpoint, find_resumable, rotate_checkpoints, save_checkpoint
 from gputrain.checkpoint.async_save import AsyncSaver, HostCopy
 from gputrain.checkpoint.io import DCP_METADATA, checkpoint_step, prepare_checkpoint_load, save_weights
-from gputrain.config.paths import check_resume_setting, resume_root
+from gputrain.config.paths import check_resume_setting
 from gputrain.config.schema import CheckpointConfig
 from gputrain.distributed.context import DistContext
 from gputrain.errors import RunError
+from gputrain.run.layout import CHECKPOINTS, checkpoints_folder
 from gputrain.train.state import CheckedCheckpoint
 
 
@@ -53,7 +54,7 @@ class Checkpointer:
     ) -> None:
         check_resume_setting(config)
         self.config = config
-        self.root = run_dir / "checkpoints"
+        self.root = run_dir / CHECKPOINTS
         self.dist = dist
         self.model = model
         self.optimizer = optimizer
@@ -81,7 +82,7 @@ class Checkpointer:
         if resume == "never":
             return None, False
         # a run directory or a checkpoints folder given as checkpoint.resume means its latest checkpoint
-        root = self.root if resume == "auto" else resume_root(Path(resume))
+        root = self.root if resume == "auto" else checkpoints_folder(Path(resume))
         if root is None:
             return Path(resume), False
         if self.dist.enabled:

@@ -26,6 +26,7 @@ from gputrain.observe.console import RunConsole
 from gputrain.observe.own_sync import own_sync
 from gputrain.observe.sinks import JsonlSink, Sinks, TensorBoardSink, check_tensorboard
 from gputrain.observe.speed import SpeedMeter
+from gputrain.run.layout import METRICS, TENSORBOARD
 from gputrain.train.state import LoopState
 from gputrain.train.step import StepResult
 
@@ -91,9 +92,9 @@ class MetricsLogger:
         """Start writing: a fresh metrics.jsonl, or, after a resume, one cut back to the resumed step."""
         if self.dist.is_main:
             resume_step = state.global_step if resumed else None
-            sinks: list[Any] = [JsonlSink(self.run_dir / "metrics.jsonl", resume_step)]
+            sinks: list[Any] = [JsonlSink(self.run_dir / METRICS, resume_step)]
             if self.config.tensorboard:
-                sinks.append(TensorBoardSink(self.run_dir / "tensorboard", resume_step))
+                sinks.append(TensorBoardSink(self.run_dir / TENSORBOARD, resume_step))
             self._sinks = Sinks(sinks)
         self._since = (time.perf_counter(), state.samples_seen, state.global_step)
 

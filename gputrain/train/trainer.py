@@ -21,6 +21,7 @@ from gputrain.data.tensors import as_tensor_data
 from gputrain.evaluate.scores import save_scores
 from gputrain.observe.own_sync import own_sync
 from gputrain.observe.profiler import ProfileReport, profile_run
+from gputrain.run.layout import scores_name
 from gputrain.run.record import LoopFigures
 from gputrain.run.shell import LoopShape, RunShell
 from gputrain.train.build import UserTPPlan, build_model_and_data, build_training, profile_target
@@ -265,7 +266,7 @@ class Trainer:
             reshard(self.model)
         parts.metrics.log_eval(split, self.state, metrics)
         if split in parts.evaluator.scores and parts.place.dist.is_main:  # what the report draws ROC curves from
-            save_scores(self.run_dir / f"scores-{split}.npz", parts.evaluator.scores[split])
+            save_scores(self.run_dir / scores_name(split), parts.evaluator.scores[split])
         return metrics
 
     def _save_outside(self, clock: float) -> float:

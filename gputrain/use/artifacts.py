@@ -30,6 +30,7 @@ from gputrain.config import load_config
 from gputrain.data.spec import DataSpec
 from gputrain.errors import UsageError, first_line
 from gputrain.run.files import write_json, write_text
+from gputrain.run.layout import CONFIG, FINAL_WEIGHTS
 from gputrain.use.loaded import build_trained_model
 from gputrain.use.preprocess import Preprocessing, ServedModel
 from gputrain.use.run_dir import WeightsSource
@@ -69,22 +70,22 @@ def export_program(served: ServedModel, example: torch.Tensor, pre: Preprocessin
 
 
 def write_safetensors(run_dir: Path, served: ServedModel, spec: DataSpec, out: Path) -> list[str]:
-    save_weights(served.model, out / "model.safetensors")
-    write_text(out / "config.toml", (run_dir / "config.toml").read_text())
+    save_weights(served.model, out / FINAL_WEIGHTS)
+    write_text(out / CONFIG, (run_dir / CONFIG).read_text())
     write_json(out / "spec.json", _spec_dict(spec))
-    return ["model.safetensors", "config.toml", "spec.json", "preprocess.json"]
+    return [FINAL_WEIGHTS, CONFIG, "spec.json", "preprocess.json"]
 
 
 def load_safetensors(out: Path, device: torch.device) -> Runner:
     """The safetensors artifact as a deployment loads it: model built from its config and spec,
     weights and preprocessing from its files."""
-    config = load_config(out / "config.toml")
+    config = load_config(out / CONFIG)
     saved: dict[str, Any] = {
         k: tuple(v) if isinstance(v, list) else v for k, v in _read_json(out / "spec.json").items()
     }
     spec = DataSpec(**saved)
     model = build_trained_model(config.model, spec)
-    load_weights(WeightsSource("path", out / "model.safetensors", None), model)
+    load_weights(WeightsSource("path", out / FINAL_WEIGHTS, None), model)
     pre = Preprocessing.from_dict(_read_json(out / "preprocess.json"))
     return _module_runner(ServedModel(model, pre).to(device).eval(), device)
 

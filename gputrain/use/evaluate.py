@@ -33,6 +33,7 @@ from gputrain.evaluate.evaluator import Evaluator, resolve_metrics
 from gputrain.evaluate.scores import Scores, save_scores
 from gputrain.precision import Precision
 from gputrain.run.files import write_json
+from gputrain.run.layout import CONFIG, eval_record_name, scores_name
 from gputrain.switches import apply_process_switches
 from gputrain.train.tasks import resolve_task
 from gputrain.use.loaded import LoadedRun, data_overrides, load_run
@@ -87,7 +88,7 @@ def evaluate_run(
     apply_process_switches(loaded.device, loaded.precision, config.train.deterministic)  # as the run had them
     transform: Callable[[Any], Any] | None
     if new:
-        data_config = load_config(loaded.run_dir / "config.toml", overrides).data
+        data_config = load_config(loaded.run_dir / CONFIG, overrides).data
         data: Dataset = read_new_data(loaded.pre, data_config)
         name = name or _stem(Path(data_config.val_path or data_config.path or "new"))
         transform = _preprocess_on(loaded)
@@ -126,7 +127,7 @@ def evaluate_run(
         "precision": loaded.precision,
         "world_size": dist.world_size,
         "wall_s": round(time.perf_counter() - start, 3),
-        "scores": f"scores-{name}.npz" if scores is not None else None,
+        "scores": scores_name(name) if scores is not None else None,
     }
     files = _write(Path(out_dir) if out_dir is not None else loaded.run_dir, name, record, scores, dist)
     return EvalResult(name, metrics, record, scores, files)
@@ -201,9 +202,9 @@ def _write(out_dir: Path, name: str, record: dict[str, Any], scores: Scores | No
     if not dist.is_main:
         return []
     output_dir(out_dir, "--output-dir")
-    files = [out_dir / f"eval-{name}.json"]
+    files = [out_dir / eval_record_name(name)]
     write_json(files[0], record)
     if scores is not None:
-        files.append(out_dir / f"scores-{name}.npz")
+        files.append(out_dir / scores_name(name))
         save_scores(files[1], scores)
     return files

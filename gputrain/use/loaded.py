@@ -22,6 +22,7 @@ from gputrain.data.spec import DataSpec
 from gputrain.errors import ConfigError, UsageError
 from gputrain.models import build_model
 from gputrain.precision import resolve_precision
+from gputrain.run.layout import CONFIG
 from gputrain.use.options import use_device
 from gputrain.use.preprocess import Preprocessing, ServedModel, build_preprocessing
 from gputrain.use.run_dir import WeightsSource, choose_weights, open_run
@@ -82,7 +83,7 @@ def load_run(
             longer be read.
     """
     path = open_run(run_dir)
-    config = load_config(path / "config.toml", data_overrides(overrides))
+    config = load_config(path / CONFIG, data_overrides(overrides))
     weights = choose_weights(path, checkpoint)  # before the data is read: the cheap checks first
     where = use_device(device)
     bundle = build_data(config.data, config.train.seed)

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gputrain.checkpoint.io import (
-    MODEL_FILE,
     CorruptCheckpoint,
     checkpoint_step,
     list_checkpoints,
@@ -28,6 +27,7 @@ from gputrain.checkpoint.io import (
     verify_checkpoint,
 )
 from gputrain.errors import UsageError
+from gputrain.run.layout import CHECKPOINT_MARKER, CHECKPOINTS, CONFIG, FINAL_WEIGHTS, SUMMARY, checkpoint_name
 
 log = logging.getLogger("gputrain")
 
@@ -68,7 +68,7 @@ def open_run(path: str | Path) -> Path:
     run_dir = Path(path)
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir}: no such directory; give the run directory that gputrain train wrote")
-    if not (run_dir / "config.toml").is_file():
+    if not (run_dir / CONFIG).is_file():
         raise UsageError(
             f"{run_dir}: not a run directory (no config.toml); give the directory gputrain train wrote with --run-dir"
         )
@@ -84,13 +84,13 @@ def choose_weights(run_dir: Path, choice: str = "final") -> WeightsSource:
     """
     if choice not in CHOICES:
         return _weights_at(Path(choice))
-    final = run_dir / MODEL_FILE
+    final = run_dir / FINAL_WEIGHTS
     if choice == "final" and final.is_file():
         return WeightsSource("final", final, _final_step(run_dir))
     scan = _scan(run_dir)
     if choice == "final":
         if scan.last is None:
-            raise UsageError(f"{run_dir}: no usable weights: no {MODEL_FILE}; {_listing(run_dir, scan)}")
+            raise UsageError(f"{run_dir}: no usable weights: no {FINAL_WEIGHTS}; {_listing(run_dir, scan)}")
         note = (
             f"{run_dir} has no final weights (the run did not finish): using its last checkpoint, step {scan.last[1]}"
         )
@@ -114,7 +114,7 @@ def _best(run_dir: Path, scan: _Scan) -> WeightsSource:
             f"{run_dir}: --checkpoint best: the run tracked no best step (it had no validation split or "
             f"metric); use --checkpoint final or last ({_listing(run_dir, scan)})"
         )
-    path = run_dir / "checkpoints" / f"step-{best_step}"
+    path = run_dir / CHECKPOINTS / checkpoint_name(best_step)
     try:
         verify_checkpoint(path)
     except CorruptCheckpoint as err:
@@ -129,8 +129,8 @@ def _weights_at(path: Path) -> WeightsSource:
         return WeightsSource("path", path, None)
     if not path.is_dir():
         raise UsageError(f"--checkpoint {path}: no such file or directory; or use one of {', '.join(CHOICES)}")
-    if not (path / "COMMITTED").exists() and (path / MODEL_FILE).is_file():
-        return WeightsSource("path", path / MODEL_FILE, None)  # e.g. an export's safetensors folder
+    if not (path / CHECKPOINT_MARKER).exists() and (path / FINAL_WEIGHTS).is_file():
+        return WeightsSource("path", path / FINAL_WEIGHTS, None)  # e.g. an export's safetensors folder
     try:
         verify_checkpoint(path)
     except CorruptCheckpoint as err:
@@ -156,7 +156,7 @@ class _Scan:
 
 
 def _scan(run_dir: Path) -> _Scan:
-    found, damaged = scan_verified(list_checkpoints(run_dir / "checkpoints"), verify_checkpoint)
+    found, damaged = scan_verified(list_checkpoints(run_dir / CHECKPOINTS), verify_checkpoint)
     passed_over = [(path, str(err).removeprefix(f"{path}: ")) for path, err in damaged]  # the path is named beside it
     if found is None:
         return _Scan(None, passed_over)
@@ -175,7 +175,7 @@ def _damaged_text(damaged: list[tuple[Path, str]]) -> str:
 
 def _listing(run_dir: Path, scan: _Scan) -> str:
     """The run's checkpoints for a message: 'checkpoints: step-16 damaged (why); step-8'."""
-    found = list_checkpoints(run_dir / "checkpoints")
+    found = list_checkpoints(run_dir / CHECKPOINTS)
     if not found:
         return "no checkpoints"
     passed_over = {path for path, _ in scan.damaged}
@@ -185,7 +185,7 @@ def _listing(run_dir: Path, scan: _Scan) -> str:
 
 def _final_step(run_dir: Path) -> int | None:
     try:
-        step = json.loads((run_dir / "summary.json").read_text()).get("global_step")
+        step = json.loads((run_dir / SUMMARY).read_text()).get("global_step")
     except (OSError, ValueError, AttributeError):
         return None
     return step if isinstance(step, int) else None

@@ -8,7 +8,14 @@ What counts as an import (an edge of the graph):
 - every `import gputrain...` / `from gputrain... import ...` in a file, at module level AND inside
   functions and methods: a function-level import only moves the circle to run time;
 - relative imports, resolved against the importing module's package;
-- NOT what sits under `if TYPE_CHECKING:` (never runs); its `else:` branch does run and counts;
+- what sits under `if TYPE_CHECKING:` too, as a type-only edge (its `else:` branch runs: an
+  ordinary edge). It never runs, but it ties the two modules all the same: the importer's types are
+  the imported module's, so neither can be read, moved or tested without the other, and a circle
+  of them is a circle of the design (issue 26). So type-only edges count for circles and for the
+  "anywhere" layer rules (a lower layer naming the loop's types depends on the loop), and NOT for
+  the "on import" rules, which are about what importing loads (torch) and a type-only import loads
+  nothing. Break such a circle with a small Protocol in the lower module, or by moving the type to
+  the module that owns it; not by dropping the annotation;
 - NOT `importlib.import_module(...)` with a computed name (the registries, the CLI's subcommands):
   those are not statements ast can read.
 
@@ -50,15 +57,16 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "gputrain"
 
 # Layer rules: (importer, must not import, where). Each name covers its submodules.
-# "anywhere": no import statement of the importer's files may name it, function-level included.
+# "anywhere": no import statement of the importer's files may name it, function-level and type-only included.
 # "on import": importing the importer must not load it, following module-level imports transitively
-#   (issue 13: config checks run before torch is imported).
+#   (issue 13: config checks run before torch is imported); type-only imports load nothing.
 LAYER_RULES: list[tuple[str, str, str]] = [
     ("gputrain.distributed", "gputrain.data", "anywhere"),
     ("gputrain.config", "gputrain.data", "anywhere"),
     ("gputrain.config", "gputrain.models", "anywhere"),
     ("gputrain.config", "torch", "on import"),
     ("gputrain.cli", "torch", "on import"),  # a usage error answers before torch loads
+    ("gputrain.run.layout", "torch", "on import"),  # config/paths.py and the CLI read the run's names
     ("gputrain.observe", "gputrain.train", "anywhere"),
     ("gputrain.distributed", "gputrain.train", "anywhere"),
     ("gputrain.plan", "gputrain.train", "anywhere"),
@@ -75,9 +83,12 @@ class Edge:
     path: str
     line: int
     module_level: bool
+    type_only: bool = False
+    """Under `if TYPE_CHECKING:`: never runs, a tie all the same (module docstring)."""
 
     def where(self) -> str:
-        return f"{self.path}:{self.line}" + ("" if self.module_level else " (function-level)")
+        kind = " (type-only)" if self.type_only else "" if self.module_level else " (function-level)"
+        return f"{self.path}:{self.line}{kind}"
 
 
 def _module_names(root: Path = ROOT) -> dict[str, Path]:
@@ -95,23 +106,26 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _import_nodes(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """Every import statement that can run, with whether it runs when the module is imported."""
-    found: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+def _import_nodes(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
+    """Every import statement, with whether it runs when the module is imported and whether it is
+    type-only (under `if TYPE_CHECKING:`, so it never runs)."""
+    found: list[tuple[ast.Import | ast.ImportFrom, bool, bool]] = []
 
-    def visit(node: ast.AST, module_level: bool) -> None:
+    def visit(node: ast.AST, module_level: bool, type_only: bool) -> None:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.append((node, module_level))
+            found.append((node, module_level and not type_only, type_only))
             return
         if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for branch in node.body:
+                visit(branch, module_level, True)
             for branch in node.orelse:
-                visit(branch, module_level)
+                visit(branch, module_level, type_only)
             return
         inner = module_level and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
         for child in ast.iter_child_nodes(node):
-            visit(child, inner)
+            visit(child, inner, type_only)
 
-    visit(tree, True)
+    visit(tree, True, False)
     return found
 
 
@@ -162,10 +176,10 @@ def collect_edges(root: Path = ROOT) -> tuple[Edge, ...]:
     for source, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         rel = path.relative_to(root).as_posix()
-        for node, module_level in _import_nodes(tree):
+        for node, module_level, type_only in _import_nodes(tree):
             for target in dict.fromkeys(_targets(source, path.name == "__init__.py", node, modules)):
                 if target != source:
-                    edges.append(Edge(source, target, rel, node.lineno, module_level))
+                    edges.append(Edge(source, target, rel, node.lineno, module_level, type_only))
     return tuple(edges)
 
 
@@ -334,26 +348,48 @@ def test_the_checker_on_a_small_tree(tmp_path):
         # a name read from the enclosing package's __init__, which imports this module back: a circle
         "gputrain/bad/__init__.py": "from gputrain.bad.x import X\nY = 1\n",
         "gputrain/bad/x.py": "from gputrain.bad import Y\nX = 2\n",
-        # function-level imports count; TYPE_CHECKING ones do not, their else branch does
+        # function-level imports count; TYPE_CHECKING ones too, as type-only; their else branch runs
         "gputrain/f.py": "def g():\n    from gputrain import h\n",
         "gputrain/h.py": "import torch\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import gputrain.f\n"
                          "else:\n    from . import k\n",
         "gputrain/k.py": "def late():\n    import gputrain.f\n",
         "gputrain/light.py": "import gputrain.h\n",
     })
-    edges = {(e.source, e.target, e.module_level) for e in collect_edges(root) if e.target.startswith("gputrain")}
-    assert ("gputrain.pkg.a", "gputrain.pkg", True) not in edges  # its own package: no edge
-    assert ("gputrain.bad.x", "gputrain.bad", True) in edges  # reads Y from its own package: edge
-    assert ("gputrain.h", "gputrain.f", True) not in edges and ("gputrain.h", "gputrain.k", True) in edges
-    assert [c.splitlines()[0] for c in find_cycles(root)] == [
+    edges = {(e.source, e.target, e.module_level, e.type_only) for e in collect_edges(root)
+             if e.target.startswith("gputrain")}
+    assert ("gputrain.pkg.a", "gputrain.pkg", True, False) not in edges  # its own package: no edge
+    assert ("gputrain.bad.x", "gputrain.bad", True, False) in edges  # reads Y from its own package: edge
+    assert ("gputrain.h", "gputrain.f", False, True) in edges and ("gputrain.h", "gputrain.k", True, False) in edges
+    cycles = find_cycles(root)
+    assert [c.splitlines()[0] for c in cycles] == [
         "gputrain.bad -> gputrain.bad.x -> gputrain.bad",
+        "gputrain.f -> gputrain.h -> gputrain.f",
         "gputrain.f -> gputrain.h -> gputrain.k -> gputrain.f",
     ]
-    assert "gputrain/f.py:2 (function-level)" in find_cycles(root)[1]
+    assert "gputrain/f.py:2 (function-level)" in cycles[2] and "gputrain/h.py:4 (type-only)" in cycles[1]
     rules = [("gputrain.light", "torch", "on import"), ("gputrain.f", "torch", "on import"),
              ("gputrain.f", "gputrain.h", "anywhere"), ("gputrain.h", "gputrain.f", "anywhere")]
     assert _layer_violations(root, rules) == [
         ("importing gputrain.light loads torch: gputrain.light -> gputrain.h (gputrain/light.py:1) "
          "-> torch (gputrain/h.py:1)"),
         "gputrain.f must not import gputrain.h: gputrain.f -> gputrain.h at gputrain/f.py:2 (function-level)",
+        "gputrain.h must not import gputrain.f: gputrain.h -> gputrain.f at gputrain/h.py:4 (type-only)",
     ]
+
+
+def test_a_circle_of_type_only_imports_is_a_circle(tmp_path):
+    """Issue 26: run/files.py named train/build.py's Placement under TYPE_CHECKING while build.py
+    imported run/files.py; the import ran, but the two modules were one. A type-only import of torch
+    loads nothing, so the "on import" rules pass it."""
+    root = _tree(tmp_path, {
+        "gputrain/__init__.py": "",
+        "gputrain/low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
+                           "    from gputrain.high import Placement\n",
+        "gputrain/high.py": "from gputrain.low import write\n",
+    })
+    assert find_cycles(root) == [
+        "gputrain.high -> gputrain.low -> gputrain.high\n"
+        "    gputrain.high -> gputrain.low: gputrain/high.py:1\n"
+        "    gputrain.low -> gputrain.high: gputrain/low.py:4 (type-only)"
+    ]
+    assert _layer_violations(root, [("gputrain.low", "torch", "on import")]) == []
