@@ -253,16 +253,16 @@ class Trainer:
 
     def _evaluate(self, data: Dataset | DataLoader, split: str, ending: RunEnding) -> dict[str, float]:
         ending.doing = f"the {split} evaluation after step {self.state.global_step}"
-        metrics = self.evaluator.evaluate(data, split, keep_scores=split == "test")
+        result = self.evaluator.evaluate(data, split, keep_scores=split == "test")
         ending.doing = None
         if self.place.dims.fsdp_enabled:  # its forward passes leave FSDP's root module gathered
             from gputrain.distributed.fsdp import reshard  # torch's FSDP takes ~1 s to import: only if used
 
             reshard(self.model)
-        self.metrics.log_eval(split, self.state, metrics)
-        if split in self.evaluator.scores and self.dist.is_main:  # what the report draws ROC curves from
-            save_scores(self.run_dir / f"scores-{split}.npz", self.evaluator.scores[split])
-        return metrics
+        self.metrics.log_eval(split, self.state, result.metrics)
+        if result.scores is not None and self.dist.is_main:  # what the report draws ROC curves from
+            save_scores(self.run_dir / f"scores-{split}.npz", result.scores)
+        return result.metrics
 
     # ----------------------------------------------------------------- checkpoints
     def _save(self, periodic: bool = False) -> Path | None:
