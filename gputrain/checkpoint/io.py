@@ -2,7 +2,8 @@
 
 A checkpoint is written under a temporary name, every file fsynced, a `manifest.json` of
 SHA-256 checksums added, then the `COMMITTED` marker last, and only then renamed into place.
-Loading verifies the manifest before any state is used, and uses `weights_only=True`.
+Reading one back (reader.py) verifies the manifest before any state is used, and uses
+`weights_only=True`; this module gives it the verification and the two files' readers.
 """
 
 from __future__ import annotations
@@ -28,12 +29,8 @@ from gputrain.checkpoint.matching import (
     CheckpointMismatch,
     Spec,
     canonical_name,
-    check_optimizer,
     check_weights,
     kind_of_value,
-    live_params,
-    names_by_tensor,
-    positional_optimizer,
     tied_groups,
 )
 from gputrain.disk_full import removed_if_failed
@@ -375,59 +372,6 @@ def model_weights(path: Path, weights: Mapping[str, torch.Tensor], model: nn.Mod
     saved = {canonical_name(name): t for name, t in weights.items()}
     check_weights(path, MODEL_FILE, {n: Spec.of(t) for n, t in saved.items()}, expected, tied_groups(model, True))
     return {own[name]: t for name, t in saved.items()}
-
-
-def load_checkpoint(path: Path, model: nn.Module, *, verified: bool = False) -> dict[str, Any]:
-    """Verify, then read the training state and load the weights into `model`.
-
-    Nothing in a checkpoint can run code: weights are safetensors (raw tensors and a JSON header)
-    and the state is read with `weights_only=True`, which refuses any pickled object other than
-    tensors and plain containers. Both are read and the weights checked against the model before
-    any of them is applied, so a refused file leaves the model untouched.
-
-    Raises:
-        CorruptCheckpoint: a damaged or hostile file, naming it.
-        CheckpointMismatch: an intact checkpoint whose weights are not this model's (exit code 2).
-    """
-    if not verified:  # find_resumable has already checked every byte; hashing twice doubles resume I/O
-        verify_checkpoint(path)
-    state = read_state(path)
-    weights = model_weights(path, read_weights(path), model)
-    model.load_state_dict(weights, strict=False)  # tied names absent from the file share the loaded tensor
-    return state
-
-
-def prepare_checkpoint_load(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, verified: bool = False
-) -> tuple[dict[str, Any], Callable[[], None]]:
-    """A one-process checkpoint onto a one-process job: verify, read everything, check the weights and
-    the optimizer state against `model` and `optimizer`; return the training state and the function
-    that applies the weights and optimizer state (nothing is applied before it is called).
-
-    Raises:
-        CorruptCheckpoint: a damaged or hostile file.
-        CheckpointMismatch: the checkpoint is not this run's.
-    """
-    if not verified:
-        verify_checkpoint(path)
-    state = read_state(path)
-    weights = model_weights(path, read_weights(path), model)
-    if "optimizer" not in state:
-        raise CheckpointMismatch(path, f"{STATE_FILE} holds no optimizer state")
-    saved = positional_optimizer(path, state["optimizer"], state.get("optimizer_kind"))
-
-    def key_of(group: int, index: int, _name: str) -> Any:
-        ids = saved.params[group] if group < len(saved.params) else []
-        return ids[index] if index < len(ids) else None
-
-    live = live_params(optimizer, names_by_tensor(model), key_of)
-    check_optimizer(path, optimizer, saved, live, positional=True)
-
-    def apply() -> None:
-        model.load_state_dict(weights, strict=False)
-        optimizer.load_state_dict(state["optimizer"])
-
-    return state, apply
 
 
 def _first_line(err: BaseException) -> str:

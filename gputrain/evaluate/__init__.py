@@ -1,5 +1,6 @@
 """Evaluation of a split during and after training: the evaluator and early stopping (`evaluator`),
-the metrics it computes (`metrics`), how ranks share a split (`shares`), the scores kept for the
+the metrics it computes (`metrics`), how the ranks share a split (`layout`, decided once per job,
+and `shares`), the scores kept for the
 report's curves (`scores`), and the first batch tried before a split is run (`probe`).
 
 Its names are imported on first use (gputrain/lazy.py)."""
@@ -10,7 +11,11 @@ from gputrain.lazy import lazy_exports
 
 _EXPORTS = {
     "EarlyStopping": "evaluator",
+    "EvalLayout": "layout",
+    "EvalSpec": "evaluator",
+    "Evaluation": "evaluator",
     "Evaluator": "evaluator",
+    "eval_layout": "layout",
     "evaluate_split": "evaluator",
     "EvalMetrics": "metrics",
     "Scores": "scores",
@@ -19,9 +24,13 @@ _EXPORTS = {
 }
 __all__ = [
     "EarlyStopping",
+    "EvalLayout",
     "EvalMetrics",
+    "EvalSpec",
+    "Evaluation",
     "Evaluator",
     "Scores",
+    "eval_layout",
     "evaluate_split",
     "load_scores",
     "save_scores",

@@ -1,5 +1,7 @@
-"""Evaluation over a split: loss plus the task's metrics (eval_metrics.py), computed on the device; the
-`Evaluator` a loop holds for its splits, and early stopping on what it reports."""
+"""Evaluation over a split: loss plus the task's metrics (metrics.py), computed on the device; the
+`Evaluator` a loop holds for its splits, built with what to compute (`EvalSpec`) and how the ranks
+share a split (`EvalLayout`, layout.py), whose `evaluate` returns an `Evaluation` (metrics, kept
+scores, samples skipped); and early stopping on what it reports."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import itertools
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sized
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -18,23 +21,16 @@ from gputrain.config.schema import EvalConfig
 from gputrain.data.feed import EvalBatches
 from gputrain.data.guard import BadSample
 from gputrain.data.tensors import TensorData
-from gputrain.distributed.context import DistContext
 from gputrain.errors import ConfigError, RunError, UsageError, first_line
+from gputrain.evaluate.layout import REPLICATED, EvalLayout
 from gputrain.evaluate.metrics import CLASSIFICATION, REGRESSION, EvalMetrics
 from gputrain.evaluate.probe import describe_batch, first_batch, raised_at
 from gputrain.evaluate.scores import KEEPS_SCORES, ScoreKeeper, Scores
-from gputrain.evaluate.shares import (
-    Lockstep,
-    dp_group,
-    gather_scores,
-    lockstep_steps,
-    shard_for_eval,
-)
+from gputrain.evaluate.shares import Lockstep, gather_scores, lockstep_steps, shard_for_eval
 from gputrain.train.state import LoopState
 from gputrain.train.tasks import (
     DEFAULT_METRICS,
     ComputeLoss,
-    LossFn,
     Task,
     dict_output_loss,
     metric_mode,
@@ -87,66 +83,96 @@ def evaluation_plan(
     return names, EarlyStopping(config, names, loss_only_by)
 
 
+@dataclass(frozen=True, slots=True)
+class EvalSpec:
+    """What an evaluation computes, and in what precision."""
+
+    task: Task
+    """The run's task: its kind (a step_fn run's None evaluates to no metrics), loss, classes, batches."""
+    metric_names: list[str]
+    """The resolved `eval.metrics` (see `resolve_metrics`)."""
+    autocast: Callable[[], Any]
+    step_fn: ComputeLoss | None = None
+    """The user's eval_fn or step_fn, whose loss is then the one evaluated (no grad, eval mode)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SplitPass:
+    """How one evaluation's batches run (what `EvalLayout` decides for a split of a given size).
+
+    shared: each rank passed its own share of the split (`shard_for_eval`); the loss sums, sample
+        counts and metric states of all ranks are combined, so every rank returns the figures of
+        the whole split.
+    group: the process group the shares are combined over (None: all ranks).
+    lockstep: the model's forward is collective (FSDP, TP): every rank makes exactly this many
+        forward passes, padding past the end of its share (see shares.Lockstep).
+    graphed: the model replays CUDA graphs (train.cuda_graphs): each forward starts a graph step of
+        its own and its outputs are copied out of the graph pool, where the next replay would
+        overwrite the batches the metrics still hold.
+    """
+
+    device: torch.device
+    shared: bool = False
+    group: Any = None
+    lockstep: int | None = None
+    graphed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """What an evaluation of a split gives (the same on every rank)."""
+
+    metrics: dict[str, float]
+    scores: Scores | None = None
+    """Kept where asked (`keep_scores`, classification and regression): what the model said about
+    each sample (scores.py), the shares gathered when the ranks shared the split."""
+    skipped: int = 0
+    """Unreadable samples left out (data.on_error=skip), over all ranks."""
+
+
 @torch.no_grad()
 def evaluate_split(
     model: nn.Module,
     batches: Iterable[Any],
+    spec: EvalSpec,
+    run: SplitPass,
     *,
-    task: str,
-    metric_names: list[str],
-    loss_fn: LossFn | None,
-    num_classes: int | None,
-    device: torch.device,
-    autocast: Callable[[], Any],
-    step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-    across_ranks: bool = False,
     split: str | None = None,
-    dict_batches: bool = False,
     count_skipped: Callable[[], int] | None = None,
     keeper: ScoreKeeper | None = None,
     metrics: EvalMetrics | None = None,
-    lockstep: int | None = None,
-    group: Any = None,
-    graphed: bool = False,
 ) -> tuple[dict[str, float], int]:
     """(mean loss over samples and the requested metrics, the samples the reader left out as
     unreadable): one host sync, at the end. `count_skipped` is asked once the batches are read (an
     `EvalBatches`'s count in data.on_error=skip mode); the count is summed over the ranks when they
     shared the split.
 
-    across_ranks: each rank passed its own share of the split (`shard_for_eval`); the loss sums,
-    sample counts and metric states of all ranks are combined, so every rank returns the figures
-    of the whole split.
     metrics: the caller's `EvalMetrics`, reset here (one per evaluator, so a split's evaluation
         allocates nothing it allocated before).
-    lockstep: the model's forward is collective (FSDP, TP): every rank makes exactly this many
-    forward passes, padding past the end of its share (see eval_shares.Lockstep).
-    group: the process group the shares are combined over (None: all ranks).
-    graphed: the model replays CUDA graphs (train.cuda_graphs): each forward starts a graph step of
-        its own and its outputs are copied out of the graph pool, where the next replay would
-        overwrite the batches the metrics still hold.
 
     Raises:
         BadSample: a sample could not be read (fail mode), or none could (skip mode). When the
             ranks share the split, a rank that meets one stops reading and tells the others in the
             one gathering of the figures, so every rank raises and none waits for the others.
     """
+    task, metric_names, device, group = spec.task, spec.metric_names, run.device, run.group
+    assert task.kind is not None
     was_training = model.training
     model.eval()
     if metrics is None:
-        metrics = EvalMetrics(metric_names, task, num_classes, device)
+        metrics = EvalMetrics(metric_names, task.kind, task.num_classes, device)
     metrics.reset()
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     count = 0
     unreadable: BadSample | None = None
-    steps = Lockstep(batches, lockstep, group, device) if lockstep is not None else None
+    steps = Lockstep(batches, run.lockstep, group, device) if run.lockstep is not None else None
     paired: Iterable[tuple[Any, bool]] = steps if steps is not None else ((b, True) for b in batches)
     try:
         for batch, real in paired:
-            if graphed:
+            if run.graphed:
                 torch.compiler.cudagraph_mark_step_begin()
-            with autocast():
-                loss, outputs, targets = _forward(model, batch, step_fn, dict_batches, loss_fn if real else None)
+            with spec.autocast():
+                loss, outputs, targets = _forward(model, batch, spec.step_fn, task, real)
             if not real:
                 continue  # a pad batch: its forward kept the collectives in step; it is not counted
             size = _batch_size(batch)
@@ -155,12 +181,12 @@ def evaluate_split(
             count += size
             if outputs is None or targets is None or (keeper is None and not metrics.names):
                 continue  # nothing scores the outputs (a language model's loss and perplexity)
-            outputs = outputs.float().clone() if graphed else outputs.float()
+            outputs = outputs.float().clone() if run.graphed else outputs.float()
             if keeper is not None:
                 keeper.add(outputs, targets)
             metrics.update(outputs, targets)
     except BadSample as err:
-        if not across_ranks:
+        if not run.shared:
             raise
         unreadable = err  # raised after the gathering below, which the other ranks are waiting in
     finally:
@@ -168,7 +194,7 @@ def evaluate_split(
     if steps is not None and steps.unreadable is not None:
         unreadable = steps.unreadable
     skipped = count_skipped() if count_skipped is not None else 0
-    if across_ranks:
+    if run.shared:
         local = [float(count), float(skipped), float(unreadable is not None)]
         totals = torch.cat([loss_sum.view(1), torch.tensor(local, device=device, dtype=torch.float64)])
         dist.all_reduce(totals, group=group)
@@ -184,7 +210,7 @@ def evaluate_split(
     if count == 0 and skipped:
         where = f"{split} split: " if split else ""
         raise BadSample(f"{where}all {skipped} samples are unreadable (data.on_error=skip): nothing to evaluate")
-    results = metrics.compute(group, across_ranks)
+    results = metrics.compute(group, run.shared)
     if count and ("loss" in metric_names or "perplexity" in metric_names):
         mean_loss = loss_total / count
         if "loss" in metric_names:
@@ -195,17 +221,18 @@ def evaluate_split(
 
 
 def _forward(
-    model: nn.Module, batch: Any, step_fn: ComputeLoss | None, dict_batches: bool, loss_fn: LossFn | None
+    model: nn.Module, batch: Any, step_fn: ComputeLoss | None, task: Task, real: bool
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(loss, outputs, targets) of one batch: the user's function's loss alone; a dict batch's
     `model(**batch).loss`, with its `.logits` and `labels` where it has them; or the task's loss on
-    (inputs, targets)."""
+    (inputs, targets), not computed for a pad batch (not `real`)."""
+    loss_fn = task.loss_fn if real else None
     if step_fn is not None:
         loss = step_fn(model, batch)
         if not isinstance(loss, torch.Tensor):
             raise _NotALoss(f"returned a {type(loss).__name__}, not the loss tensor")
         return loss, None, None
-    if dict_batches:
+    if task.dict_batches:
         output = model(**batch)
         logits = model_logits(output)
         return dict_output_loss(output), (logits if logits is not output else None), batch.get("labels")
@@ -225,21 +252,10 @@ class Evaluator:
 
     Args:
         step_model: what the training step calls (compiled, wrapped, or the pipeline's forward).
-        model: the plain module holding this rank's parameters.
-        task: the run's task; a step_fn run (kind None) evaluates to no metrics.
-        metric_names: the resolved `eval.metrics` (see `resolve_metrics`).
-        batch_size: samples per evaluation batch on one rank.
-        dist: this rank's place in the job.
-        replicated: every rank holds the whole model (plain DDP): each evaluates its share of a
-            split with the plain module and the figures are combined.
-        sharded: the forward is collective (FSDP, hybrid, TP with data-parallel ranks beside): each
-            data-parallel rank evaluates its share in lockstep with the others (eval_shares.py) and
-            the figures are combined over the data-parallel ranks. With neither (PP, one process, a
-            DataLoader split), every rank evaluates the whole split.
-        device, autocast: where and in what precision.
-        step_fn: the user's eval_fn or step_fn, whose loss is then the one evaluated (no grad, eval mode).
+        model: the plain module holding this rank's parameters (what REPLICATED ranks evaluate with).
+        spec: what the evaluation computes (task, metrics, the user's function) and in what precision.
+        layout: how the ranks share a split, on what device, in what batches (layout.py).
         batch_transform: applied to each batch on the device first (uint8 images to floats).
-        graphed: `step_model` replays CUDA graphs (train.cuda_graphs): its outputs are copied.
         on_error: data.on_error for samples that cannot be read: fail (a `BadSample` naming the
             split and the sample) or skip (left out of the figures and counted in `skipped`).
     """
@@ -248,59 +264,41 @@ class Evaluator:
         self,
         step_model: nn.Module,
         model: nn.Module,
-        task: Task,
-        metric_names: list[str],
-        batch_size: int,
-        dist: DistContext,
-        replicated: bool,
-        device: torch.device,
-        autocast: Callable[[], Any],
-        step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+        spec: EvalSpec,
+        layout: EvalLayout,
+        *,
         batch_transform: Callable[[Any], Any] | None = None,
         on_error: str = "fail",
-        *,
-        sharded: bool = False,
-        graphed: bool = False,
     ) -> None:
         self.step_model = step_model
         self.model = model
-        self.task = task
-        self.metric_names = metric_names
-        self.batch_size = batch_size
-        self.dist = dist
-        self.replicated = replicated
-        self.sharded = sharded and not replicated and dist.dp_size > 1
-        self._group = dp_group(dist) if self.sharded else None
-        self.device = device
-        self.autocast = autocast
-        self.step_fn = step_fn  # the loss is then the user's function's, and the only figure
+        self.spec = spec
+        self.layout = layout
         self.batch_transform = batch_transform
         self.on_error = on_error
-        self.graphed = graphed
         self.skipped: dict[str, int] = {}
         """Per split: the unreadable samples left out of its latest evaluation (data.on_error=skip),
         over all ranks; every split evaluated so far has an entry (0 when none was skipped)."""
-        self.scores: dict[str, Scores] = {}
-        """Per split evaluated with `keep_scores`: what the model said about each sample (scores.py),
-        on every rank (shares gathered when the ranks shared the split)."""
         self._metrics: EvalMetrics | None = None  # built at the first evaluation, reset per evaluation
 
-    def evaluate(self, data: Dataset | DataLoader, split: str, keep_scores: bool = False) -> dict[str, float]:
+    def evaluate(self, data: Dataset | DataLoader, split: str, keep_scores: bool = False) -> Evaluation:
         """The split's metrics (the same figures on every rank); with `keep_scores`, also each
-        sample's scores in `self.scores[split]` (classification and regression).
+        sample's scores (classification and regression).
 
         Raises:
             BadSample: naming the split and the sample that could not be read (data.on_error=fail),
                 or when no sample of the split could be read (skip).
         """
-        if self.task.kind is None:
-            return {}
-        metrics, skipped, example = self._run(data, split, keep_scores)
-        if skipped and not self.skipped.get(split):
+        if self.spec.task.kind is None:
+            return Evaluation({})
+        result, example = self._run(data, split, keep_scores)
+        if result.skipped and not self.skipped.get(split):
             example = f", e.g. {example}" if example else ""
-            log.warning("%s split: left out %d unreadable samples (data.on_error=skip)%s", split, skipped, example)
-        self.skipped[split] = skipped
-        return metrics
+            log.warning(
+                "%s split: left out %d unreadable samples (data.on_error=skip)%s", split, result.skipped, example
+            )
+        self.skipped[split] = result.skipped
+        return result
 
     def check(self, data: Dataset | DataLoader, split: str) -> None:
         """Evaluate the first samples of `split` as its evaluations will (keeping nothing), so that a
@@ -311,7 +309,7 @@ class Evaluator:
         Raises:
             UsageError: naming `<split>_data`, the error, the split's batches and what would work.
         """
-        if self.task.kind is None:
+        if self.spec.task.kind is None:
             return
         try:
             first = _first_part(data, 2)
@@ -322,66 +320,58 @@ class Evaluator:
             ) from err
         # eager: a compiled model's forward on two samples would be a compile thrown away, and the
         # changed batch size would make dynamo compile training's graph for any batch size
-        rng = torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
+        device = self.layout.device
+        rng = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
         try:
             with rng, torch.compiler.set_stance("force_eager"):
                 self._run(first, split, keep_scores=False)
         except BadSample:  # an unreadable sample is data.on_error's to handle, when the split is evaluated
             return
         except Exception as err:
-            raise UsageError(_cannot_evaluate(split, err, first, self)) from err
+            raise UsageError(_cannot_evaluate(split, err, first, self.spec)) from err
 
     def _run(
         self, data: Dataset | DataLoader | list[Any], split: str, keep_scores: bool
-    ) -> tuple[dict[str, float], int, str | None]:
-        """(the figures, samples skipped as unreadable, the first of them) of one evaluation. `data`:
-        a Dataset, or batches as they come (a DataLoader, or a list of its batches), not shared out."""
-        assert self.task.kind is not None
-        model, batch, shared, steps = self.step_model, self._batch_for(data), False, None
+    ) -> tuple[Evaluation, str | None]:
+        """(the evaluation, the first sample skipped as unreadable) of one evaluation. `data`: a
+        Dataset, or batches as they come (a DataLoader, or a list of its batches), not shared out."""
+        layout, kind = self.layout, self.spec.task.kind
+        assert kind is not None
+        model, batch, steps = self.step_model, self._batch_for(data), None
         dataset = None if isinstance(data, (DataLoader, list)) else data
-        world, total = self.dist.world_size, 0 if dataset is None else len(cast(Sized, dataset))
-        if self.replicated and dataset is not None and total >= world:
-            # each rank evaluates its share with the plain module (no collective in its forward) and
-            # the sums are combined; a rank with no sample would skip the gathering its peers wait in
-            data, model, shared = shard_for_eval(dataset, self.dist.rank, world), self.model, True
-            batch = max(1, batch // world)
-        elif self.sharded and dataset is not None and total >= self.dist.dp_size:
-            # every rank of a replica runs each forward (FSDP gathers, TP exchanges): each
-            # data-parallel rank its own share, all in lockstep, TP peers on the same share
-            shares = self.dist.dp_size
-            data, shared = shard_for_eval(dataset, self.dist.dp_rank, shares), True
-            batch = max(1, batch // shares)
-            steps = lockstep_steps(total, batch, shares)
-        reader = EvalBatches(data, batch, self.device, self.on_error, split)
+        total = 0 if dataset is None else len(cast(Sized, dataset))
+        shared = dataset is not None and layout.shared(total)
+        if shared:
+            assert dataset is not None
+            data, batch = shard_for_eval(dataset, layout.rank, layout.shares), max(1, batch // layout.shares)
+            if layout.sharing == REPLICATED:
+                # each rank evaluates its share with the plain module (no collective in its forward)
+                model = self.model
+            else:
+                # LOCKSTEP: every rank of a replica runs each forward (FSDP gathers, TP exchanges):
+                # each data-parallel rank its own share, all in lockstep, TP peers on the same share
+                steps = lockstep_steps(total, batch, layout.shares)
+        reader = EvalBatches(data, batch, layout.device, self.on_error, split)
         batches: Iterable[Any] = reader if self.batch_transform is None else map(self.batch_transform, reader)
-        keeper = ScoreKeeper(self.task.kind) if keep_scores and self.task.kind in KEEPS_SCORES else None
+        keeper = ScoreKeeper(kind) if keep_scores and kind in KEEPS_SCORES else None
+        group = layout.group if shared else None
+        run = SplitPass(layout.device, shared, group, steps, layout.graphed and model is self.step_model)
         metrics, skipped = evaluate_split(
             model,
             batches,
-            task=self.task.kind,
-            metric_names=self.metric_names,
-            loss_fn=self.task.loss_fn,
-            num_classes=self.task.num_classes,
-            device=self.device,
-            autocast=self.autocast,
-            step_fn=self.step_fn,
-            across_ranks=shared,
+            self.spec,
+            run,
             split=split,
-            dict_batches=self.task.dict_batches,
             count_skipped=lambda: reader.skipped,
             keeper=keeper,
             metrics=self._metrics_for(),
-            lockstep=steps,
-            group=self._group if shared else None,
-            graphed=self.graphed and model is self.step_model,
         )
+        scores = None
         if keeper is not None:
-            kept = keeper.result()
+            scores = keeper.result()
             if shared:  # each rank scored its share: every rank gets the whole split's
-                kept = gather_scores(kept, self._group, total)
-            if kept is not None:
-                self.scores[split] = kept
-        return metrics, skipped, reader.example
+                scores = gather_scores(scores, layout.group, total)
+        return Evaluation(metrics, scores, skipped), reader.example
 
     def _batch_for(self, data: Any) -> int:
         """Samples per evaluation batch: the training micro-batch's, or for in-memory data on a CPU
@@ -389,16 +379,17 @@ class Evaluator:
         small model's evaluation is mostly the cost of each batch (a forward's dispatch, the loss,
         the metrics' update), and without gradients the larger batch needs no more memory than a
         training step did. Not for language models, whose outputs per sample are a vocabulary per token."""
-        batch = self.batch_size
-        if self.device.type != "cpu" or not isinstance(data, TensorData) or self.task.kind == "lm" or not len(data):
+        batch, device = self.layout.batch_size, self.layout.device
+        if device.type != "cpu" or not isinstance(data, TensorData) or self.spec.task.kind == "lm" or not len(data):
             return batch
         per_sample = max(1, data.nbytes // len(data))
         return max(batch, min(EVAL_BATCH_GROWTH * batch, EVAL_BATCH_BYTES // per_sample))
 
     def _metrics_for(self) -> EvalMetrics:
         if self._metrics is None:
-            assert self.task.kind is not None
-            self._metrics = EvalMetrics(self.metric_names, self.task.kind, self.task.num_classes, self.device)
+            task = self.spec.task
+            assert task.kind is not None
+            self._metrics = EvalMetrics(self.spec.metric_names, task.kind, task.num_classes, self.layout.device)
         return self._metrics
 
 
@@ -415,16 +406,16 @@ class _NotALoss(TypeError):
     """The user's evaluation function returned something else than a loss tensor."""
 
 
-def _cannot_evaluate(split: str, err: Exception, first: Any, evaluator: Evaluator) -> str:
+def _cannot_evaluate(split: str, err: Exception, first: Any, spec: EvalSpec) -> str:
     """Why `split` cannot be evaluated, in the Python API's terms, and what would work."""
     batch = first[0] if isinstance(first, list) else first_batch(first)
     batches, error = describe_batch(batch), f"{type(err).__name__}: {first_line(err)}{raised_at(err)}"
-    if evaluator.step_fn is not None:
+    if spec.step_fn is not None:
         where = "the evaluation's function (eval_fn=, or step_fn= without one)"
         if isinstance(err, _NotALoss):
             return f"{split}_data cannot be evaluated: {where} {err}; make it return the loss, (model, batch) -> loss"
         fix = "give it batches that function takes, or pass the Trainer an eval_fn=(model, batch) -> loss for these"
-    elif evaluator.task.dict_batches:
+    elif spec.task.dict_batches:
         where = "model(**batch), as in training"
         fix = "give its samples training's keys (with labels), or pass eval_fn=(model, batch) -> loss to the Trainer"
         if isinstance(batch, Mapping) and "labels" not in batch and isinstance(err, RunError):

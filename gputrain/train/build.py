@@ -36,7 +36,8 @@ from gputrain.distributed.parallelize import TPPlan, describe_choice, paralleliz
 from gputrain.env.device import resolve_device
 from gputrain.env.threads import apply_threads, local_ranks
 from gputrain.errors import ConfigError
-from gputrain.evaluate.evaluator import EarlyStopping, Evaluator, evaluation_plan
+from gputrain.evaluate.evaluator import EarlyStopping, EvalSpec, Evaluator, evaluation_plan
+from gputrain.evaluate.layout import REPLICATED, eval_layout
 from gputrain.fp8 import apply_fp8
 from gputrain.models.meta import MetaInit, build_on_meta, is_meta, prepare_meta_init
 from gputrain.models.plans import tp_plan_for
@@ -300,32 +301,24 @@ def build_training(
         params=list(par.step_model.parameters()),
         persistent_grads=cuda_graphs,
     )
-    # plain DDP: every rank holds the whole model, so evaluation can be split between them; FSDP,
-    # hybrid and TP beside data parallelism split it too, each data-parallel rank in lockstep
-    replicated = dist.enabled and dims.ddp_enabled and dims.dp_replicate == dist.world_size and not dims.pp_enabled
-    sharded = dist.enabled and not replicated and dims.dp_size > 1 and not dims.pp_enabled
+    # how the ranks share a split: plain DDP's replicas each take a share; FSDP, hybrid and TP
+    # beside data parallelism too, each data-parallel rank in lockstep; pipeline stages do not
+    layout = eval_layout(dist, device, max(1, global_batch // place.grad_accum), dims, graphed=cuda_graphs)
     evaluator = Evaluator(
         par.step_model,
         par.model,
-        task,
-        metric_names,
-        max(1, global_batch // place.grad_accum),
-        dist,
-        replicated,
-        device,
-        precision.autocast,
-        step_fn=eval_fn or step_fn,
+        EvalSpec(task, metric_names, precision.autocast, step_fn=eval_fn or step_fn),
+        layout,
         batch_transform=pixels,
         on_error=cfg.data.on_error,
-        sharded=sharded,
-        graphed=cuda_graphs,
     )
     checkpointer = Checkpointer(cfg.checkpoint, run_path, dist, par.model, optimizer, pipelined=dims.pp_enabled)
     compile_check = None
     if cfg.train.compile or cuda_graphs:
         compile_check = CompileCheck(par.model, step.compute_loss, precision.autocast, device, dist)
-        if cuda_graphs or (dist.enabled and not replicated):  # a second pass would replay the graphs' pools,
-            # or gather and reduce FSDP's shards / TP's and a pipeline's activations once more
+        if cuda_graphs or (dist.enabled and layout.sharing != REPLICATED):
+            # a second pass would replay the graphs' pools, or gather and reduce FSDP's shards /
+            # TP's and a pipeline's activations once more
             compile_check.skip("CUDA graphs" if cuda_graphs else "sharded or split models")
     metrics = MetricsLogger(
         cfg.log, run_path, dist, console, speed, optimizer, global_batch, total_steps, task.tokens_per_sample

@@ -22,9 +22,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from gputrain.checkpoint import CorruptCheckpoint, find_resumable, rotate_checkpoints, save_checkpoint
+from gputrain.checkpoint import (
+    CorruptCheckpoint,
+    find_resumable,
+    read_checkpoint,
+    rotate_checkpoints,
+    save_checkpoint,
+)
 from gputrain.checkpoint.async_save import AsyncSaver, HostCopy
-from gputrain.checkpoint.io import DCP_METADATA, checkpoint_step, prepare_checkpoint_load, save_weights
+from gputrain.checkpoint.io import checkpoint_step, save_weights
 from gputrain.config.paths import check_resume_setting
 from gputrain.config.schema import CheckpointConfig
 from gputrain.distributed.context import DistContext
@@ -106,19 +112,16 @@ class Checkpointer:
             CheckpointMismatch: the checkpoint is not this run's (a UsageError: exit code 2).
             RunError: a damaged or hostile checkpoint.
         """
-        portable = self.dist.enabled or (path / DCP_METADATA).is_file()  # any format onto any layout, by name
         try:
             if self.dist.enabled and not verified:  # together: no rank reads every file
                 from gputrain.checkpoint.by_rank import verify_together
 
                 verify_together(path, self.dist)
                 verified = True
-            if portable:
-                from gputrain.checkpoint.sharded import prepare_portable_load
-
-                saved, apply = prepare_portable_load(path, self.model, self.optimizer, verified=verified)
-            else:
-                saved, apply = prepare_checkpoint_load(path, self.model, self.optimizer, verified=verified)
+            # several ranks: by parameter name, whatever the format (their parameters may be sharded)
+            saved, apply = read_checkpoint(
+                path, self.model, self.optimizer, verified=verified, by_name=self.dist.enabled
+            )
         except CorruptCheckpoint as err:
             raise RunError(f"cannot resume: {err}") from None
 

@@ -259,15 +259,15 @@ class Trainer:
     def _evaluate(self, data: Dataset | DataLoader, split: str) -> dict[str, float]:
         parts = self.parts
         with self.shell.outside_steps(f"the {split} evaluation after step {self.state.global_step}"):
-            metrics = parts.evaluator.evaluate(data, split, keep_scores=split == "test")
+            result = parts.evaluator.evaluate(data, split, keep_scores=split == "test")
         if parts.place.dims.fsdp_enabled:  # its forward passes leave FSDP's root module gathered
             from gputrain.distributed.fsdp import reshard  # torch's FSDP takes ~1 s to import: only if used
 
             reshard(self.model)
-        parts.metrics.log_eval(split, self.state, metrics)
-        if split in parts.evaluator.scores and parts.place.dist.is_main:  # what the report draws ROC curves from
-            save_scores(self.run_dir / scores_name(split), parts.evaluator.scores[split])
-        return metrics
+        parts.metrics.log_eval(split, self.state, result.metrics)
+        if result.scores is not None and parts.place.dist.is_main:  # what the report draws ROC curves from
+            save_scores(self.run_dir / scores_name(split), result.scores)
+        return result.metrics
 
     def _save_outside(self, clock: float) -> float:
         """Save at a step boundary, leaving the save's time out of the training time."""

@@ -29,7 +29,8 @@ from gputrain.config import Config, load_config, resolve_grad_accum
 from gputrain.data.pixels import pixel_scaler_for
 from gputrain.distributed.context import DistContext, env_world, init_distributed, rank_device
 from gputrain.errors import UsageError
-from gputrain.evaluate.evaluator import Evaluator, resolve_metrics
+from gputrain.evaluate.evaluator import EvalSpec, Evaluator, resolve_metrics
+from gputrain.evaluate.layout import eval_layout
 from gputrain.evaluate.scores import Scores, save_scores
 from gputrain.precision import Precision
 from gputrain.run.files import write_json
@@ -99,29 +100,23 @@ def evaluate_run(
         transform = pixel_scaler_for(loaded.data.spec, data, loaded.device)  # as training evaluates
     _check_name(name)
     task = resolve_task(loaded.model, data, spec=loaded.data.spec, loss_fn=None, step_fn=None)
+    layout = eval_layout(dist, loaded.device, batch_size or _run_eval_batch(config))  # the whole model on each rank
+    spec = EvalSpec(
+        task, resolve_metrics(config.eval.metrics, task.kind), Precision(loaded.precision, loaded.device).autocast
+    )
     evaluator = Evaluator(
-        loaded.model,
-        loaded.model,
-        task,
-        resolve_metrics(config.eval.metrics, task.kind),
-        batch_size or _run_eval_batch(config),
-        dist,
-        dist.enabled,
-        loaded.device,
-        Precision(loaded.precision, loaded.device).autocast,
-        batch_transform=transform,
-        on_error=data_config.on_error,
+        loaded.model, loaded.model, spec, layout, batch_transform=transform, on_error=data_config.on_error
     )
     start = time.perf_counter()
-    metrics = evaluator.evaluate(data, name, keep_scores=True)
-    scores = evaluator.scores.get(name)
+    result = evaluator.evaluate(data, name, keep_scores=True)
+    metrics, scores = result.metrics, result.scores
     record = {
         "name": name,
         "split": None if new else split,
         "data": {"name": data_config.name, "path": data_config.val_path or data_config.path, "new": new},
         "weights": loaded.weights.to_dict(),
         "samples": len(data),  # type: ignore[arg-type]
-        "skipped": evaluator.skipped.get(name, 0),
+        "skipped": result.skipped,
         "metrics": metrics,
         "device": str(loaded.device),
         "precision": loaded.precision,

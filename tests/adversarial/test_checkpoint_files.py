@@ -39,11 +39,10 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from gputrain.checkpoint.matching import CheckpointMismatch
 from gputrain.checkpoint.io import commit_checkpoint_dir, read_weights
-from gputrain.checkpoint.sharded import load_portable_checkpoint
 from gputrain.cli import main
 from gputrain.errors import RunError, UsageError
 from gputrain.train.trainer import Trainer
-from tests.unit.checkpoint.helpers import Payload, reseal
+from tests.unit.checkpoint.helpers import Payload, read_and_apply, reseal
 from tests.unit.reliability.chaos import differences
 
 BASE = ["model.name=mlp", "model.hidden_sizes=[8]", "data.name=synthetic", "data.shape=[4]", "data.num_samples=128",
@@ -455,7 +454,7 @@ def test_a_one_process_checkpoint_through_the_multi_rank_loader(run: Path, tmp_p
     trainer = _trainer(tmp_path / "other", ["model.hidden_sizes=[16]"], resume="never")
     before = snapshot(trainer)
     with pytest.raises(CheckpointMismatch) as err:
-        load_portable_checkpoint(latest(run), trainer.model, trainer.optimizer)
+        read_and_apply(latest(run), trainer.model, trainer.optimizer, by_name=True)
     assert str(err.value) == (f"cannot resume: {latest(run)}: model.safetensors: 1.weight has shape [8, 4] in the "
                               "checkpoint, [16, 4] in this run's model (2 more differ: 1.bias, 3.weight)")
     assert differences(before, snapshot(trainer)) == []
@@ -466,7 +465,7 @@ def test_a_one_process_checkpoint_of_another_optimizer_through_the_multi_rank_lo
     trainer = _trainer(tmp_path / "other", ["optim.name=sgd"], resume="never")
     before = snapshot(trainer)
     with pytest.raises(CheckpointMismatch, match="the optimizer differs: the checkpoint's is AdamW, this run's is SGD"):
-        load_portable_checkpoint(latest(run), trainer.model, trainer.optimizer)
+        read_and_apply(latest(run), trainer.model, trainer.optimizer, by_name=True)
     assert differences(before, snapshot(trainer)) == []
 
 
@@ -476,13 +475,13 @@ def test_a_one_process_checkpoint_without_parameter_names_through_the_multi_rank
     trainer = _trainer(tmp_path / "other", resume="never")
     before = snapshot(trainer)
     with pytest.raises(CheckpointMismatch, match=r"state.pt predates multi-rank resume \(no param_names\)"):
-        load_portable_checkpoint(latest(run), trainer.model, trainer.optimizer)
+        read_and_apply(latest(run), trainer.model, trainer.optimizer, by_name=True)
     assert differences(before, snapshot(trainer)) == []
 
 
 def test_a_one_process_checkpoint_through_the_multi_rank_loader_loads_it_all(run: Path, tmp_path: Path) -> None:
     trainer = _trainer(tmp_path / "other", resume="never")
-    load_portable_checkpoint(latest(run), trainer.model, trainer.optimizer)
+    read_and_apply(latest(run), trainer.model, trainer.optimizer, by_name=True)
     for name, tensor in read_weights(latest(run)).items():
         assert torch.equal(trainer.model.state_dict()[name], tensor), name
     saved = torch.load(latest(run) / "state.pt", weights_only=True)["optimizer"]

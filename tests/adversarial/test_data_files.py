@@ -30,7 +30,8 @@ from gputrain.data.image_folder import decode_image
 from gputrain.data.registry import DataBundle
 from gputrain.distributed.context import DistContext
 from gputrain.errors import ConfigError, DataError, RunError
-from gputrain.evaluate.evaluator import Evaluator, shard_for_eval
+from gputrain.evaluate.evaluator import EvalSpec, Evaluator, shard_for_eval
+from gputrain.evaluate.layout import eval_layout
 from gputrain.train.tasks import Task
 from tests.conftest import run_cli
 from tests.unit.data.files import mnist_like, write_idx, write_image_folder, write_mnist, write_tokens
@@ -511,8 +512,9 @@ def _evaluator(on_error: str, num_classes: int = 2) -> Evaluator:
     """An Evaluator as build.py makes one for a one-process classification run."""
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, num_classes))
     task = Task("classification", nn.functional.cross_entropy, num_classes=num_classes)
-    return Evaluator(model, model, task, ["accuracy", "loss"], 4, DistContext(), False, torch.device("cpu"),
-                     contextlib.nullcontext, batch_transform=lambda b: (b[0].float() / 255, b[1]), on_error=on_error)
+    return Evaluator(model, model, EvalSpec(task, ["accuracy", "loss"], contextlib.nullcontext),
+                     eval_layout(DistContext(), torch.device("cpu"), 4),
+                     batch_transform=lambda b: (b[0].float() / 255, b[1]), on_error=on_error)
 
 
 def _split_with_bad(tmp_path: Path, split: str, bad: int = 1) -> tuple[DataBundle, list[Path]]:
@@ -538,13 +540,13 @@ def test_corrupt_held_out_images_with_skip_are_left_out_and_counted(tmp_path: Pa
     bundle, broken = _split_with_bad(tmp_path, "val", bad=2)
     assert bundle.val is not None
     evaluator = _evaluator("skip")
-    metrics = evaluator.evaluate(bundle.val, "val")
+    metrics = evaluator.evaluate(bundle.val, "val").metrics
     assert evaluator.skipped == {"val": 2} and set(metrics) == {"accuracy", "loss"}
     # the figures are those of the 4 readable samples alone
     readable = [i for i, f in enumerate(bundle.val.files) if Path(f) not in broken]
     reference = _evaluator("fail")
     reference.model.load_state_dict(evaluator.model.state_dict())
-    assert metrics == pytest.approx(reference.evaluate(bundle.val.subset(readable), "val"), rel=1e-6)
+    assert metrics == pytest.approx(reference.evaluate(bundle.val.subset(readable), "val").metrics, rel=1e-6)
     evaluator.evaluate(bundle.val, "val")
     assert evaluator.skipped == {"val": 2}  # per evaluation, not summed over them
     assert len(warned) == 1

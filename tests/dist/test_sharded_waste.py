@@ -1,5 +1,7 @@
 """FSDP without N× waste, on 2 real gloo ranks: each rank evaluates its own share of a split (in
-lockstep, padded so nobody waits forever) and the gathered figures equal one process's; at a save
+lockstep, padded so nobody waits forever) and the gathered figures equal one process's, as do those
+of 2 ranks each holding the whole model (`gputrain evaluate`'s layout), every layout decided by
+`eval_layout` as build.py and use/evaluate.py decide it; at a save
 each rank hashes its own shards and rank 0 commits with their digests; at resume the ranks verify
 together, each hashing its share of the files, and skip a damaged checkpoint alike."""
 
@@ -48,7 +50,9 @@ def _evaluations(rank: int) -> dict[str, Any]:
     from gputrain.data.guard import BadSample
     from gputrain.data.tensors import TensorData
     from gputrain.distributed.context import DistContext
-    from gputrain.evaluate.evaluator import Evaluator
+    from gputrain.distributed.parallel_dims import ParallelDims
+    from gputrain.evaluate.evaluator import EvalSpec, Evaluator
+    from gputrain.evaluate.layout import eval_layout
     from gputrain.train.tasks import Task
 
     dist.init_process_group("gloo")
@@ -60,9 +64,14 @@ def _evaluations(rank: int) -> dict[str, Any]:
     task = Task("classification", F.cross_entropy, num_classes=3)
     cpu = torch.device("cpu")
 
-    def evaluator(m: nn.Module, ctx: DistContext, on_error: str = "fail") -> Evaluator:
-        return Evaluator(m, m, task, METRICS, 16, ctx, False, cpu, contextlib.nullcontext, on_error=on_error,
-                         sharded=ctx.enabled)
+    spec = EvalSpec(task, METRICS, contextlib.nullcontext)
+
+    def evaluator(m: nn.Module, ctx: DistContext, on_error: str = "fail", dims: ParallelDims | None = None) -> Evaluator:
+        layout = eval_layout(ctx, cpu, 16, dims)
+        out.setdefault("layouts", []).append(layout.sharing)
+        return Evaluator(m, m, spec, layout, on_error=on_error)
+
+    fsdp = ParallelDims(dp_shard=2, world_size=2)
 
     reference = copy.deepcopy(model)
     fully_shard(model, mesh=init_device_mesh("cpu", (2,)))
@@ -72,16 +81,18 @@ def _evaluations(rank: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, data in splits.items():
         on_error = "skip" if name == "skip" else "fail"
-        one, two = evaluator(reference, DistContext(), on_error), evaluator(model, ctx, on_error)
+        one, two = evaluator(reference, DistContext(), on_error), evaluator(model, ctx, on_error, fsdp)
+        whole = evaluator(reference, ctx, on_error)  # each rank holds the whole model: its share, no lockstep
         rows[0] = 0
-        out[name] = {"one": one.evaluate(data, "test", keep_scores=True),
-                     "two": two.evaluate(data, "test", keep_scores=True), "rows": rows[0],
-                     "skipped": (one.skipped["test"], two.skipped["test"]),
-                     "scores": [(s.scores, s.targets, s.total) for s in (one.scores["test"], two.scores["test"])]}
+        first, second = one.evaluate(data, "test", keep_scores=True), two.evaluate(data, "test", keep_scores=True)
+        out[name] = {"one": first.metrics, "two": second.metrics, "rows": rows[0],
+                     "skipped": (first.skipped, second.skipped),
+                     "scores": [(s.scores, s.targets, s.total) for s in (first.scores, second.scores)],
+                     "replicated": whole.evaluate(data, "test").metrics}
     # rank 1's first sample (index 1) is unreadable: it has no batch at all, gets rank 0's as its pad,
     # and both ranks raise instead of waiting in each other's collectives
     try:
-        evaluator(model, ctx).evaluate(Samples(x, y, frozenset({1})), "val")
+        evaluator(model, ctx, dims=fsdp).evaluate(Samples(x, y, frozenset({1})), "val")
         out["first_unreadable"] = "no error"
     except BadSample as err:
         out["first_unreadable"] = str(err)
@@ -184,6 +195,18 @@ def test_fsdp_ranks_evaluate_their_own_shares_and_match_one_process(evaluations:
             s1, t1 = s1[order], t1[order]
         np.testing.assert_array_equal(t2, t1)  # the split's order, as one process keeps it
         np.testing.assert_allclose(s2, s1, rtol=1e-5, atol=1e-6)
+        replicated = got["replicated"]  # 2 ranks each holding the whole model, as `gputrain evaluate` runs
+        assert replicated.keys() == one.keys()
+        for name in ("accuracy", "precision", "recall", "f1", "auroc"):
+            assert replicated[name] == one[name], (split, name)
+        assert replicated["loss"] == pytest.approx(one["loss"], rel=1e-6)
+
+
+def test_the_layout_each_evaluator_was_given(evaluations: list[dict[str, Any]]) -> None:
+    """One process evaluates the whole split; FSDP ranks in lockstep; ranks holding the whole model
+    each their share with the plain module."""
+    for result in evaluations:
+        assert result["layouts"][:3] == ["whole", "lockstep", "replicated"]
 
 
 def test_a_rank_whose_share_cannot_be_read_at_all_stops_every_rank(evaluations: list[dict[str, Any]]) -> None:
@@ -231,7 +254,8 @@ def _layouts(rank: int) -> dict[str, Any]:
     from gputrain.distributed.parallelize import parallelize, setup_parallel
     from gputrain.models import build_model
     from gputrain.models.plans import tp_plan_for
-    from gputrain.evaluate.evaluator import Evaluator
+    from gputrain.evaluate.evaluator import EvalSpec, Evaluator
+    from gputrain.evaluate.layout import eval_layout
     from gputrain.train.tasks import Task
 
     dist.init_process_group("gloo")
@@ -252,14 +276,13 @@ def _layouts(rank: int) -> dict[str, Any]:
         par = parallelize(model, ctx, config, cpu, choice, tp_plan=tp_plan_for(model))
         rows = [0]
         par.model.register_forward_pre_hook(lambda _m, args: rows.__setitem__(0, rows[0] + len(args[0])))
-        sharded = dims.dp_size > 1 and not dims.ddp_enabled
-        two = Evaluator(par.step_model, par.model, task, METRICS, 16, ctx, False, cpu, contextlib.nullcontext,
-                        sharded=sharded)
-        one = Evaluator(reference, reference, task, METRICS, 16, DistContext(), False, cpu, contextlib.nullcontext)
-        out[name] = {"one": one.evaluate(data, "test", keep_scores=True),
-                     "two": two.evaluate(data, "test", keep_scores=True), "rows": rows[0], "dp": ctx.dp_rank,
-                     "dp_size": ctx.dp_size,
-                     "targets": (one.scores["test"].targets, two.scores["test"].targets)}
+        spec = EvalSpec(task, METRICS, contextlib.nullcontext)
+        two = Evaluator(par.step_model, par.model, spec, eval_layout(ctx, cpu, 16, dims))
+        one = Evaluator(reference, reference, spec, eval_layout(DistContext(), cpu, 16))
+        first, second = one.evaluate(data, "test", keep_scores=True), two.evaluate(data, "test", keep_scores=True)
+        assert first.scores is not None and second.scores is not None
+        out[name] = {"one": first.metrics, "two": second.metrics, "rows": rows[0], "dp": ctx.dp_rank,
+                     "dp_size": ctx.dp_size, "targets": (first.scores.targets, second.scores.targets)}
     return out
 
 

@@ -42,3 +42,13 @@ def model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
     model(torch.randn(5, 4)).sum().backward()
     optimizer.step()
     return model, optimizer
+
+
+def read_and_apply(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                   by_name: bool = False) -> dict:
+    """`read_checkpoint` with its loading done at once; the training state."""
+    from gputrain.checkpoint import read_checkpoint
+
+    state, apply = read_checkpoint(path, model, optimizer, by_name=by_name)
+    apply()
+    return state

@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from gputrain.checkpoint import load_checkpoint, verify_checkpoint
+from gputrain.checkpoint import verify_checkpoint
 from gputrain.checkpoint.async_save import AsyncSaver
+from tests.unit.checkpoint.helpers import read_and_apply
 from gputrain.errors import RunError
 
 
@@ -46,7 +47,7 @@ def test_async_save_writes_the_state_of_the_moment_it_was_asked(tmp_path: Path,
     saver.wait()
     verify_checkpoint(path)
     fresh = nn.Linear(3, 2)
-    state = load_checkpoint(path, fresh)
+    state = read_and_apply(path, fresh)
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in expected.items())
     assert torch.equal(state["optimizer"]["state"][0]["momentum_buffer"], momentum)
 

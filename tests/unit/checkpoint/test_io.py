@@ -28,13 +28,13 @@ from safetensors.torch import load_file, load_model
 from torch import nn
 
 from gputrain import Trainer
-from gputrain.checkpoint import CorruptCheckpoint, find_resumable, load_checkpoint, save_checkpoint, verify_checkpoint
+from gputrain.checkpoint import CorruptCheckpoint, find_resumable, save_checkpoint, verify_checkpoint
 from gputrain.cli import main
 from gputrain.config import load_config
 from gputrain.data import build_data
 from gputrain.errors import RunError
 from gputrain.models import build_model
-from tests.unit.checkpoint.helpers import Payload, reseal, sha256_of
+from tests.unit.checkpoint.helpers import Payload, read_and_apply, reseal, sha256_of
 from tests.unit.reliability.chaos import (
     REPO,
     TINY,
@@ -101,14 +101,14 @@ def test_100_damaged_checkpoints_are_all_detected_before_any_state_is_applied(
         model = _model(99)
         before = [p.detach().clone() for p in model.parameters()]
         with pytest.raises(CorruptCheckpoint, match="step-8"):
-            load_checkpoint(root / "step-8", model)
+            read_and_apply(root / "step-8", model)
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), f"{how}: weights were applied"
         gputrain_warnings.clear()
         assert find_resumable(root) == root / "step-4", how
         warnings = list(gputrain_warnings)
         assert len(warnings) == 1 and "\n" not in warnings[0], warnings
         assert warnings[0].startswith("skipping damaged checkpoint: ") and str(root / "step-8") in warnings[0]
-        load_checkpoint(root / "step-4", model)  # the fallback itself is intact
+        read_and_apply(root / "step-4", model)  # the fallback itself is intact
     assert min(kinds.values()) >= 15, kinds  # every kind of damage was exercised
 
 
@@ -261,7 +261,7 @@ def test_raw_pickle_as_state_pt_is_refused(trained_run: Path, tmp_path: Path) ->
     reseal(ckpt)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 8))
     with pytest.raises(CorruptCheckpoint, match="state.pt holds objects other than tensors"):
-        load_checkpoint(ckpt, model)
+        read_and_apply(ckpt, model)
     assert not sentinel.exists()
 
 

@@ -14,8 +14,7 @@ import torch
 
 from gputrain.checkpoint import CorruptCheckpoint
 from gputrain.checkpoint.safe_dcp import SafeLoadPlanner, UnsafeCheckpointContent
-from gputrain.checkpoint.sharded import load_portable_checkpoint
-from tests.unit.checkpoint.helpers import Payload, model_and_optimizer, reseal
+from tests.unit.checkpoint.helpers import Payload, model_and_optimizer, read_and_apply, reseal
 
 
 def test_hostile_metadata_is_refused_and_never_runs(sharded_checkpoint, tmp_path):
@@ -25,7 +24,7 @@ def test_hostile_metadata_is_refused_and_never_runs(sharded_checkpoint, tmp_path
     reseal(path)  # checksums are no defence against whoever can write the files
     model, optimizer = model_and_optimizer(1)
     with pytest.raises(CorruptCheckpoint, match=r"metadata asks for posix.system.*refused to load it"):
-        load_portable_checkpoint(path, model, optimizer)
+        read_and_apply(path, model, optimizer)
     assert not sentinel.exists()
 
 
@@ -36,7 +35,7 @@ def test_truncated_metadata_is_a_damaged_checkpoint(sharded_checkpoint):
     reseal(path)
     model, optimizer = model_and_optimizer(1)
     with pytest.raises(CorruptCheckpoint, match="metadata is unreadable"):
-        load_portable_checkpoint(path, model, optimizer)
+        read_and_apply(path, model, optimizer)
 
 
 def test_hostile_non_tensor_item_is_refused_and_never_runs(tmp_path):
@@ -62,7 +61,7 @@ def test_the_package_never_loads_dcp_with_its_default_reader_or_planner():
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load"
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "dcp"):
                 calls.append((path.name, {k.arg for k in node.keywords}))
-    assert calls, "the sharded loader should call dcp.load"
+    assert calls, "the reader should call dcp.load"
     for name, keywords in calls:
         assert {"storage_reader", "planner"} <= keywords, name
-    assert "SafeFileSystemReader(" in (package / "checkpoint" / "sharded.py").read_text()
+    assert "SafeFileSystemReader(" in (package / "checkpoint" / "by_name.py").read_text()

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import torch
 
-from gputrain.checkpoint.sharded import is_sharded_checkpoint, load_portable_checkpoint
-from tests.unit.checkpoint.helpers import model_and_optimizer
+from gputrain.checkpoint.sharded import is_sharded_checkpoint
+from tests.unit.checkpoint.helpers import model_and_optimizer, read_and_apply
 
 
 def test_a_genuine_sharded_checkpoint_loads_through_the_safe_reader(sharded_checkpoint):
     path, saved_model = sharded_checkpoint
     assert is_sharded_checkpoint(path)
     model, optimizer = model_and_optimizer(1)  # other weights, other optimizer state
-    state = load_portable_checkpoint(path, model, optimizer)
+    state = read_and_apply(path, model, optimizer)
     assert state["loop"]["global_step"] == 1
     for a, b in zip(model.parameters(), saved_model.parameters()):
         assert torch.equal(a, b)

@@ -23,7 +23,8 @@ from sklearn.metrics import (
 from torch import nn
 
 from gputrain.evaluate.metrics import EvalMetrics
-from gputrain.evaluate.evaluator import evaluate_split
+from gputrain.evaluate.evaluator import EvalSpec, SplitPass, evaluate_split
+from gputrain.train.tasks import Task
 
 NAMES = ["accuracy", "precision", "recall", "f1", "auroc", "loss"]
 CPU = torch.device("cpu")
@@ -48,8 +49,8 @@ def _sklearn(scores: np.ndarray, targets: np.ndarray) -> dict[str, float]:
 
 
 def _evaluate(model: nn.Module, batches: list, classes: int, metrics: EvalMetrics | None = None) -> dict[str, float]:
-    return evaluate_split(model, batches, task="classification", metric_names=NAMES, loss_fn=F.cross_entropy,
-                          num_classes=classes, device=CPU, autocast=contextlib.nullcontext, metrics=metrics)[0]
+    spec = EvalSpec(Task("classification", F.cross_entropy, classes), NAMES, contextlib.nullcontext)
+    return evaluate_split(model, batches, spec, SplitPass(CPU), metrics=metrics)[0]
 
 
 @pytest.mark.parametrize(("classes", "samples", "batch"), [(10, 1000, 64), (3, 70, 8), (7, 2100, 16), (5, 200, 300),
@@ -132,8 +133,8 @@ def test_outputs_of_the_wrong_class_count_are_refused_by_name() -> None:
     model = nn.Linear(6, 5)  # 5 scores for a 4-class task
     batches = [(torch.randn(8, 6), torch.randint(0, 4, (8,)))]
     with pytest.raises(ValueError, match=r"need outputs \[N, 4, \.\.\.\] .* got outputs \(8, 5\) and targets \(8,\)"):
-        evaluate_split(model, batches, task="classification", metric_names=["accuracy"], loss_fn=None,
-                       num_classes=4, device=CPU, autocast=contextlib.nullcontext)
+        evaluate_split(model, batches, EvalSpec(Task("classification", None, 4), ["accuracy"], contextlib.nullcontext),
+                       SplitPass(CPU))
 
 
 def test_targets_that_are_not_class_indices_are_refused_at_the_end() -> None:

@@ -147,17 +147,18 @@ def _evaluate_shared(rank: int, on_error: str) -> tuple[str, Any]:
 
     from gputrain.data.guard import BadSample
     from gputrain.distributed.context import DistContext
-    from gputrain.evaluate.evaluator import Evaluator
+    from gputrain.evaluate.evaluator import EvalSpec, Evaluator
+    from gputrain.evaluate.layout import eval_layout
     from gputrain.train.tasks import Task
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
     place = DistContext(rank=rank, world_size=2, dp_rank=rank, dp_size=2)
-    evaluator = Evaluator(model, model, Task("classification", nn.functional.cross_entropy, num_classes=2), ["loss"],
-                          4, place, True, torch.device("cpu"), contextlib.nullcontext, on_error=on_error)
+    spec = EvalSpec(Task("classification", nn.functional.cross_entropy, num_classes=2), ["loss"], contextlib.nullcontext)
+    evaluator = Evaluator(model, model, spec, eval_layout(place, torch.device("cpu"), 4), on_error=on_error)
     try:
-        return "ok", (evaluator.evaluate(HoleyShare(), "val"), evaluator.skipped)
+        return "ok", (evaluator.evaluate(HoleyShare(), "val").metrics, evaluator.skipped)
     except BadSample as err:
         return "BadSample", str(err)
 

@@ -222,7 +222,8 @@ class ReplayedOutputs(nn.Module):
 def test_evaluation_under_cuda_graphs_copies_each_batchs_outputs_before_the_next_replay() -> None:
     import contextlib
 
-    from gputrain.evaluate.evaluator import evaluate_split
+    from gputrain.evaluate.evaluator import EvalSpec, SplitPass, evaluate_split
+    from gputrain.train.tasks import Task
 
     torch.manual_seed(0)
     model = ReplayedOutputs()
@@ -230,9 +231,8 @@ def test_evaluation_under_cuda_graphs_copies_each_batchs_outputs_before_the_next
     plain = nn.Sequential(model.linear)  # the same weights, fresh outputs every call
 
     def figures(net: nn.Module, graphed: bool) -> dict[str, float]:
-        return evaluate_split(net, batches, task="classification", metric_names=["accuracy", "auroc", "loss"],
-                              loss_fn=F.cross_entropy, num_classes=4, device=torch.device("cpu"),
-                              autocast=contextlib.nullcontext, graphed=graphed)[0]
+        spec = EvalSpec(Task("classification", F.cross_entropy, 4), ["accuracy", "auroc", "loss"], contextlib.nullcontext)
+        return evaluate_split(net, batches, spec, SplitPass(torch.device("cpu"), graphed=graphed))[0]
 
     assert figures(model, graphed=True) == figures(plain, graphed=False)
 

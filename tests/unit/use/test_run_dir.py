@@ -196,3 +196,31 @@ def test_an_output_path_that_cannot_be_written_is_one_line(tiny_run, tmp_path, c
     assert main([arg.format(**names) for arg in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message.format(**names) in err and len(err.splitlines()) == 1, err
+
+
+def test_resume_and_use_read_both_formats_through_the_one_reader(run_copy, tmp_path, monkeypatch) -> None:
+    """`read_checkpoint` (checkpoint/reader.py) is the one reader: a `use` command's weights from a
+    sharded and from a one-process checkpoint, and a resume, all pass through it (spied on its
+    reading of state.pt, which every way of reading a checkpoint starts with)."""
+    import gputrain.checkpoint.reader as reader
+    from gputrain.train.trainer import Trainer
+
+    one_process = choose_weights(run_copy, "last").path
+    loaded = load_run(run_copy, device="cpu")
+    expected = {k: v.clone() for k, v in loaded.model.state_dict().items()}
+    tmp = run_copy / "checkpoints" / ".step-999.tmp"
+    tmp.mkdir()
+    dcp.save({"model": expected, "optim": {"state": {}, "param_groups": [{"lr": 0.1, "params": list(expected)}]}},
+             checkpoint_id=str(tmp), no_dist=True)
+    torch.save(read_state(one_process), tmp / STATE_FILE)
+    sharded = commit_checkpoint_dir(tmp, run_copy / "checkpoints" / "step-999", 999, fmt="dcp")
+    read: list[Path] = []
+    real = reader.read_state
+    monkeypatch.setattr(reader, "read_state", lambda path: (read.append(path), real(path))[1])
+    load_run(run_copy, checkpoint="last", device="cpu")  # the sharded one: the newest
+    load_run(run_copy, checkpoint=str(one_process), device="cpu")
+    assert read == [sharded, one_process]
+    # a resume of the finished run's last one-process checkpoint: read, nothing left to train
+    Trainer.from_config(run_copy / "config.toml", run_dir=tmp_path / "resumed",
+                        overrides=[f"checkpoint.resume={one_process}"]).fit()
+    assert read == [sharded, one_process, one_process]
