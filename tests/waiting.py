@@ -13,9 +13,10 @@ POLL_S = 0.005
 DEADLINE_S = 300.0
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = DEADLINE_S, what: str = "the condition") -> None:
+def wait_until(condition: Callable[[], bool], timeout_s: float = DEADLINE_S, what: str = "the condition",
+               poll_s: float = POLL_S) -> None:
     """Return once `condition()` is true; AssertionError naming `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
-        time.sleep(POLL_S)
+        time.sleep(poll_s)
