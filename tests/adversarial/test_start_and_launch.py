@@ -178,14 +178,12 @@ def test_layouts_the_model_can_take_pass(overrides: dict) -> None:
                                   ["parallel.strategy=tp", "model.name=resnet18", "model.base_width=8"]],
                          ids=["pp-cnn", "tp-resnet18"])
 def test_the_launcher_refuses_before_torchrun_starts(tmp_path: Path, args: list[str]) -> None:
-    started = time.perf_counter()
     result = run_cli("train", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "r"), *args, cwd=tmp_path,
                      timeout=120)
-    took = time.perf_counter() - started
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gputrain train: config error: parallel.strategy = "), lines
-    assert took < 20, took  # one line and no run directory say torchrun never started; this bounds a hang
+    # one line and no run directory: torchrun never started
     assert not (tmp_path / "r").exists()
 
 
