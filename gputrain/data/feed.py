@@ -67,14 +67,17 @@ image file, a tokenised text or a row parsed from disk costs tens of us to ms, a
 _PROBE_GROUPS, _FIRST_PROBE = 3, 8
 
 
-def read_seconds_per_batch(dataset: Dataset, micro_batch: int) -> float | None:
+def read_seconds_per_batch(
+    dataset: Dataset, micro_batch: int, clock: Callable[[], float] = time.perf_counter
+) -> float | None:
     """What reading and collating a micro-batch of `dataset` costs: the least time over
     `_PROBE_GROUPS` reads of whole micro-batches spread over the data set (the least, so that a first
     read's one-time cost or another process's load does not count). Timed on whole micro-batches, not
     scaled up from a few samples: collating has a cost per batch that scaling would count per sample.
     A first read of `_FIRST_PROBE` samples that already shows a batch far over IN_PROCESS_BATCH_S
     (image files, say) is the answer: such a data set is not read any further here. None where the
-    samples cannot be read or collated so (the loader's guard then names the sample)."""
+    samples cannot be read or collated so (the loader's guard then names the sample). `clock`: seconds
+    (a test passes one its samples advance, so that no machine load changes the answer)."""
     try:
         size = len(cast(Sized, dataset))
     except TypeError:
@@ -84,9 +87,9 @@ def read_seconds_per_batch(dataset: Dataset, micro_batch: int) -> float | None:
     order = torch.randperm(size, generator=torch.Generator().manual_seed(0)).tolist()
 
     def read(indices: list[int]) -> float:
-        start = time.perf_counter()
+        start = clock()
         default_collate([dataset[i] for i in indices])
-        return time.perf_counter() - start
+        return clock() - start
 
     try:
         read(order[:1])  # untimed: a first read and collate pay one-time costs (imports, caches)
@@ -100,7 +103,12 @@ def read_seconds_per_batch(dataset: Dataset, micro_batch: int) -> float | None:
         return None
 
 
-def auto_num_workers(requested: int | str, dataset: Dataset, micro_batch: int | None = None) -> int:
+def auto_num_workers(
+    requested: int | str,
+    dataset: Dataset,
+    micro_batch: int | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> int:
     """data.num_workers=auto: none for in-memory tensors, nor (given the `micro_batch` size) for a
     data set whose micro-batch reads in less than IN_PROCESS_BATCH_S (a sample read is timed on a
     few micro-batches: `read_seconds_per_batch`); else one per spare core of this rank (ranks on a node
@@ -111,7 +119,7 @@ def auto_num_workers(requested: int | str, dataset: Dataset, micro_batch: int | 
     if isinstance(dataset, TensorData):
         return 0  # indexing tensors in the main process beats any worker round-trip
     if micro_batch is not None and not isinstance(dataset, IterableDataset):
-        per_batch = read_seconds_per_batch(dataset, micro_batch)
+        per_batch = read_seconds_per_batch(dataset, micro_batch, clock)
         if per_batch is not None and per_batch < IN_PROCESS_BATCH_S:
             log.debug("data: read in this process (%.0f us a micro-batch)", per_batch * 1e6)
             return 0

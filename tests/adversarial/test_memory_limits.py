@@ -73,27 +73,19 @@ def test_frozen_parameters_have_no_gradient_or_state() -> None:
     config = load_config({"optim.name": "adamw"})
     frozen = _params((2**15, 2**15))
     frozen.requires_grad_(False)
-    _fits(config, frozen, 1, (4 * GIB, "test"), "the host")
-
-
-def test_a_registry_model_names_the_field_that_sizes_it() -> None:
-    from gputrain.data.spec import DataSpec
-    from gputrain.models import build_model
-
-    config = load_config({"model.name": "mlp", "model.hidden_sizes": [40000, 40000]})
-    model = build_model(config.model, DataSpec(task="classification", input_shape=(8,), num_classes=2), on_meta=True)
-    with pytest.raises(ConfigError) as err:
-        _fits(config, model, 1, (GIB, "this machine's memory"), "the host")
-    assert err.value.field == "model.hidden_sizes"
-    assert "use a smaller model.hidden_sizes, parallel.strategy=fsdp over more ranks" in str(err.value)
-    with pytest.raises(UsageError) as err:  # the same config with a model of the user's: no field to name
-        _fits(config, _params((40000, 40000)), 1, (GIB, "this machine's memory"), "the host")
-    assert not isinstance(err.value, ConfigError) and "use a smaller model, " in str(err.value)
+    _fits(config, frozen, 1, (4 * GIB, "test"), "the host")  # the 4 GiB of weights alone: fits exactly
+    with pytest.raises(UsageError) as err:
+        _fits(config, frozen, 1, (4 * GIB - 1, "test"), "the host")
+    assert ("need 4.0 GiB of weights, 0.0 GiB of gradients and 0.0 GiB of adamw state = 4.0 GiB per rank"
+            in str(err.value))
 
 
 def test_the_override_lets_it_try(monkeypatch: pytest.MonkeyPatch) -> None:
+    too_big = (load_config(), _params((2**15, 2**15)), 1, (GIB, "test"), "the host")
+    with pytest.raises(UsageError):
+        _fits(*too_big)
     monkeypatch.setenv(SKIP_MEMORY_CHECK_ENV, "1")
-    _fits(load_config(), _params((2**15, 2**15)), 1, (GIB, "test"), "the host")
+    _fits(*too_big)  # the same model and limit: no longer refused
 
 
 def test_the_trainer_refuses_before_the_model_is_materialised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from torch import nn
 from gputrain import Trainer
 from gputrain.errors import UsageError
 from tests.adversarial.helpers import QUIET, fingerprint, linear_data, linear_trainer, read_summary
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -186,15 +186,13 @@ def test_the_cli_answers_an_unwritable_run_dir_with_one_line_and_exit_2(tmp_path
                                                                        ranks: int) -> None:
     run_dir = _unwritable(tmp_path, kind)
     launch = ["--nproc-per-node", "2"] if ranks == 2 else []
-    start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "gputrain", "train", "--run-dir", str(run_dir), *launch,
                              "train.device=cpu"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"--run-dir {run_dir}: cannot be created or written" in lines[0]
-    assert "Traceback" not in result.stderr
-    assert time.perf_counter() - start < 30  # refused before data, model or ranks
+    assert "Traceback" not in result.stderr  # one line: no rank started to say more
 
 
 @pytest.mark.parametrize("progress", ["plain", "none"])  # a quiet console still says why nothing ran
@@ -222,10 +220,9 @@ def test_a_second_run_into_a_directory_in_use_is_refused_and_the_first_goes_on(t
             "log.tensorboard=false", "train.epochs=40", "train.device=cpu"]
     first = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / "checkpoints").is_dir():  # training, with a checkpoint a second run would take
-            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
-            time.sleep(0.05)
+        # training, with a checkpoint a second run would take
+        wait_until(lambda: (run_dir / "checkpoints").is_dir() or first.poll() is not None, what="a checkpoint")
+        assert first.poll() is None, first.communicate()
         second = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
         assert first.poll() is None, "the first run ended before the second was refused: lengthen it"
     finally:

@@ -24,7 +24,15 @@ from gputrain.checkpoint import find_resumable, verify_checkpoint
 from gputrain.distributed.launch import culprit
 from gputrain.run.signals import StopRequest
 from tests.adversarial.helpers import read_summary
-from tests.unit.reliability.chaos import TINY, TINY_2_RANKS, kill_at_step, logged_step, start_train
+from tests.unit.reliability.chaos import (
+    TINY,
+    TINY_2_RANKS,
+    kill_at_step,
+    logged_step,
+    second_signal_during_a_save,
+    start_train,
+)
+from tests.waiting import wait_until
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
 IDS = [s.name for s in SIGNALS]
@@ -43,13 +51,6 @@ def _checkpoint_named(run_dir: Path, sig: signal.Signals) -> Path:
     path = Path(match[2])
     assert path == run_dir / "checkpoints" / f"step-{match[1]}"
     return path
-
-
-def _wait_for(condition, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.002)
 
 
 # ----------------------------------------------------------------------------- the first signal
@@ -82,10 +83,10 @@ def test_a_second_signal_while_the_stopped_run_exits_is_still_130(sig: signal.Si
     in both windows."""
     run_dir = tmp_path / "run"
     proc = start_train(run_dir, TINY)
-    _wait_for(lambda: logged_step(run_dir) >= 3 or proc.poll() is not None)
+    wait_until(lambda: logged_step(run_dir) >= 3 or proc.poll() is not None, what="step 3")
     proc.send_signal(sig)
-    _wait_for(lambda: "stopped by" in _log(run_dir) or proc.poll() is not None, timeout=60)
-    time.sleep(delay_s)
+    wait_until(lambda: "stopped by" in _log(run_dir) or proc.poll() is not None, what="the stop's report")
+    time.sleep(delay_s)  # the moment under test: at once, or while the interpreter tears down
     if delay_s == 0.0:
         assert proc.poll() is None, "the process had already exited: the second signal could not land"
     if proc.poll() is None:  # since gputrain.cli.entry leaves with os._exit, teardown may be over already
@@ -98,15 +99,12 @@ def test_a_second_signal_while_the_stopped_run_exits_is_still_130(sig: signal.Si
 @pytest.mark.slow
 def test_a_second_signal_during_the_save_leaves_at_once(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    # each phase of a checkpoint write sleeps 5 s, so a save takes over 30 s
-    proc = start_train(run_dir, TINY, env={"GPUTRAIN_TEST_SAVE_PHASE_DELAY_S": "5"})
-    _wait_for(lambda: bool(list((run_dir / "checkpoints").glob(".step-*.tmp-*"))))
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 130
-    assert time.monotonic() - sent < 10, "the second signal did not stop the process at once"
+    # each phase of a checkpoint write sleeps 5 s, so a save takes over 25 s
+    proc = start_train(run_dir, TINY, env={"GPUTRAIN_TEST_SAVE_PHASE_DELAY_S": "5"}, mark_stops=True)
+    saving = second_signal_during_a_save(proc, run_dir)
+    assert proc.wait(timeout=300) == 130
+    # at once: the save under way was abandoned, not finished (which the first signal alone waits for)
+    assert not (run_dir / "checkpoints" / saving).exists()
     assert "gputrain train: interrupted" in _log(run_dir)
     assert read_summary(run_dir)["status"] == "interrupted"
     for path in (run_dir / "checkpoints").glob("step-*"):
@@ -179,7 +177,7 @@ def test_a_sigkilled_rank_is_named_by_the_launcher(tmp_path: Path) -> None:
     named rank 0."""
     run_dir = tmp_path / "run"
     proc = start_train(run_dir, TINY_2_RANKS)
-    _wait_for(lambda: logged_step(run_dir) >= 3 or proc.poll() is not None)
+    wait_until(lambda: logged_step(run_dir) >= 3 or proc.poll() is not None, what="step 3")
     ranks = {_rank_of(pid): pid for pid in _children(proc.pid)}
     assert set(ranks) == {0, 1}, ranks
     os.kill(ranks[1], signal.SIGKILL)
@@ -204,9 +202,10 @@ def test_a_second_sigterm_to_a_stopped_two_rank_job_is_still_130(tmp_path: Path)
     handlers, then Python's defaults during teardown)."""
     run_dir = tmp_path / "run"
     proc = start_train(run_dir, TINY_2_RANKS)
-    _wait_for(lambda: logged_step(run_dir) >= 3 or proc.poll() is not None)
+    wait_until(lambda: logged_step(run_dir) >= 3 or proc.poll() is not None, what="step 3")
     os.killpg(proc.pid, signal.SIGTERM)
-    _wait_for(lambda: "the ranks saved a checkpoint" in _log(run_dir) or proc.poll() is not None, timeout=120)
+    wait_until(lambda: "the ranks saved a checkpoint" in _log(run_dir) or proc.poll() is not None,
+               what="the ranks' checkpoint")
     if proc.poll() is None:  # the launcher leaves with os._exit (gputrain.cli.entry): it may be gone already
         os.killpg(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=60) == 130, _log(run_dir)[-2000:]

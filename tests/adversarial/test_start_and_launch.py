@@ -24,6 +24,7 @@ from gputrain.config.validate import check_registry_layout
 from gputrain.errors import ConfigError
 from gputrain.run.signals import StopRequest
 from tests.conftest import ROOT, run_cli
+from tests.waiting import wait_until
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
 
@@ -108,21 +109,31 @@ def test_a_signal_right_after_the_first_files_are_written_leaves_a_summary(tmp_p
     assert "resume with: gputrain train --run-dir" in result.stderr
 
 
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler of its own for `sig` (its SigCgt mask, /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    (mask,) = [line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")]
+    return bool(int(mask, 16) >> (sig - 1) & 1)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("delay", [0.2, 0.6, 1.0, 1.6, 2.4])
+@pytest.mark.parametrize("delay", [0.0, 0.2, 0.6, 1.0, 1.6, 2.4])
 def test_sigterm_at_any_moment_of_the_start_is_130_with_a_word(tmp_path: Path, delay: float) -> None:
-    """A real command, stopped at moments from the interpreter's start to the first steps: exit 130,
-    a line naming the signal, and summary.json wherever the run has written anything."""
+    """A real command, stopped at moments from the start-up handler's arrival (before it, Python runs
+    none of gputrain's code: the signal's default action ends it) to the first steps: exit 130, a line
+    naming the signal, and summary.json wherever the run has written anything."""
     run_dir = tmp_path / "r"
     proc = subprocess.Popen([sys.executable, "-m", "gputrain", "train", "--run-dir", str(run_dir), "model.name=mlp",
-                             "model.hidden_sizes=[8]", "train.epochs=200", "log.progress=none",
+                             "model.hidden_sizes=[8]", "train.epochs=1000", "log.progress=none",
                              "log.tensorboard=false"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(delay)
+    wait_until(lambda: _catches(proc.pid, signal.SIGTERM) or proc.poll() is not None, what="a SIGTERM handler")
+    time.sleep(delay)  # the moment under test, counted from there: any moment must give the same answer
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
-    if proc.returncode == 0 and delay < 0.3:
-        pytest.skip("the interpreter had not started Python code yet")  # pragma: no cover - a loaded machine
     assert proc.returncode == 130, err[-2000:]
     assert "stopped by SIGTERM" in err.strip().splitlines()[-1] and "Traceback" not in err, err[-2000:]
     written = [p.name for p in run_dir.iterdir()] if run_dir.exists() else []
@@ -167,14 +178,12 @@ def test_layouts_the_model_can_take_pass(overrides: dict) -> None:
                                   ["parallel.strategy=tp", "model.name=resnet18", "model.base_width=8"]],
                          ids=["pp-cnn", "tp-resnet18"])
 def test_the_launcher_refuses_before_torchrun_starts(tmp_path: Path, args: list[str]) -> None:
-    started = time.perf_counter()
     result = run_cli("train", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "r"), *args, cwd=tmp_path,
                      timeout=120)
-    took = time.perf_counter() - started
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gputrain train: config error: parallel.strategy = "), lines
-    assert took < 20, took  # one line and no run directory say torchrun never started; this bounds a hang
+    # one line and no run directory: torchrun never started
     assert not (tmp_path / "r").exists()
 
 

@@ -7,19 +7,27 @@ from __future__ import annotations
 import json
 import random
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.unit.reliability.chaos import TINY_2_RANKS, compare_runs, kill_at_step, run_train, start_train
+from tests.waiting import wait_until
 
 
-def _no_rank_survives(run_dir: Path) -> bool:
-    """No process of the killed job still writes into the run directory (an orphaned rank would)."""
-    before = (run_dir / "metrics.jsonl").stat().st_mtime_ns
-    time.sleep(1.0)
-    return (run_dir / "metrics.jsonl").stat().st_mtime_ns == before and not (run_dir / "summary.json").exists()
+def _live_processes(run_dir: Path) -> list[int]:
+    """The processes whose command line names `run_dir` (the launcher and its ranks) that have not
+    exited (a zombie has: it writes nothing)."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            named = str(run_dir).encode() in (proc / "cmdline").read_bytes()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]  # after the name, which may hold spaces
+        except (OSError, IndexError):  # exited meanwhile
+            continue
+        if named and state != "Z":
+            pids.append(int(proc.name))
+    return pids
 
 
 @pytest.mark.slow
@@ -30,7 +38,9 @@ def test_sigkill_of_a_two_rank_job_then_resume_is_bit_identical(tmp_path: Path) 
     run_dir = tmp_path / "killed"
     killed_at = kill_at_step(start_train(run_dir, TINY_2_RANKS), run_dir, random.Random(5).randint(5, total - 5))
     assert killed_at is not None and killed_at < total, "the job ended before it could be killed"
-    assert _no_rank_survives(run_dir), "a rank outlived its killed launcher"
+    # every process of the job is gone (an orphaned rank would write on into the run directory)
+    wait_until(lambda: not _live_processes(run_dir), 60, "every process of the killed job to exit")
+    assert not (run_dir / "summary.json").exists()
     assert run_train(run_dir, TINY_2_RANKS) == 0, run_dir.with_suffix(".log").read_text()[-2000:]
     assert compare_runs(reference, run_dir) == [], f"killed at step {killed_at}"
 

@@ -7,7 +7,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -59,13 +58,11 @@ def test_device_cuda_without_cuda_is_a_usage_error(capsys):
 
 
 @pytest.mark.slow
-def test_real_quick_run_finishes_under_30_seconds(tmp_path):
-    # The promise of --quick on a 2-core CPU, with the real sizes (not the tiny test ones).
-    start = time.monotonic()
+def test_real_quick_run_measures_with_the_real_sizes(tmp_path):
+    # --quick with the real sizes (not the tiny test ones). How long it takes is a figure of the
+    # machine and its load, not a test: docs/doctor-bench.md gives it for an idle 2-core CPU.
     out = bench("--quick", "--no-cache", cache_dir=tmp_path, tiny=False)
-    wall = time.monotonic() - start
     assert out.returncode == 0, out.stderr
-    assert wall < 30, f"bench --quick took {wall:.1f} s"
     assert "quick mode" in out.stdout
     assert "matmul" in out.stdout and "FLOP/s" in out.stdout and "GB/s" in out.stdout
     assert not (tmp_path / "bench.json").exists()  # --no-cache

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from gputrain.data.tensors import TensorData
 from gputrain.errors import RunError
 from gputrain.data import feed
 from gputrain.data.feed import auto_num_workers, auto_prefetch_factor
+from tests.sim_clock import SimClock
 
 
 class Sized(Dataset):
@@ -51,25 +51,29 @@ def test_explicit_and_in_memory() -> None:
 class Records(Dataset):
     """Samples read by user code from tensors in memory: a dict of rows."""
 
-    def __init__(self, n: int = 256, delay_s: float = 0.0) -> None:
+    def __init__(self, n: int = 256, cost_s: float = 0.0, clock: SimClock | None = None) -> None:
         self.x, self.y = torch.randn(n, 5), torch.randint(0, 3, (n,))
-        self.delay_s = delay_s
+        self.cost_s, self.clock = cost_s, clock
 
     def __len__(self) -> int:
         return len(self.x)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        if self.delay_s:
-            time.sleep(self.delay_s)  # a file read, a decode
+        if self.clock is not None:
+            self.clock.advance(self.cost_s)  # a row from memory, or a file read and a decode
         return {"features": self.x[i], "label": self.y[i]}
 
 
 def test_cheap_samples_are_read_in_this_process_and_costly_ones_by_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(feed.os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    assert auto_num_workers("auto", Records(), micro_batch=64) == 0  # ~1-2 us a sample: no worker pays
-    assert auto_num_workers("auto", Records(delay_s=1e-3), micro_batch=64) == 2  # 64 ms a batch: workers
-    assert auto_num_workers(1, Records(), micro_batch=64) == 1  # an explicit count is kept
+    # each sample read costs its simulated time (collating costs none): the answer no load can change
+    clock = SimClock()
+    cheap, costly = Records(cost_s=2e-6, clock=clock), Records(cost_s=1e-3, clock=clock)
+    assert auto_num_workers("auto", cheap, micro_batch=64, clock=clock) == 0  # 128 us a batch: no worker pays
+    assert auto_num_workers("auto", Records(cost_s=5e-6, clock=clock), micro_batch=64, clock=clock) == 2  # 320 us
+    assert auto_num_workers("auto", costly, micro_batch=64, clock=clock) == 2  # 64 ms a batch: workers
+    assert auto_num_workers(1, cheap, micro_batch=64, clock=clock) == 1  # an explicit count is kept
 
 
 def _step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
@@ -24,11 +23,22 @@ def test_collect_env_is_serialisable_and_round_trips():
     assert data["cuda_available"] == torch.cuda.is_available()
 
 
-def test_collect_env_is_cheap_enough_for_every_run():
-    collect_env()  # the first call imports nvidia-ml-py
-    start = time.perf_counter()
+def test_collect_env_is_cheap_enough_for_every_run(monkeypatch):
+    """What makes it cheap (its time is a figure of the machine's load, not a test): once the process
+    has paid its one-time costs (importing nvidia-ml-py, Python's platform module asking `uname -p`),
+    no process is started, where there is no nvidia-smi to fall back on."""
+    import shutil
+    import subprocess
+
     collect_env()
-    assert time.perf_counter() - start < 0.5
+
+    def no_process(*args, **kwargs):
+        raise AssertionError(f"collect_env started a process: {args}")
+
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    monkeypatch.setattr(subprocess, "run", no_process)
+    assert collect_env().torch == torch.__version__
 
 
 def test_torch_installs_found_on_given_paths(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,14 +116,11 @@ def test_no_or_garbled_cgroup_files_mean_no_quota(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------- the same path, for real
-def test_this_machine_facts_are_read_quickly() -> None:
-    started = time.perf_counter()
+def test_this_machine_facts_are_read() -> None:
     share = threads.collect_cpu_share()
-    elapsed = time.perf_counter() - started
     assert share.cores == len(os.sched_getaffinity(0))
     assert share.quota is None or share.quota > 0
     assert share.busy is not None and 0.0 <= share.busy <= share.cores + 1e-9  # Linux has /proc/stat
-    assert elapsed < 0.5  # ~40 ms of sampling, with room for a busy machine's scheduling
     assert threads.collect_cpu_share(sample_load=False).busy is None
 
 
@@ -132,18 +128,19 @@ def test_a_busy_loop_shows_as_busy() -> None:
     """Real load: a thread spinning in C (sleeping would not count) shows on /proc/stat."""
     import threading
 
-    stop = threading.Event()
+    stop, spinning = threading.Event(), threading.Event()
 
     def spin() -> None:
         x = torch.ones(256, 256)
         while not stop.is_set():
             x @ x
+            spinning.set()
 
     worker = threading.Thread(target=spin, daemon=True)
     with torch_one_thread():
         worker.start()
         try:
-            time.sleep(0.05)
+            assert spinning.wait(timeout=120)
             busy = busy_cores(cpus=set(os.sched_getaffinity(0)), window_s=0.2)
         finally:
             stop.set()

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from tests.waiting import wait_until
+
 REPO = Path(__file__).resolve().parents[3]
 
 # A tiny deterministic CPU run: digits, a small MLP, every step logged (so progress can be watched).
@@ -31,14 +33,59 @@ SPEED_KEYS = {"samples_per_s", "tokens_per_s", "step_time_s", "achieved_flops", 
               "peak_memory_bytes"}
 
 
-def start_train(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_train(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None,
+                mark_stops: bool = False) -> subprocess.Popen:
     """Launch `python -m gputrain train` on this checkout; output goes to <run_dir>.log. The run gets a
-    process group of its own, so a signal can reach all of it (a launcher and its ranks) at once."""
+    process group of its own, so a signal can reach all of it (a launcher and its ranks) at once.
+    `mark_stops`: each signal the run's stop handler has taken adds a line to `stops_file(run_dir)`,
+    so a test knows when a signal has been handled, not only sent (one process: the handler is
+    wrapped in the process before the command runs, which is otherwise the same)."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     log = open(run_dir.with_suffix(".log"), "ab")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen([sys.executable, "-m", "gputrain", "train", "--run-dir", str(run_dir), *overrides],
+    command = ["-c", _MARKING_STOPS, str(stops_file(run_dir))] if mark_stops else ["-m", "gputrain"]
+    return subprocess.Popen([sys.executable, *command, "train", "--run-dir", str(run_dir), *overrides],
                             cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+_MARKING_STOPS = """
+import runpy, sys
+from gputrain.run.signals import StopRequest
+marks, handle = sys.argv.pop(1), StopRequest._handle
+def marking(self, signum, frame):
+    try:
+        handle(self, signum, frame)
+    finally:
+        with open(marks, "a") as out:
+            out.write(f"{signum}\\n")
+StopRequest._handle = marking
+sys.argv[0] = "gputrain"
+runpy.run_module("gputrain", run_name="__main__", alter_sys=True)
+"""
+
+
+def stops_file(run_dir: Path) -> Path:
+    return run_dir.with_suffix(".stops")
+
+
+def stops_handled(run_dir: Path) -> int:
+    """How many signals the run's stop handler has taken (a run started with `mark_stops`)."""
+    path = stops_file(run_dir)
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def second_signal_during_a_save(proc: subprocess.Popen, run_dir: Path, sig: int = signal.SIGTERM) -> str:
+    """Once a save is under way, send `sig`; once the run has taken it, send it again. Returns the name
+    of the checkpoint that save was writing (`step-N`). The run must have been started with
+    `mark_stops` and with slow saves (SAVE_DELAY_ENV), so that the save is still going on meanwhile."""
+    checkpoints = run_dir / "checkpoints"
+    wait_until(lambda: proc.poll() is not None or bool(list(checkpoints.glob(".step-*.tmp-*"))), what="a save")
+    (tmp,) = checkpoints.glob(".step-*.tmp-*")
+    proc.send_signal(sig)
+    # two signals sent before the first is handled could reach Python's handler as one
+    wait_until(lambda: proc.poll() is not None or stops_handled(run_dir) == 1, what="the first signal handled")
+    proc.send_signal(sig)
+    return tmp.name[1:].split(".tmp-")[0]
 
 
 def run_train(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None, timeout: float = 300
@@ -68,15 +115,12 @@ def kill_at_step(proc: subprocess.Popen, run_dir: Path, step: int, sig: int = si
     """Send `sig` to the run's whole process group (as a terminal's Ctrl-C, or a node dying, reaches every
     process of a job) once metrics.jsonl shows `step`; return the step seen then, or None if the run
     ended first."""
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None and time.monotonic() < deadline:
+    wait_until(lambda: proc.poll() is not None or logged_step(run_dir) >= step, timeout, f"step {step}")
+    if proc.poll() is None:
         seen = logged_step(run_dir)
-        if seen >= step:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=timeout)
-            return seen
-        time.sleep(0.002)
-    proc.wait(timeout=timeout)
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=timeout)
+        return seen
     return None
 
 
@@ -160,12 +204,10 @@ def kill_during_save(run_dir: Path, overrides: list[str], target_step: int, dela
     save has opened its temporary directory, wait `offset_s` and SIGKILL. Returns what was left."""
     proc = start_train(run_dir, overrides, env={SAVE_DELAY_ENV: str(delay_s)})
     checkpoints = run_dir / "checkpoints"
-    deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline and logged_step(run_dir) < target_step:
-        time.sleep(0.002)
-    while proc.poll() is None and time.monotonic() < deadline and not list(checkpoints.glob(".step-*.tmp-*")):
-        time.sleep(0.001)
-    time.sleep(offset_s)
+    wait_until(lambda: proc.poll() is not None or logged_step(run_dir) >= target_step, what=f"step {target_step}")
+    wait_until(lambda: proc.poll() is not None or bool(list(checkpoints.glob(".step-*.tmp-*"))), what="a save",
+               poll_s=0.001)
+    time.sleep(offset_s)  # the moment inside the save to kill at: what it left is recorded, whichever phase
     if proc.poll() is not None:
         return None
     proc.send_signal(signal.SIGKILL)

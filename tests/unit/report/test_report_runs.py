@@ -10,7 +10,6 @@ import re
 import shlex
 import shutil
 import signal
-import time
 from pathlib import Path
 
 from gputrain.cli import main
@@ -20,6 +19,7 @@ from gputrain.report.build import write_report
 from tests.conftest import run_cli
 from tests.unit.reliability.chaos import logged_step, start_train
 from tests.unit.report.conftest import TINY, train_in_process, visible_text
+from tests.waiting import wait_until
 
 
 def _page(run_dir: Path, tmp_path: Path) -> str:
@@ -100,9 +100,7 @@ def test_a_run_in_progress_then_interrupted(tmp_path):
     run_dir = tmp_path / "run"
     proc = start_train(run_dir, [*TINY, "train.epochs=1000", "log.every_steps=1", "checkpoint.every_epochs=0"])
     try:
-        deadline = time.monotonic() + 120
-        while logged_step(run_dir) < 5 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: logged_step(run_dir) >= 5 or proc.poll() is not None, what="step 5")
         assert proc.poll() is None, run_dir.with_suffix(".log").read_text()
         running = _page(run_dir, tmp_path)
         assert not (run_dir / "summary.json").exists()
