@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's gputrain, not an installed one
 
-from gputrain.train.nonfinite import NonFiniteGuard
+from gputrain.train.nonfinite import Guard, NonFiniteGuard
 from gputrain.train.step import train_step
 from gputrain.train.trainer import Trainer
 
@@ -38,9 +38,9 @@ def main() -> None:
     trainer = Trainer.from_config({"train.device": args.device, "log.progress": "none", "log.tensorboard": False},
                                   run_dir="/tmp/gputrain-nonfinite-bench")
     batches = next(trainer.feed.epoch(0))
-    guard = NonFiniteGuard("stop", scaler_active=trainer.precision.scaler is not None)
+    guard = NonFiniteGuard("stop", trainer.precision)
     times: dict[str, list[float]] = {"off": [], "on": []}
-    parts = {"off": replace(trainer.step_parts, guard=None), "on": replace(trainer.step_parts, guard=guard)}
+    parts = {"off": replace(trainer.step_parts, guard=Guard(trainer.precision)), "on": replace(trainer.step_parts, guard=guard)}
     for _ in range(5):  # warm-up
         train_step(parts["on"], batches, measure_grad_norm=False)
     for _ in range(args.repeats):
@@ -52,6 +52,7 @@ def main() -> None:
             _sync(trainer.device)
             times[name].append((time.perf_counter() - start) / args.steps)
     # the check alone: one fused grad-norm reduction, isfinite, one .item() (the host sync)
+    assert trainer.step_parts.compute_loss is not None
     loss = trainer.step_parts.compute_loss(trainer.step_parts.model, batches[0])
     loss.backward()
     grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]

@@ -26,7 +26,6 @@ from gputrain.run.record import RunEnding, RunRecorder
 from gputrain.run.signals import StoppedBySignal, StopRequest
 from gputrain.run.start import start_run
 from gputrain.train.build import UserTPPlan, build_model_and_data, build_training, profile_target
-from gputrain.train.device_guard import DeviceGuard
 from gputrain.train.nonfinite import BadStep, note_bad_steps
 from gputrain.train.state import LoopState, restore_training_state, training_state
 from gputrain.train.step import StepResult, train_step
@@ -105,8 +104,6 @@ class Trainer:
         self.stop = StopRequest()
         self.parts = parts
         self.recorder = RunRecorder(parts, self.stop, lambda: self.state)
-        guard = parts.step.guard
-        self._device_guard = guard if isinstance(guard, DeviceGuard) else None
 
     @classmethod
     def from_config(
@@ -208,7 +205,7 @@ class Trainer:
         state.step_in_epoch += 1
         state.samples_seen += self.global_batch
         state.skipped_samples += self.feed.take_skipped()
-        if self._device_guard is not None and (log_now or self._device_guard.full):
+        if log_now or self.step_parts.guard.due:
             self._settle()
         if log_now:
             self.metrics.log_step(state, result)
@@ -216,13 +213,23 @@ class Trainer:
 
     def _settle(self) -> None:
         """Read the device-side guard's verdicts on the steps since the last read (one sync, on a
-        step that syncs anyway): stop at the first bad step, or report the skipped ones."""
-        if self._device_guard is not None:
-            self._note_bad(self._device_guard.settle(self.state.global_step))
+        step that syncs anyway; nothing to read for the others): stop at the first bad step."""
+        self._note_bad(self.step_parts.guard.settle(self.state.global_step))
 
     def _note_bad(self, bad: list[BadStep]) -> None:
         rank = self.dist.rank if self.dist.enabled else None
-        note_bad_steps(bad, self.state, self.config.train.on_nonfinite, self.global_batch, rank)
+        note_bad_steps(bad, self.state, self.config.train.on_nonfinite, rank, undo=self._undo_from)
+
+    def _undo_from(self, step: int) -> None:
+        """Set the loop back to where `step` began: the device guard masked it and every later step,
+        which the loop and the LR schedule had counted."""
+        state, undone = self.state, self.state.global_step - (step - 1)
+        state.global_step -= undone
+        state.step_in_epoch -= undone
+        state.samples_seen -= undone * self.global_batch
+        if undone:
+            self.scheduler.last_epoch -= undone + 1
+            self.scheduler.step()  # recomputes the LR of that position, as a step to it would
 
     def _end_epoch(self, ending: RunEnding) -> str | None:
         """After an epoch's steps: evaluation, early stopping, the epoch's checkpoint. Returns how the
