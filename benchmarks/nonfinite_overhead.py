@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's gputrain, not an installed one
 
-from gputrain.train.nonfinite import NonFiniteGuard
+from gputrain.train.nonfinite import Guard, NonFiniteGuard
 from gputrain.train.step import train_step
 from gputrain.train.trainer import Trainer
 
@@ -38,9 +38,9 @@ def main() -> None:
     trainer = Trainer.from_config({"train.device": args.device, "log.progress": "none", "log.tensorboard": False},
                                   run_dir="/tmp/gputrain-nonfinite-bench")
     batches = next(trainer.parts.feed.epoch(0))
-    guard = NonFiniteGuard("stop", scaler_active=trainer.parts.precision.scaler is not None)
+    guard = NonFiniteGuard("stop", trainer.parts.precision)
     times: dict[str, list[float]] = {"off": [], "on": []}
-    parts = {"off": replace(trainer.parts.step, guard=None), "on": replace(trainer.parts.step, guard=guard)}
+    parts = {"off": replace(trainer.parts.step, guard=Guard(trainer.parts.precision)), "on": replace(trainer.parts.step, guard=guard)}
     for _ in range(5):  # warm-up
         train_step(parts["on"], batches, measure_grad_norm=False)
     for _ in range(args.repeats):
@@ -52,6 +52,7 @@ def main() -> None:
             _sync(trainer.parts.place.device)
             times[name].append((time.perf_counter() - start) / args.steps)
     # the check alone: one fused grad-norm reduction, isfinite, one .item() (the host sync)
+    assert trainer.parts.step.compute_loss is not None
     loss = trainer.parts.step.compute_loss(trainer.parts.step.model, batches[0])
     loss.backward()
     grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]

@@ -17,6 +17,7 @@ from gputrain.run.layout import SUMMARY
 
 if TYPE_CHECKING:
     from gputrain.config import Config
+    from gputrain.config.load import Defaults
 
 
 class Fits(Protocol):
@@ -63,6 +64,7 @@ def prepare_run(
     forced: tuple[str, ...] = (),
     suffix: str = "",
     default_name: Callable[[Config], tuple[str, str]] | None = None,
+    defaults: Defaults | None = None,
 ) -> tuple[Config, Path | None]:
     """The config and run directory of a command that trains, checked before torch loads: the
     config (a run directory's own config.toml where it holds a run, with the overrides and `forced`
@@ -71,6 +73,7 @@ def prepare_run(
     is this one). The directory is the default (named by `default_name(config)` (model, data), else
     the config's model and data, plus `suffix`) where none is given and one process or the launcher
     decides it; None in a rank of a job started without one (the ranks agree on one later).
+    `defaults`: the command's own values for shared keys the config leaves unset (config/load.py).
 
     Raises:
         UsageError: naming the field, file or directory.
@@ -81,7 +84,7 @@ def prepare_run(
     from gputrain.run.prior import check_resume_never, check_same_run, load_run_config, prior_run
 
     run_dir = run_dir_path(args.run_dir) if args.run_dir is not None else None
-    config = load_run_config(run_dir, args.config, [*args.overrides, *forced])
+    config = load_run_config(run_dir, args.config, [*args.overrides, *forced], defaults)
     check_config_paths(config)
     ranks = _job_ranks(args)
     if registry_model and ranks > 1:

@@ -35,9 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # one run directory for every rank and every restart, so resume=auto finds the checkpoints; one
     # that holds a run continues it with its own config.toml
-    config, run_dir = prepare_run(args, registry_model=False, default_name=lambda c: ("ppo", c.rl.env))
+    from gputrain.config.schema import ppo_defaults
+
+    config, run_dir = prepare_run(
+        args, registry_model=False, default_name=lambda c: ("ppo", c.rl.env), defaults=ppo_defaults
+    )
     if is_launcher(args):
-        from gputrain.rl.settings import check_layout
+        from gputrain.rl.run_config import check_layout
 
         check_layout(config, args.nproc_per_node * args.nnodes)
         return launch_ranks(args, "rl", str(run_dir))

@@ -11,11 +11,11 @@ import math
 import sys
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from gputrain.config.schema import SECTIONS, Config
+from gputrain.config.schema import MOVED, SECTIONS, Config
 from gputrain.config.validate import validate_config
 from gputrain.errors import ConfigError, UsageError
 
@@ -105,6 +105,9 @@ def _build_section(section: str, cls: type, values: Mapping[str, Any]) -> Any:
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
+        if f"{section}.{key}" in MOVED:
+            new = MOVED[f"{section}.{key}"]
+            raise ConfigError(f"{section}.{key}", f"moved to {new}", hint=f"did you mean {new!r}?")
         if key not in hints:
             hint = _did_you_mean(key, names)
             raise ConfigError(
@@ -177,8 +180,16 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise UsageError(f"config file {path} cannot be read: a number too long to be a config value") from None
 
 
-def build_config(base: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
-    """Merge a nested mapping (as from TOML) with dotted overrides and validate the result."""
+Defaults = Callable[[Config], Mapping[str, Any]]
+"""A command's own defaults for shared fields, `section.key` -> value, decided from the config
+built without them (e.g. `gputrain rl`'s CleanRL values, which depend on rl.env)."""
+
+
+def build_config(
+    base: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None, defaults: Defaults | None = None
+) -> Config:
+    """Merge a nested mapping (as from TOML) with dotted overrides and validate the result;
+    `defaults` fill the keys that neither sets."""
     merged: dict[str, dict[str, Any]] = {}
     for source in (base or {}, _nest(overrides or {})):
         for section, values in source.items():
@@ -188,15 +199,31 @@ def build_config(base: Mapping[str, Any] | None = None, overrides: Mapping[str, 
             if not isinstance(values, Mapping):
                 raise ConfigError(section, "must be a table of keys, e.g. [train] epochs = 5")
             merged.setdefault(section, {}).update(values)
-    config = Config(**{name: _build_section(name, cls, merged.get(name, {})) for name, cls in SECTIONS.items()})
+    config = _sections(merged)
+    unset = {
+        dotted: value
+        for dotted, value in (defaults(config) if defaults is not None else {}).items()
+        if dotted.partition(".")[2] not in merged.get(dotted.partition(".")[0], {})
+    }
+    if unset:
+        for section, values in _nest(unset).items():
+            merged.setdefault(section, {}).update(values)
+        config = _sections(merged)
     validate_config(config)
     return config
 
 
+def _sections(merged: Mapping[str, Mapping[str, Any]]) -> Config:
+    return Config(**{name: _build_section(name, cls, merged.get(name, {})) for name, cls in SECTIONS.items()})
+
+
 def load_config(
-    source: Config | Mapping[str, Any] | str | Path | None = None, overrides: Iterable[str] | Mapping[str, Any] = ()
+    source: Config | Mapping[str, Any] | str | Path | None = None,
+    overrides: Iterable[str] | Mapping[str, Any] = (),
+    defaults: Defaults | None = None,
 ) -> Config:
-    """Accept a Config, a mapping (nested or dotted keys), or a TOML path, plus overrides."""
+    """Accept a Config, a mapping (nested or dotted keys), or a TOML path, plus overrides;
+    `defaults` fill what neither sets (a Config sets every key)."""
     override_map = dict(overrides) if isinstance(overrides, Mapping) else dict(map(parse_override, overrides))
     if isinstance(source, Config):
         base: Mapping[str, Any] = config_to_dict(source)
@@ -206,7 +233,7 @@ def load_config(
         base = {}
     else:
         base = _nest(source) if any("." in k for k in source) else dict(source)
-    return build_config(base, override_map)
+    return build_config(base, override_map, defaults)
 
 
 def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:

@@ -8,6 +8,7 @@ the field.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -317,7 +318,6 @@ PPO_DEFAULTS: dict[str, dict[str, Any]] = {
         "total_timesteps": 500_000,
         "num_envs": 4,
         "num_steps": 128,
-        "learning_rate": 2.5e-4,
         "num_minibatches": 4,
         "update_epochs": 4,
         "ent_coef": 0.01,
@@ -329,7 +329,6 @@ PPO_DEFAULTS: dict[str, dict[str, Any]] = {
         "total_timesteps": 1_000_000,
         "num_envs": 1,
         "num_steps": 2048,
-        "learning_rate": 3e-4,
         "num_minibatches": 32,
         "update_epochs": 10,
         "ent_coef": 0.0,
@@ -338,6 +337,20 @@ PPO_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 """What `auto` means for each field of [rl] that has it, by the environment's kind of action."""
+
+PPO_SHARED_DEFAULTS: dict[str, dict[str, Any]] = {
+    "discrete": {"optim.lr": 2.5e-4, "optim.eps": 1e-5, "train.clip_grad_norm": 0.5},
+    "continuous": {"optim.lr": 3e-4, "optim.eps": 1e-5, "train.clip_grad_norm": 0.5},
+}
+"""CleanRL's Adam learning rate and epsilon and its max_grad_norm, by the kind of action: the values
+`gputrain rl` gives the shared fields the user leaves unset (`ppo_defaults`)."""
+
+MOVED: dict[str, str] = {
+    "rl.learning_rate": "optim.lr",
+    "rl.adam_eps": "optim.eps",
+    "rl.max_grad_norm": "train.clip_grad_norm",
+}
+"""Keys that became another section's: a config naming the old one is told the new one."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -354,12 +367,8 @@ class RLConfig:
     """Environments stepped together, summed over all ranks (each rank steps num_envs / ranks); auto: 4 (ppo.py) or 1 (ppo_continuous_action.py)."""
     num_steps: int | Literal["auto"] = "auto"
     """Steps of each environment per rollout (one PPO iteration); auto: 128 (ppo.py) or 2048 (ppo_continuous_action.py)."""
-    learning_rate: float | Literal["auto"] = "auto"
-    """Adam learning rate; auto: 2.5e-4 (ppo.py) or 3e-4 (ppo_continuous_action.py)."""
     anneal_lr: bool = True
-    """Decay the learning rate linearly to 0 over the iterations."""
-    adam_eps: float = 1e-5
-    """Adam epsilon (CleanRL's 1e-5)."""
+    """Decay the learning rate (optim.lr: `gputrain rl` makes it 2.5e-4 (ppo.py) or 3e-4 (ppo_continuous_action.py) unless set) linearly to 0 over the iterations. Adam's epsilon is optim.eps (1e-5 unless set), the gradient clipping train.clip_grad_norm (0.5 unless set)."""
     gamma: float = 0.99
     """Discount factor."""
     gae_lambda: float = 0.95
@@ -378,8 +387,6 @@ class RLConfig:
     """Entropy bonus coefficient; auto: 0.01 (ppo.py) or 0.0 (ppo_continuous_action.py)."""
     vf_coef: float = 0.5
     """Value loss coefficient."""
-    max_grad_norm: float = 0.5
-    """Clip the global gradient norm to this value."""
     target_kl: float | None = None
     """Stop an iteration's epochs early once the approximate KL exceeds this (unset: never)."""
     normalize_obs: bool | Literal["auto"] = "auto"
@@ -449,6 +456,31 @@ class RLConfig:
         if isinstance(value, str) and value == "auto" and name in PPO_DEFAULTS["discrete"]:
             return PPO_DEFAULTS[ENV_ACTIONS.get(self.env, "discrete")][name]
         return value
+
+    def resolved(self) -> RLConfig:
+        """This section with every `auto` resolved (the policy too): what a run reads."""
+        resolved: dict[str, Any] = {name: self.value(name) for name in PPO_DEFAULTS["discrete"]}
+        resolved["policy"] = "categorical" if ENV_ACTIONS[self.env] == "discrete" else "gaussian"
+        return dataclasses.replace(self, **resolved)
+
+    @property
+    def batch_size(self) -> int:
+        """Transitions per rollout over all ranks (CleanRL's batch_size)."""
+        return int(self.value("num_envs")) * int(self.value("num_steps"))
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // int(self.value("num_minibatches"))
+
+    @property
+    def num_iterations(self) -> int:
+        return int(self.value("total_timesteps")) // self.batch_size
+
+
+def ppo_defaults(config: Config) -> dict[str, Any]:
+    """CleanRL's values for the shared fields `gputrain rl` reads (optim.lr, optim.eps,
+    train.clip_grad_norm), where the user sets none: `load_config(..., defaults=ppo_defaults)`."""
+    return PPO_SHARED_DEFAULTS[ENV_ACTIONS[config.rl.env]]
 
 
 @dataclass(kw_only=True, slots=True)

@@ -139,9 +139,9 @@ def check_own_syncs(f: RunFacts) -> Finding | None:
         "gputrain syncs every step",
         f"{f.own_syncs_per_step:.1f} of gputrain's own host-device syncs per step: the non-finite guard reads its "
         "flag on the host because the optimizer cannot skip an update on the device (no fused kernel, sharded or "
-        "pipelined parameters, or an fp16 GradScaler), or log.every_steps is 1",
+        "pipelined parameters, or an fp16 GradScaler) or train.on_nonfinite=skip, or log.every_steps is 1",
         "optim.name=adamw, adam or sgd (fused), bf16 rather than fp16, a larger log.every_steps, "
-        "or train.on_nonfinite=off to drop the check",
+        "train.on_nonfinite=stop, or train.on_nonfinite=off to drop the check",
     )
 
 

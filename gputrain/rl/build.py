@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from gputrain.config import Config, OptimConfig
+from gputrain.config.schema import RLConfig
 from gputrain.distributed.context import agree_on_path, env_world
 from gputrain.distributed.parallelize import parallelize
 from gputrain.env.threads import explicit_threads
@@ -34,13 +35,15 @@ from gputrain.rl.normalize import ObsNormalizer, RewardNormalizer
 from gputrain.rl.pipeline import TrainingEnvs
 from gputrain.rl.policy import ActorCritic, build_policy
 from gputrain.rl.rollout import Rollout
-from gputrain.rl.settings import PPOSettings, check_layout
+from gputrain.rl.run_config import check_layout, describe
 from gputrain.run.files import default_run_dir, run_dir_path
 from gputrain.run.prior import claim_run_dir
 from gputrain.train.build import Placement, place_run
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
+from gputrain.train.guard import build_guard
 from gputrain.train.metrics import MetricsLogger
 from gputrain.train.state import seed_everything
+from gputrain.train.step import StepParts
 
 CHECKPOINTS_PER_RUN = 10
 """With checkpoint.every_steps=0, a checkpoint every tenth of the iterations (and at the end)."""
@@ -51,7 +54,8 @@ class RLParts:
     """Everything the PPO loop needs, built."""
 
     place: Placement
-    settings: PPOSettings
+    settings: RLConfig
+    """The [rl] section, every `auto` resolved."""
     policy: ActorCritic
     """The module holding the parameters (state dicts, rollouts, the final weights)."""
     update_model: nn.Module
@@ -59,6 +63,9 @@ class RLParts:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     precision: Precision
+    step: StepParts
+    """The update as the Trainer's (apply_update): clipping (train.clip_grad_*), the non-finite
+    guard (train.on_nonfinite); the schedule is the loop's, once per iteration."""
     envs: TrainingEnvs
     rollout: Rollout
     action_noise: KeyedUniform
@@ -98,13 +105,13 @@ def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
         UsageError (ConfigError): bad config, before anything heavy starts.
     """
     cfg = config
-    s = PPOSettings.from_config(cfg.rl)
+    s = cfg.rl.resolved()
     _, world, _ = env_world()
     check_layout(cfg, world)
     check_resume_setting(cfg.checkpoint)
     seed_everything(cfg.train.seed)  # the initial weights: the same on every rank
     dynamics = ENVS[s.env]()
-    policy = build_policy(dynamics.action_space, dynamics.obs_size, s.hidden_sizes)
+    policy = build_policy(dynamics.action_space, dynamics.obs_size, tuple(s.hidden_sizes))
     placing = _placement_config(cfg, world)
     precision_choice = (
         ("fp32", "auto: autocast does not pay on RL's small networks") if cfg.train.precision == "auto" else None
@@ -118,12 +125,13 @@ def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
         torch.set_num_threads(1)
         lines.append("rl: 1 CPU thread (RL's tensors are too small for more to pay; train.num_threads=N overrides)")
     console = RunConsole(cfg.log.progress, enabled=dist.is_main)
-    for line in (*lines, s.describe()):
+    for line in (*lines, describe(s, cfg.optim.lr)):
         console.info(line)
     run_path = agree_on_path(run_dir_path(run_dir) if run_dir is not None else default_run_dir("ppo", s.env), dist)
     claim_run_dir(run_path, cfg)  # the last check before anything heavy: the directory, and a run it holds
 
-    local_envs = s.num_envs // dist.world_size
+    num_envs, num_steps = int(s.num_envs), int(s.num_steps)
+    local_envs = num_envs // dist.world_size
     first_env = dist.rank * local_envs
     env = TensorVecEnv(
         dynamics,
@@ -136,23 +144,37 @@ def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
     )
     envs = TrainingEnvs(
         env,
-        EpisodeTracker(local_envs, s.num_envs, first_env, device, dist, block_steps=s.num_steps),
+        EpisodeTracker(local_envs, num_envs, first_env, device, dist, block_steps=num_steps),
         ObsNormalizer(dynamics.obs_size, s.clip_obs, device, dist) if s.normalize_obs else None,
         RewardNormalizer(local_envs, s.gamma, s.clip_reward, device, dist) if s.normalize_reward else None,
         dist,
     )
     policy = policy.to(device)
     par = parallelize(policy, dist, placing, device, place.choice, place.precision)
-    optimizer = build_optimizer(
-        par.model.parameters(), OptimConfig(name="adam", lr=s.learning_rate, eps=s.adam_eps), s.batch_size, device
-    )
+    # CleanRL's Adam; optim.lr and optim.eps are CleanRL's too unless set (config/schema.py, ppo_defaults)
+    optim = OptimConfig(name="adam", lr=cfg.optim.lr, eps=cfg.optim.eps)
+    optimizer = build_optimizer(par.model.parameters(), optim, s.batch_size, device)
     # CleanRL's annealing: lr · (1 - (iteration - 1) / num_iterations), stepped once per iteration
     schedule = OptimConfig(schedule="linear" if s.anneal_lr else "constant", min_lr=0.0)
     scheduler = build_schedule(optimizer, schedule, s.num_iterations)
     space = dynamics.action_space
     action_shape = () if isinstance(space, Discrete) else (space.size,)
+    precision = Precision(place.precision, device)
+    step = StepParts(
+        model=par.step_model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        precision=precision,
+        clip_grad_norm=cfg.train.clip_grad_norm,
+        clip_grad_value=cfg.train.clip_grad_value,
+        guard=build_guard(
+            cfg.train.on_nonfinite, optimizer, precision, device=device, distributed=dist.enabled, window=1
+        ),
+        # in the optimizer's order (matrices, then vectors): the gradient norm sums them in this order
+        params=[p for group in optimizer.param_groups for p in group["params"]],
+    )
     rollout = Rollout.empty(
-        s.num_steps, local_envs, dynamics.obs_size, action_shape, dynamics.action_space.kind == "discrete", device
+        num_steps, local_envs, dynamics.obs_size, action_shape, dynamics.action_space.kind == "discrete", device
     )
     speed = SpeedMeter(policy, device, place.precision, dist.world_size, s.batch_size, None, breakdown_every=0)
     every = cfg.checkpoint.every_steps or max(1, math.ceil(s.num_iterations / CHECKPOINTS_PER_RUN))
@@ -163,7 +185,8 @@ def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
         update_model=par.step_model,
         optimizer=optimizer,
         scheduler=scheduler,
-        precision=Precision(place.precision, device),
+        precision=precision,
+        step=step,
         envs=envs,
         rollout=rollout,
         action_noise=KeyedUniform(cfg.train.seed, ACTION, env.env_ids, policy.draws),

@@ -1,6 +1,9 @@
 """The PPO update (Schulman et al. 2017) as CleanRL's ppo.py writes it: update_epochs passes over the
 rollout in shuffled minibatches; per minibatch the clipped surrogate, the (clipped) value loss and
-the entropy bonus; gradient norm clipped; early stop on target_kl.
+the entropy bonus; early stop on target_kl. Each minibatch's update is the Trainer's
+(`apply_update`, train/step.py): gradients clipped as train.clip_grad_norm / clip_grad_value say
+(CleanRL's max_grad_norm 0.5 by default), the step guarded as train.on_nonfinite says; the LR
+schedule is the loop's, stepped once per iteration.
 
 Data parallelism: a minibatch's transitions are spread over the ranks (minibatches.py). Each rank
 sums its terms and divides by the whole minibatch's size; DDP averages the ranks' gradients, so each
@@ -17,9 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from gputrain.config.schema import RLConfig
 from gputrain.distributed.context import DistContext, all_reduce_sum
-from gputrain.precision import Precision
-from gputrain.rl.settings import PPOSettings
+from gputrain.train.nonfinite import BadStep
+from gputrain.train.step import StepParts, apply_update
 
 LOSS_TERMS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl")
 
@@ -48,6 +52,9 @@ class UpdateResult:
     """Minibatches run (fewer than epochs × num_minibatches after a target_kl stop)."""
     grad_norm: torch.Tensor
     """The last minibatch's gradient norm before clipping."""
+    bad: list[BadStep]
+    """Updates the host-side guard did not apply, numbered 1, 2, ... within the iteration (in stop
+    mode the update ends at the first); a device-side guard's are read by `guard.settle`."""
 
 
 def _global_mean_std(x: torch.Tensor, count: int, job: DistContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,7 +65,7 @@ def _global_mean_std(x: torch.Tensor, count: int, job: DistContext) -> tuple[tor
 
 
 def minibatch_loss(
-    model: nn.Module, batch: Batch, rows: torch.Tensor, s: PPOSettings, job: DistContext
+    model: nn.Module, batch: Batch, rows: torch.Tensor, s: RLConfig, job: DistContext
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss to backpropagate, this rank's sums of LOSS_TERMS, transitions clipped) for one minibatch."""
     size = s.minibatch_size  # over all ranks
@@ -89,44 +96,44 @@ def minibatch_loss(
         v_sum = 0.5 * ((newvalue - returns) ** 2).sum()
     entropy_sum = entropy.sum()
     # loss = pg_loss - ent_coef · entropy + vf_coef · v_loss, each a mean over the whole minibatch
-    loss = (pg_sum - s.ent_coef * entropy_sum + s.vf_coef * v_sum) / size
+    loss = (pg_sum - float(s.ent_coef) * entropy_sum + s.vf_coef * v_sum) / size
     sums = torch.stack((pg_sum, v_sum, entropy_sum, old_approx_kl, approx_kl)).detach()
     return loss * job.world_size, sums, clipped  # × world size: DDP averages the ranks' gradients
 
 
 def ppo_update(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    precision: Precision,
-    batch: Batch,
-    epochs: Iterator[list[torch.Tensor]],
-    s: PPOSettings,
-    job: DistContext,
+    parts: StepParts, batch: Batch, epochs: Iterator[list[torch.Tensor]], s: RLConfig, job: DistContext
 ) -> UpdateResult:
     """Optimise the policy and value function on one rollout.
 
     Args:
-        model: what computes (new log-prob, entropy, value): the policy, compiled and/or in DDP.
+        parts: the update's parts; `parts.model` computes (new log-prob, entropy, value): the
+            policy, compiled and/or in DDP.
         epochs: each epoch's minibatches, as this rank's rows (minibatches.py).
+        s: the [rl] section, resolved.
     """
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    clipped = torch.zeros((), dtype=torch.int64, device=batch.obs.device)
-    last_sums = torch.zeros(len(LOSS_TERMS), device=batch.obs.device)
-    grad_norm = torch.zeros((), device=batch.obs.device)
+    device = batch.obs.device
+    clipped = torch.zeros((), dtype=torch.int64, device=device)
+    last_sums = torch.zeros(len(LOSS_TERMS), device=device)
+    grad_norm = torch.zeros((), device=device)
+    bad: list[BadStep] = []
     minibatches = 0
     for minibatch_rows in epochs:
         for rows in minibatch_rows:
-            with precision.autocast():
-                loss, last_sums, mb_clipped = minibatch_loss(model, batch, rows, s, job)
-            optimizer.zero_grad(set_to_none=True)
-            precision.backward(loss)
-            precision.unscale(optimizer)
-            grad_norm = nn.utils.clip_grad_norm_(params, s.max_grad_norm)
-            precision.step(optimizer)
+            with parts.precision.autocast():
+                loss, last_sums, mb_clipped = minibatch_loss(parts.model, batch, rows, s, job)
+            parts.precision.backward(loss)
+            result = apply_update(parts, loss.detach(), measure_grad_norm=True, schedule=False)
             clipped += mb_clipped
             minibatches += 1
+            if result.grad_norm is not None:
+                grad_norm = result.grad_norm
+            if result.verdict.kind == "nonfinite":
+                bad.append(BadStep(minibatches, result.verdict))
+                if parts.guard.mode == "stop":  # no later update: the policy stays as it was before this one
+                    return UpdateResult(last_sums, clipped, minibatches, grad_norm.detach(), bad)
         if s.target_kl is not None:  # one host sync per epoch, only when asked for
             approx_kl = all_reduce_sum(last_sums[LOSS_TERMS.index("approx_kl")], job) / s.minibatch_size
             if approx_kl.item() > s.target_kl:
                 break
-    return UpdateResult(last_sums, clipped, minibatches, grad_norm.detach())
+    return UpdateResult(last_sums, clipped, minibatches, grad_norm.detach(), bad)

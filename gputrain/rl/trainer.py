@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from gputrain.config import Config, load_config
+from gputrain.config.schema import ppo_defaults
 from gputrain.distributed.context import all_reduce_sum
 from gputrain.rl.build import build_rl
 from gputrain.rl.episodes import WINDOW, EpisodeFigures
@@ -33,6 +34,7 @@ from gputrain.run.prior import PriorRun
 from gputrain.run.record import LoopFigures
 from gputrain.run.shell import LoopShape, RunShell
 from gputrain.train.compile_check import unchecked
+from gputrain.train.nonfinite import note_bad_steps
 from gputrain.train.state import LoopState
 from gputrain.train.trainer import ConfigLike
 
@@ -41,7 +43,8 @@ class PPOTrainer:
     """Train a policy with PPO on tensor environments, as `gputrain rl` does.
 
     Args:
-        config: a Config, a dict of dotted keys (`{"rl.env": "Pendulum-v1"}`), or a TOML path.
+        config: a Config (taken as it is), a dict of dotted keys (`{"rl.env": "Pendulum-v1"}`), or a
+            TOML path; optim.lr, optim.eps and train.clip_grad_norm that these leave unset are CleanRL's.
         run_dir: where the run's files go (default `runs/ppo-<env>-<time>/`).
         overrides: `section.key=value` strings or a dict, applied on top of `config`.
 
@@ -55,7 +58,11 @@ class PPOTrainer:
         run_dir: str | Path | None = None,
         overrides: Mapping[str, Any] | list[str] | None = None,
     ) -> None:
-        self.config = config if isinstance(config, Config) and not overrides else load_config(config, overrides or ())
+        self.config = (
+            config
+            if isinstance(config, Config) and not overrides
+            else load_config(config, overrides or (), defaults=ppo_defaults)  # CleanRL's optim.lr, ... unless set
+        )
         self.parts = parts = build_rl(self.config, run_dir)
         self.settings, self.place, self.dist = parts.settings, parts.place, parts.place.dist
         self.policy, self.envs, self.rollout = parts.policy, parts.envs, parts.rollout
@@ -71,7 +78,7 @@ class PPOTrainer:
             meta={"task": None, "num_classes": None},
             complete=self._already_solved,
         )
-        check_envs = functools.partial(check_env_state, envs=self.envs, total_envs=self.settings.num_envs)
+        check_envs = functools.partial(check_env_state, envs=self.envs, total_envs=int(self.settings.num_envs))
         self.shell = RunShell(
             parts, self.config, shape, self._figures, states={ENV_KEY: self.envs}, checks=(check_envs,)
         )
@@ -116,13 +123,17 @@ class PPOTrainer:
                 return "stopped_early" if solved else "completed"
 
     def _iterate(self, iteration: int) -> tuple[UpdateResult, Batch]:
-        """One PPO iteration: rollout, advantages, update; then the schedule's step."""
+        """One PPO iteration: rollout, advantages, update; then the schedule's step. An update the
+        guard did not apply (train.on_nonfinite) stops the run here, or is counted and warned of;
+        a device-side guard's flag is read once per iteration (the iteration's only host read)."""
         s, parts = self.settings, self.parts
         collect_rollout(self.policy, self.envs, self.rollout, parts.action_noise)
         batch = self._advantages()
-        result = ppo_update(
-            parts.update_model, parts.optimizer, parts.precision, batch, self._epochs(iteration), s, self.dist
-        )
+        result = ppo_update(parts.step, batch, self._epochs(iteration), s, self.dist)
+        bad = result.bad + parts.step.guard.settle(result.minibatches)
+        rank = self.dist.rank if self.dist.enabled else None
+        name = f"iteration {iteration}, update {{}}".format
+        note_bad_steps(bad, self.state, self.config.train.on_nonfinite, rank, unit="update", name=name)
         parts.scheduler.step()
         return result, batch
 
@@ -147,14 +158,14 @@ class PPOTrainer:
 
     def _epochs(self, iteration: int) -> Iterator[list[torch.Tensor]]:
         s, env = self.settings, self.envs.env
-        for epoch in range(s.update_epochs):
+        for epoch in range(int(s.update_epochs)):  # int(): resolved, `auto` no more
             yield epoch_minibatches(
                 self.seed,
                 iteration,
                 epoch,
-                s.num_steps,
-                s.num_envs,
-                s.num_minibatches,
+                int(s.num_steps),
+                int(s.num_envs),
+                int(s.num_minibatches),
                 env.first_env,
                 env.num_envs,
                 env.device,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gputrain.config import Config, config_to_dict, load_config, parse_override
+from gputrain.config.load import Defaults
 from gputrain.errors import GputrainError, UsageError
 from gputrain.run.files import (
     check_not_in_data,
@@ -121,17 +122,20 @@ def saved_config(run_dir: Path) -> Config | None:
         ) from None
 
 
-def load_run_config(run_dir: Path | None, config_file: str | None, overrides: list[str]) -> Config:
+def load_run_config(
+    run_dir: Path | None, config_file: str | None, overrides: list[str], defaults: Defaults | None = None
+) -> Config:
     """The config a command runs with: where `run_dir` holds a run to continue (or a complete one)
     and no --config is given, the run's own config.toml with the overrides on top (so `gputrain train
-    --run-dir DIR` continues DIR as it was trained); otherwise --config (or the defaults) with them."""
+    --run-dir DIR` continues DIR as it was trained); otherwise --config (or the defaults, the
+    command's own `defaults` first) with them."""
     prior = prior_run(run_dir) if run_dir is not None else None
     if run_dir is not None and config_file is None and prior is not None and prior.owns:
         saved = saved_config(run_dir)
         if saved is not None:
             # the run continues from its own checkpoints, whichever it started from (another run's)
             return load_config(saved, {"checkpoint.resume": "auto", **dict(map(parse_override, overrides))})
-    return load_config(config_file, overrides)
+    return load_config(config_file, overrides, defaults)
 
 
 TRAIN_LONGER = ("train.epochs", "train.max_steps", "rl.total_timesteps", "rl.stop_at_return")

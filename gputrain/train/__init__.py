@@ -1,8 +1,8 @@
 """The training loop alone: the public `Trainer` (`trainer`), its parts built from a config
-(`build`), one optimizer step (`step`) with its non-finite guards (`nonfinite` on the host,
-`device_guard` on the device), the loop's state (`state`), tasks and losses (`tasks`), checkpoints
-(`checkpointer`), logged rows (`metrics`), the compile check (`compile_check`) and the LR finder
-(`lr_find`).
+(`build`), one optimizer step (`step`: `train_step`, and `apply_update` that PPO shares), the
+non-finite guard (`guard` picks it: `nonfinite` on the host, `device_guard` on the device), the
+loop's state (`state`), tasks and losses (`tasks`), checkpoints (`checkpointer`), logged rows
+(`metrics`), the compile check (`compile_check`) and the LR finder (`lr_find`).
 
 The shell every loop runs in is `gputrain.run.shell`; the run directory is `gputrain.run`,
 evaluation `gputrain.evaluate`, feeding `gputrain.data.feed`. Names are imported on first use
@@ -21,6 +21,7 @@ _EXPORTS = {
     "StepParts": "step",
     "StepResult": "step",
     "train_step": "step",
+    "apply_update": "step",
     "Trainer": "trainer",
 }
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "StepResult",
     "Trainer",
     "TrainingParts",
+    "apply_update",
     "build_training",
     "train_step",
 ]

@@ -52,12 +52,10 @@ from gputrain.precision import Precision, resolve_precision
 from gputrain.run.files import check_run_dir, default_run_dir, run_dir_path
 from gputrain.run.prior import claim_run_dir
 from gputrain.switches import apply_process_switches
-from gputrain.train import device_guard
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
 from gputrain.train.compile_check import CompileCheck
-from gputrain.train.device_guard import DeviceGuard
+from gputrain.train.guard import build_guard
 from gputrain.train.metrics import MetricsLogger
-from gputrain.train.nonfinite import NonFiniteGuard
 from gputrain.train.state import seed_everything
 from gputrain.train.step import StepParts
 from gputrain.train.tasks import ComputeLoss, LossFn, Task, loss_of_batch, resolve_task
@@ -284,13 +282,22 @@ def build_training(
     if pipeline is not None and pipeline.tied is not None:  # the last stage's copy of a tied matrix follows the first's
         optimizer.register_step_post_hook(lambda *_: pipeline.sync_tied())
     scheduler = build_schedule(optimizer, cfg.optim, total_steps)
-    guard = _guard(cfg, optimizer, scheduler, precision, place, total_steps)
+    guard = build_guard(
+        cfg.train.on_nonfinite,
+        optimizer,
+        precision,
+        device=device,
+        distributed=dist.enabled,
+        pipelined=dims.pp_enabled,
+        window=cfg.log.every_steps,
+    )
+    compute_loss = loss_of_batch(task, step_fn)
     step = StepParts(
         model=par.step_model,
         optimizer=optimizer,
         scheduler=scheduler,
         precision=precision,
-        compute_loss=loss_of_batch(task, step_fn),
+        compute_loss=compute_loss,
         clip_grad_norm=cfg.train.clip_grad_norm,
         clip_grad_value=cfg.train.clip_grad_value,
         pipeline=par.pipeline,
@@ -315,7 +322,7 @@ def build_training(
     checkpointer = Checkpointer(cfg.checkpoint, run_path, dist, par.model, optimizer, pipelined=dims.pp_enabled)
     compile_check = None
     if cfg.train.compile or cuda_graphs:
-        compile_check = CompileCheck(par.model, step.compute_loss, precision.autocast, device, dist)
+        compile_check = CompileCheck(par.model, compute_loss, precision.autocast, device, dist)
         if cuda_graphs or (dist.enabled and layout.sharing != REPLICATED):
             # a second pass would replay the graphs' pools, or gather and reduce FSDP's shards /
             # TP's and a pipeline's activations once more
@@ -429,30 +436,3 @@ def profile_target(
         pin_memory=bool(loader.pin_memory) if loader is not None else False,
         loader_applies=parts.feed.tensors is None,
     )
-
-
-def _guard(
-    cfg: Config,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    precision: Precision,
-    place: Placement,
-    total_steps: int,
-) -> NonFiniteGuard | DeviceGuard | None:
-    """The non-finite guard: on the device where the optimizer can skip an update itself (no host
-    sync per step), else on the host (one small sync per step); None with train.on_nonfinite=off."""
-    mode, distributed = cfg.train.on_nonfinite, place.dist.enabled
-    if mode == "off":
-        return None
-    scaler_active = precision.scaler is not None
-    pipelined = place.dims.pp_enabled
-    if not pipelined and device_guard.fits(optimizer, scheduler, mode, scaler_active, total_steps, distributed):
-        return DeviceGuard(
-            mode,
-            scheduler,
-            device=place.device,
-            distributed=distributed,
-            window=cfg.log.every_steps,
-            total_steps=total_steps,
-        )
-    return NonFiniteGuard(mode, distributed=distributed, scaler_active=scaler_active)

@@ -29,8 +29,6 @@ from gputrain.config import Config, config_to_dict
 from gputrain.distributed.context import all_reduce_mean
 from gputrain.observe.own_sync import own_sync
 from gputrain.train.build import TrainingParts, build_model_and_data, build_training
-from gputrain.train.device_guard import DeviceGuard
-from gputrain.train.nonfinite import NonFiniteGuard
 from gputrain.train.step import train_step
 
 Rule = Literal["steepest", "minimum"]
@@ -203,9 +201,7 @@ def run_sweep(parts: TrainingParts, sweep: Sweep) -> LRCurve:
     """
     # the host guard: the sweep reads every step's verdict anyway, and the device guard's stop mode
     # would mask every step after a bad one until it is read
-    guard = parts.step.guard
-    if isinstance(guard, DeviceGuard):
-        guard = NonFiniteGuard(guard.mode, distributed=guard.distributed, scaler_active=False)
+    guard = parts.step.guard.on_host()
     step_parts = dataclasses.replace(parts.step, scheduler=_sweep_schedule(parts.optimizer, sweep), guard=guard)
     place, console = parts.place, parts.console
     lrs: list[float] = []

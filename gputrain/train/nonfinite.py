@@ -1,16 +1,22 @@
 """Never apply a step whose loss or gradients are NaN/Inf: stop (default) or skip and count it.
 
-This is the guard on the host, for where the device cannot skip an update itself (an optimizer
-without a fused kernel, sharded parameters, pipeline stages, an fp16 GradScaler); elsewhere
-device_guard.py keeps the same flag on the device. Here the decision has to be made before
-`optimizer.step()`, and the LR scheduler (a host-side object) must not advance on a skipped step,
-so the host reads ONE number per step, computed on the device. On steps that compute the gradient
-norm anyway (clipping by norm, logging steps) it is the loss plus that norm; on the others it is
-the flag of torch's fused AMP finiteness check over the gradients and the loss
-(`_amp_foreach_non_finite_check_and_unscale_` with a scale of 1, one kernel per device and dtype,
-three times cheaper than a norm on a small model). On CPU the read is free; on a GPU it stalls
-kernel launch for the optimizer's kernels, the price torch's GradScaler pays every fp16 step.
-`train.on_nonfinite=off` drops the check (a hand-written loop's behaviour).
+The guard is one object whatever train.on_nonfinite says, and the update asks it once:
+`guard.step(optimizer, loss, grad_norm, params)` applies the optimizer's step or not and answers a
+`Verdict`; the loop calls `guard.settle(step)` on the steps that sync anyway (and when `guard.due`),
+which names the steps a device-side guard masked. `Guard` itself is `train.on_nonfinite=off`: every
+update applied, nothing checked (a hand-written loop's behaviour). guard.py picks the guard.
+
+This module's `NonFiniteGuard` decides on the host: for `skip` mode, and for `stop` where the
+device cannot skip an update itself (an optimizer without a fused kernel, sharded parameters,
+pipeline stages, an fp16 GradScaler, a CPU); elsewhere device_guard.py keeps `stop`'s flag on the
+device. Here the decision has to be made before `optimizer.step()`, and the LR scheduler (a
+host-side object) must not advance on a skipped step, so the host reads ONE number per step,
+computed on the device. On steps that compute the gradient norm anyway (clipping by norm, logging
+steps) it is the loss plus that norm; on the others it is the flag of torch's fused AMP finiteness
+check over the gradients and the loss (`_amp_foreach_non_finite_check_and_unscale_` with a scale
+of 1, one kernel per device and dtype, three times cheaper than a norm on a small model). On CPU
+the read is free; on a GPU it stalls kernel launch for the optimizer's kernels, the price torch's
+GradScaler pays every fp16 step.
 
 fp16 with a GradScaler is different: Inf gradients there are routine (the loss scale is too high).
 The scaler skips the update and lowers the scale itself; we only keep the LR schedule still. A
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -32,6 +39,7 @@ from gputrain.errors import RunError
 from gputrain.observe.own_sync import own_sync
 
 if TYPE_CHECKING:
+    from gputrain.precision import Precision
     from gputrain.train.state import LoopState
 
 log = logging.getLogger("gputrain")
@@ -48,6 +56,8 @@ class Verdict:
 
 
 APPLY = Verdict("apply")  # the common verdict, built once: the hot path allocates nothing for it
+PENDING = Verdict("pending")
+"""A device-side verdict the host has not read yet (`DeviceGuard.settle` reads it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,50 +72,113 @@ class NonFiniteStep(RunError):
     """A step produced NaN/Inf (train.on_nonfinite=stop). The parameters are those before the step."""
 
     @classmethod
-    def at(cls, step: int, rank: int | None, verdict: Verdict) -> NonFiniteStep:
-        where = f" (rank {rank})" if rank is not None else ""
+    def at(cls, where: str, rank: int | None, verdict: Verdict) -> NonFiniteStep:
+        """`where`: the step as the loop names it ("step 5", "iteration 3, update 2")."""
+        on = f" (rank {rank})" if rank is not None else ""
         return cls(
-            f"step {step}{where}: {verdict.reason}; the step was not applied and the parameters are "
+            f"{where}{on}: {verdict.reason}; the step was not applied and the parameters are "
             "those before it. Lower optim.lr, set train.clip_grad_norm, check the data, or set "
             "train.on_nonfinite=skip to skip such steps"
         )
 
 
-def note_bad_steps(bad: list[BadStep], state: LoopState, mode: str, global_batch: int, rank: int | None) -> None:
-    """What the loop does about steps that were not applied. In stop mode: raise NonFiniteStep at the
-    first, with `state` set back to where that step began (the device guard masks every later
-    update too, which the host had counted). In skip mode: count each and warn.
-
-    The host guard's bad step is noted before the loop counts it; the device guard's once read."""
+def note_bad_steps(
+    bad: list[BadStep],
+    state: LoopState,
+    mode: str,
+    rank: int | None,
+    *,
+    unit: str = "step",
+    name: Callable[[int], str] | None = None,
+    undo: Callable[[int], None] | None = None,
+) -> None:
+    """What a loop does about steps that were not applied. In stop mode: `undo(first bad step)`
+    (set the loop back to where that step began: the device guard masks every later update too,
+    which the loop had counted), then raise NonFiniteStep naming it. In skip mode: count each in
+    `state.nonfinite_steps` and warn. `name` says a step's number as the loop counts (default
+    "step 5"); `unit` what was skipped."""
+    say = name or f"{unit} {{}}".format
     if bad and mode == "stop":
-        undone = state.global_step - (bad[0].step - 1)
-        state.global_step -= undone
-        state.step_in_epoch -= undone
-        state.samples_seen -= undone * global_batch
-        raise NonFiniteStep.at(bad[0].step, rank, bad[0].verdict)
+        if undo is not None:
+            undo(bad[0].step)
+        raise NonFiniteStep.at(say(bad[0].step), rank, bad[0].verdict)
     for skipped in bad:
         state.nonfinite_steps += 1
         log.warning(
-            "step %d: %s; step skipped (%d so far)", skipped.step, skipped.verdict.reason, state.nonfinite_steps
+            "%s: %s; %s skipped (%d so far)", say(skipped.step), skipped.verdict.reason, unit, state.nonfinite_steps
         )
 
 
-class NonFiniteGuard:
-    """Decides, once per step, whether the step may be applied.
+class Guard:
+    """train.on_nonfinite=off: every update is applied and nothing is checked. The base of the
+    guards: the loop asks any guard the same questions (`step`, `due`, `settle`, `on_host`)."""
+
+    mode = "off"
+    inspects = False
+    """Whether `step` reads the gradients: the update unscales them first (fp16)."""
+
+    def __init__(self, precision: Precision) -> None:
+        self.precision = precision
+
+    def step(
+        self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, grad_norm: torch.Tensor | None, params: list
+    ) -> Verdict:
+        """Apply the update unless the step is bad. `grad_norm`: the step's gradient norm where the
+        update measured one (else the guard looks at the gradients of `params` itself)."""
+        self.precision.step(optimizer)
+        return APPLY
+
+    @property
+    def due(self) -> bool:
+        """Whether `settle` must run before another step (the device guard's window is used up)."""
+        return False
+
+    def settle(self, last_step: int) -> list[BadStep]:
+        """The steps since the last call that were not applied but not yet reported (only a
+        device-side guard has any: one host read). `last_step` numbers the latest step taken."""
+        return []
+
+    def on_host(self) -> Guard:
+        """This guard deciding every step on the host (what a loop that reads every step wants)."""
+        return self
+
+
+class NonFiniteGuard(Guard):
+    """Decides, once per step on the host, whether the step may be applied.
 
     Args:
         mode: "stop" (raise naming the step and rank) or "skip" (drop the step and count it).
+        precision: applies the update (with its GradScaler, if any: it owns Inf gradients, see the
+            module docstring).
         distributed: all-reduce the verdict so every rank skips (or stops) together; a rank that
             skipped alone would leave the replicas out of step for the rest of the run.
-        scaler_active: an fp16 GradScaler owns Inf gradients (see module docstring).
     """
 
-    def __init__(self, mode: str = "stop", *, distributed: bool = False, scaler_active: bool = False) -> None:
+    inspects = True
+
+    def __init__(self, mode: str, precision: Precision, *, distributed: bool = False) -> None:
+        super().__init__(precision)
         self.mode = mode
         self.distributed = distributed
-        self.scaler_active = scaler_active
         self._flags = FlagCheck()
         self._found: torch.Tensor | None = None  # made on the first check, on the loss's device; kept
+
+    @property
+    def scaler_active(self) -> bool:
+        return self.precision.scaler is not None
+
+    def step(
+        self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, grad_norm: torch.Tensor | None, params: list
+    ) -> Verdict:
+        if grad_norm is not None:
+            verdict = self.check(loss, grad_norm)
+        else:  # no norm wanted this step: the cheaper flag check
+            verdict = self.check_gradients(loss, [p.grad for p in params if p.grad is not None])
+        if verdict.kind == "nonfinite":
+            self.precision.skip_step()  # the update never happens; the scaler (if any) still lowers its scale
+        else:
+            self.precision.step(optimizer)  # on "overflow" the GradScaler skips the update itself
+        return verdict
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> Verdict:
         """The verdict for this step.

@@ -1,9 +1,11 @@
-"""One optimizer step: accumulate micro-batches, clip, check, step. No host-device sync in here
-with the device-side guard (device_guard.py); the host guard reads one flag (nonfinite.py).
+"""One optimizer step: forward and backward the micro-batches (`train_step`), then clip, guard,
+step, zero the gradients and move the schedule (`apply_update`). No host-device sync in here with
+the device-side guard (device_guard.py); the host guard reads one flag (nonfinite.py).
 
-Trainer.fit → train_step → forward_backward: the whole hot path is these two functions, and
-`train_step` answers with a `StepResult` (loss, gradient norm, verdict) rather than leaving state
-behind on some object for the loop to find.
+Trainer.fit → train_step → forward_backward, apply_update: the whole hot path is these functions,
+and they answer with a `StepResult` (loss, gradient norm, verdict) rather than leaving state behind
+on some object for the loop to find. A loop with its own backward (PPO's minibatches, rl/ppo.py)
+calls `apply_update` after it, so every loop clips and guards alike.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ from gputrain.distributed.context import grad_sync
 from gputrain.distributed.grad_norm import grad_norm_and_clip
 from gputrain.observe.breakdown import StepTimer
 from gputrain.precision import Precision
-from gputrain.train.device_guard import DeviceGuard
-from gputrain.train.nonfinite import APPLY, NonFiniteGuard, Verdict
+from gputrain.train.nonfinite import Guard, Verdict
 
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -42,7 +43,9 @@ class StepParts:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     precision: Precision
-    compute_loss: ComputeLoss
+    compute_loss: ComputeLoss | None = None
+    """The loss of a micro-batch; None where the loop computes its losses itself and calls
+    `apply_update` (PPO)."""
     clip_grad_norm: float | None = None
     clip_grad_value: float | None = None
     pipeline: Any = None
@@ -51,9 +54,9 @@ class StepParts:
     """The pipeline's process group: stages add up their gradient norms over it."""
     timer: StepTimer | None = None
     """Marks the step's parts on sampled steps (a no-op call on the others)."""
-    guard: NonFiniteGuard | DeviceGuard | None = None
-    """Checks loss and gradients before the update: on the host (one sync per step) or on the
-    device (none; the verdict is PENDING until the loop calls `settle`); None: no check."""
+    guard: Guard = None  # type: ignore[assignment]  # None: train.on_nonfinite=off's, made below
+    """Applies the update unless loss or gradients are NaN/Inf: decided on the host (one sync per
+    step) or on the device (none; the verdict is PENDING until the loop calls `settle`), guard.py."""
     time_comm: bool = False
     """Time the data-parallel gradient communication apart from the backward pass (DDP, FSDP)."""
     params: list[torch.Tensor] | None = None
@@ -67,6 +70,8 @@ class StepParts:
     own buffers, autograd adds each replay's output in place and lets the graph's memory go."""
 
     def __post_init__(self) -> None:
+        if self.guard is None:
+            self.guard = Guard(self.precision)
         if self.persistent_grads:
             for param in self.params if self.params is not None else self.model.parameters():
                 if param.requires_grad and param.grad is None:
@@ -79,6 +84,7 @@ def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: boo
     if parts.persistent_grads:  # under CUDA graphs: the outputs of the previous replay are no longer needed
         torch.compiler.cudagraph_mark_step_begin()
     with grad_sync(parts.model, sync_grads):
+        assert parts.compute_loss is not None, "a loop without compute_loss calls apply_update itself"
         with parts.precision.autocast():
             loss = parts.compute_loss(parts.model, batch)
         timer = parts.timer if sync_grads and parts.time_comm else None
@@ -91,7 +97,7 @@ def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: boo
 
 
 def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bool) -> StepResult:
-    """Forward and backward every micro-batch, then clip, check and apply one update."""
+    """Forward and backward every micro-batch, then apply one update (`apply_update`)."""
     n = len(micro_batches)
     loss_sum: torch.Tensor | None = None
     if parts.pipeline is not None:  # the schedule runs every micro-batch through the stages itself
@@ -103,34 +109,29 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
     assert loss_sum is not None
     if parts.timer is not None:
         parts.timer.mark("forward_backward")
-    grad_norm = None
-    guard = parts.guard
-    verdict: Verdict | None = None if guard is not None else APPLY
-    if parts.clip_grad_norm is not None or parts.clip_grad_value is not None or measure_grad_norm or guard is not None:
+    return apply_update(parts, loss_sum if n == 1 else loss_sum / n, measure_grad_norm)
+
+
+def apply_update(parts: StepParts, loss: torch.Tensor, measure_grad_norm: bool, schedule: bool = True) -> StepResult:
+    """The update from the gradients the backward passes left: unscale, clip, guard and step,
+    zero the gradients, and move the LR schedule where the update was applied (`schedule=False`:
+    the loop moves it itself, e.g. once per PPO iteration). `loss`: the step's mean loss, detached."""
+    guard, grad_norm, params = parts.guard, None, []
+    if parts.clip_grad_norm is not None or parts.clip_grad_value is not None or measure_grad_norm or guard.inspects:
         params = [p for p in (parts.params or parts.model.parameters()) if p.grad is not None]
         parts.precision.unscale(parts.optimizer)
         # the guard looks before value clipping, which would turn an Inf gradient into a finite one
-        if guard is not None and parts.clip_grad_norm is None:
-            if measure_grad_norm:
-                grad_norm = grad_norm_and_clip(params, None, parts.pp_group)
-            else:  # no norm wanted this step: the cheaper flag check
-                verdict = guard.check_gradients(loss_sum, [p.grad for p in params if p.grad is not None])
+        looks_first = guard.inspects and parts.clip_grad_value is not None
+        if (measure_grad_norm or looks_first) and parts.clip_grad_norm is None:
+            grad_norm = grad_norm_and_clip(params, None, parts.pp_group)
         if parts.clip_grad_value is not None:
             torch.nn.utils.clip_grad_value_(params, parts.clip_grad_value)
-        if parts.clip_grad_norm is not None or (measure_grad_norm and grad_norm is None):
+        if parts.clip_grad_norm is not None:
             grad_norm = grad_norm_and_clip(params, parts.clip_grad_norm, parts.pp_group)
-    if verdict is None:
-        assert guard is not None
-        verdict = guard.check(loss_sum, grad_norm)
-    if isinstance(guard, DeviceGuard):
-        guard.step(parts.optimizer)  # masked on the device where the flag says; it moves the schedule too
-    elif verdict.kind == "nonfinite":
-        parts.precision.skip_step()  # the update never happens; the scaler (if any) still lowers its scale
-    else:
-        parts.precision.step(parts.optimizer)  # on "overflow" the GradScaler skips the update itself
+    verdict = guard.step(parts.optimizer, loss, grad_norm, params)
     parts.optimizer.zero_grad(set_to_none=not parts.persistent_grads)
-    if verdict.kind == "apply":  # a skipped step does not move the LR schedule
+    if schedule and verdict.kind in ("apply", "pending"):  # a skipped step does not move the schedule
         parts.scheduler.step()
     if parts.timer is not None:
         parts.timer.mark("optimizer")
-    return StepResult(loss_sum if n == 1 else loss_sum / n, grad_norm, verdict)
+    return StepResult(loss, grad_norm, verdict)

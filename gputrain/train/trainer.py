@@ -25,7 +25,6 @@ from gputrain.run.layout import scores_name
 from gputrain.run.record import LoopFigures
 from gputrain.run.shell import LoopShape, RunShell
 from gputrain.train.build import UserTPPlan, build_model_and_data, build_training, profile_target
-from gputrain.train.device_guard import DeviceGuard
 from gputrain.train.nonfinite import BadStep, note_bad_steps
 from gputrain.train.step import StepResult, train_step
 from gputrain.train.tasks import ComputeLoss, LossFn
@@ -112,8 +111,6 @@ class Trainer:
         self.test: dict[str, float] = {}
         """The last validation's and the test's metrics (summary.json)."""
         self._last: StepResult | None = None
-        guard = parts.step.guard
-        self._device_guard = guard if isinstance(guard, DeviceGuard) else None
         task = parts.task
         shape = LoopShape(
             total=parts.total_steps, meta={"task": task.kind, "num_classes": task.num_classes}, before_save=self._settle
@@ -212,7 +209,7 @@ class Trainer:
         state.step_in_epoch += 1
         state.samples_seen += parts.global_batch
         state.skipped_samples += parts.feed.take_skipped()
-        if self._device_guard is not None and (log_now or self._device_guard.full):
+        if log_now or parts.step.guard.due:
             self._settle()
         if log_now:
             parts.metrics.log_step(state, result)
@@ -220,14 +217,24 @@ class Trainer:
 
     def _settle(self) -> None:
         """Read the device-side guard's verdicts on the steps since the last read (one sync, on a
-        step that syncs anyway): stop at the first bad step, or report the skipped ones."""
-        if self._device_guard is not None:
-            self._note_bad(self._device_guard.settle(self.state.global_step))
+        step that syncs anyway; nothing to read for the others): stop at the first bad step."""
+        self._note_bad(self.parts.step.guard.settle(self.state.global_step))
 
     def _note_bad(self, bad: list[BadStep]) -> None:
         dist = self.parts.place.dist
         rank = dist.rank if dist.enabled else None
-        note_bad_steps(bad, self.state, self.config.train.on_nonfinite, self.parts.global_batch, rank)
+        note_bad_steps(bad, self.state, self.config.train.on_nonfinite, rank, undo=self._undo_from)
+
+    def _undo_from(self, step: int) -> None:
+        """Set the loop back to where `step` began: the device guard masked it and every later step,
+        which the loop and the LR schedule had counted."""
+        state, undone = self.state, self.state.global_step - (step - 1)
+        state.global_step -= undone
+        state.step_in_epoch -= undone
+        state.samples_seen -= undone * self.parts.global_batch
+        if undone:
+            self.scheduler.last_epoch -= undone + 1
+            self.scheduler.step()  # recomputes the LR of that position, as a step to it would
 
     def _end_epoch(self) -> str | None:
         """After an epoch's steps: evaluation, early stopping, the epoch's checkpoint. Returns how the

@@ -10,6 +10,7 @@ from torch import nn
 
 from gputrain import Trainer
 from gputrain.data.tensors import TensorData
+from gputrain.precision import Precision
 from gputrain.train.nonfinite import NonFiniteGuard
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -28,7 +29,7 @@ def test_flag_check_on_cuda_finds_bad_values_and_leaves_gradients_alone(bad: str
     elif bad == "loss":
         loss = torch.tensor(float("inf"), device="cuda")
     before = [g.clone() for g in grads]
-    assert NonFiniteGuard("skip").check_gradients(loss, grads).kind == ("apply" if bad is None else "nonfinite")
+    assert NonFiniteGuard("skip", Precision("fp32", torch.device("cuda"))).check_gradients(loss, grads).kind == ("apply" if bad is None else "nonfinite")
     for old, new in zip(before, grads, strict=True):
         assert torch.equal(old.isnan(), new.isnan()) and torch.equal(old.nan_to_num(), new.nan_to_num())
 

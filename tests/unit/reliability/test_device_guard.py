@@ -1,5 +1,5 @@
-"""The non-finite guard decided on the device (issue 15 §1): no host sync on a non-logging step,
-a skipped step still changes nothing, and the LR schedule stays exact without a per-step read."""
+"""The non-finite guard decided on the device (issue 15 §1): no host sync on a non-logging step, and
+a masked step changes nothing; skip mode reads its flag on the host each step (issue 26)."""
 
 from __future__ import annotations
 
@@ -75,10 +75,9 @@ def _trainer(run_dir: Path, *, precision: str = "fp32", mode: str = "stop", pois
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("mode", ["stop", "skip"])
 @pytest.mark.parametrize("clip", [None, 1.0])
-def test_no_host_read_on_a_non_logging_step(tmp_path: Path, precision: str, mode: str, clip: float | None) -> None:
-    trainer = _trainer(tmp_path, precision=precision, mode=mode, extra={"train.clip_grad_norm": clip})
+def test_no_host_read_on_a_non_logging_step(tmp_path: Path, precision: str, clip: float | None) -> None:
+    trainer = _trainer(tmp_path, precision=precision, extra={"train.clip_grad_norm": clip})
     assert isinstance(trainer.parts.step.guard, DeviceGuard)
     per_step: list[int] = []
     with CountHostReads() as reads:
@@ -134,21 +133,17 @@ def test_stop_names_the_first_bad_step_and_keeps_the_model_before_it(tmp_path: P
     assert all(int(s["step"]) == 4 for s in trainer.optimizer.state.values())  # Adam's moments untouched too
 
 
-def test_skip_mode_keeps_the_schedule_exact_without_a_per_step_read(tmp_path: Path, monkeypatch) -> None:
-    """A skipped step must not move the LR schedule. The host guard knows each step's verdict; the
-    device guard takes the LR from a table by the device's count of applied steps. Same result."""
-    on_device = _trainer(tmp_path / "device", mode="skip", poison=3)
-    assert isinstance(on_device.parts.step.guard, DeviceGuard)
-    summary = on_device.fit()
-    monkeypatch.setattr(device_guard, "fits", lambda *args: False)
-    on_host = _trainer(tmp_path / "host", mode="skip", poison=3)
-    assert isinstance(on_host.parts.step.guard, NonFiniteGuard)
-    on_host.fit()
+def test_skip_mode_reads_its_flag_on_the_host_and_keeps_the_schedule_exact(tmp_path: Path) -> None:
+    """Skip mode goes on after a bad step, so the guard decides it on the host, one read a step, and
+    a skipped step does not move the LR schedule (the trade-off in train/device_guard.py)."""
+    trainer = _trainer(tmp_path, mode="skip", poison=3)
+    assert isinstance(trainer.parts.step.guard, NonFiniteGuard)
+    per_step: list[int] = []
+    with CountHostReads() as reads:
+        summary = trainer.fit(on_step=lambda: per_step.append(reads.count - sum(per_step)))
     assert summary["train"]["nonfinite_steps"] == 1 and summary["global_step"] == 12
-    assert on_device.scheduler.last_epoch == on_host.scheduler.last_epoch == 11
-    assert on_device.optimizer.param_groups[0]["lr"] == on_host.optimizer.param_groups[0]["lr"]
-    for ours, theirs in zip(on_device.model.parameters(), on_host.model.parameters(), strict=True):
-        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+    assert trainer.scheduler.last_epoch == 11
+    assert per_step[1] == per_step[4] == 1
 
 
 def test_a_huge_logging_interval_keeps_the_device_buffers_small(tmp_path: Path) -> None:

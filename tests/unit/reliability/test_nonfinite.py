@@ -14,7 +14,7 @@ from gputrain.checkpoint import find_resumable, verify_checkpoint
 from gputrain.data.tensors import TensorData
 from gputrain.precision import Precision
 from gputrain.train import nonfinite
-from gputrain.train.nonfinite import NonFiniteGuard, NonFiniteStep
+from gputrain.train.nonfinite import Guard, NonFiniteGuard, NonFiniteStep
 from gputrain.train.step import StepParts, train_step
 from gputrain.train.trainer import Trainer
 
@@ -115,7 +115,7 @@ def _scaled_parts(scale: float) -> tuple[StepParts, nn.Module]:
     def compute_loss(m: nn.Module, batch: torch.Tensor) -> torch.Tensor:
         return m(batch).sum() * scale
 
-    guard = NonFiniteGuard("stop", scaler_active=True)
+    guard = NonFiniteGuard("stop", precision)  # with its GradScaler: an Inf gradient is the scaler's
     return StepParts(model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
                      compute_loss=compute_loss, guard=guard), model
 
@@ -152,7 +152,7 @@ def test_clip_grad_value_does_not_hide_an_inf_gradient() -> None:
 
     parts = StepParts(model=model, optimizer=optimizer, scheduler=scheduler,
                       precision=Precision("fp32", torch.device("cpu")), compute_loss=compute_loss,
-                      clip_grad_value=1.0, guard=NonFiniteGuard("skip"))
+                      clip_grad_value=1.0, guard=NonFiniteGuard("skip", Precision("fp32", torch.device("cpu"))))
     before = [p.detach().clone() for p in model.parameters()]
     result = train_step(parts, [torch.ones(3, 4)], measure_grad_norm=False)
     assert result.verdict.kind == "nonfinite"
@@ -197,7 +197,7 @@ def test_flag_check_leaves_gradients_bit_identical_and_finds_every_bad_value(bad
     elif bad == "loss_nan":
         loss = torch.full_like(loss, float("nan"))
     before = [t.clone() for t in grads]
-    verdict = NonFiniteGuard("skip").check_gradients(loss, grads)
+    verdict = NonFiniteGuard("skip", Precision("fp32", torch.device("cpu"))).check_gradients(loss, grads)
     assert verdict.kind == ("apply" if bad is None else "nonfinite")
     for old, new in zip(before, grads, strict=True):
         assert torch.equal(old.view(torch.int16) if old.dtype == torch.bfloat16 else old.view(torch.int32),
@@ -207,7 +207,7 @@ def test_flag_check_leaves_gradients_bit_identical_and_finds_every_bad_value(bad
 def test_off_means_no_check_at_all(tmp_path: Path) -> None:
     """on_nonfinite=off is the hand-written loop's behaviour: the poisoned step is applied, nothing is counted."""
     trainer, _ = _trainer(tmp_path, "off", 3, "grad_nan", 5)
-    assert trainer.parts.step.guard is None
+    assert type(trainer.parts.step.guard) is Guard  # the guard that applies every update
     summary = trainer.fit()
     assert summary["status"] == "completed" and summary["train"]["nonfinite_steps"] == 0
     assert not all(torch.isfinite(p).all() for p in trainer.model.parameters())

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from gputrain.config import load_config
-from gputrain.rl.settings import PPOSettings
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -18,6 +17,6 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
     ("rl_pendulum", "Pendulum-v1", "gaussian", -200),
 ])
 def test_rl_example_loads(name: str, env: str, policy: str, target: float) -> None:
-    settings = PPOSettings.from_config(load_config(EXAMPLES / f"{name}.toml").rl)
+    settings = load_config(EXAMPLES / f"{name}.toml").rl.resolved()
     assert (settings.env, settings.policy, settings.stop_at_return) == (env, policy, target)
     assert settings.batch_size % settings.num_minibatches == 0 and settings.num_iterations > 0

@@ -20,7 +20,8 @@ from gputrain.rl.gae import bootstrap_truncations, compute_gae
 from gputrain.rl.minibatches import epoch_minibatches
 from gputrain.rl.policy import build_policy
 from gputrain.rl.ppo import LOSS_TERMS, Batch, ppo_update
-from gputrain.rl.settings import PPOSettings
+from gputrain.train.guard import build_guard
+from gputrain.train.step import StepParts
 
 NUM_STEPS, NUM_ENVS = 16, 8
 
@@ -59,9 +60,21 @@ def test_a_truncated_episode_is_bootstrapped_from_its_last_state():
     assert out.tolist() == [[10.0, 1.0]]
 
 
-def _settings(**changes) -> PPOSettings:
+LR, EPS, MAX_GRAD_NORM = 2.5e-4, 1e-5, 0.5  # CleanRL's, what `gputrain rl` defaults optim.lr, optim.eps, train.clip_grad_norm to
+
+
+def _settings(**changes) -> RLConfig:
     rl = RLConfig(num_envs=NUM_ENVS, num_steps=NUM_STEPS, num_minibatches=4, update_epochs=3)
-    return dataclasses.replace(PPOSettings.from_config(rl), **changes)
+    return dataclasses.replace(rl.resolved(), **changes)
+
+
+def _parts(policy: nn.Module, optimizer: torch.optim.Optimizer, mode: str = "stop", clip: float | None = MAX_GRAD_NORM,
+           clip_value: float | None = None) -> StepParts:
+    precision = Precision("fp32", torch.device("cpu"))
+    return StepParts(model=policy, optimizer=optimizer, precision=precision,
+                     scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0),
+                     clip_grad_norm=clip, clip_grad_value=clip_value, params=list(policy.parameters()),
+                     guard=build_guard(mode, optimizer, precision, device=torch.device("cpu"), distributed=False))
 
 
 def _batch(policy, continuous: bool) -> Batch:
@@ -108,7 +121,7 @@ def cleanrl_update(agent, optimizer, b, epochs_inds, args) -> tuple[list[float],
             loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
             optimizer.zero_grad()
             loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            nn.utils.clip_grad_norm_(agent.parameters(), MAX_GRAD_NORM)
             optimizer.step()
         if args.target_kl is not None and approx_kl > args.target_kl:
             break
@@ -121,7 +134,7 @@ CASES = {
     "categorical": ("discrete", {}),
     "gaussian": ("continuous", {}),
     "no_value_clip_no_adv_norm": ("discrete", {"clip_vloss": False, "norm_adv": False}),
-    "target_kl": ("discrete", {"target_kl": 1e-4, "learning_rate": 3e-3}),
+    "target_kl": ("discrete", {"target_kl": 1e-4}),
     "entropy_bonus": ("continuous", {"ent_coef": 0.1, "clip_coef": 0.05}),
 }
 
@@ -137,11 +150,11 @@ def test_update_equals_cleanrls_loop(case):
     batch = _batch(policy, continuous)
     epochs = [epoch_minibatches(0, 1, e, NUM_STEPS, NUM_ENVS, s.num_minibatches, 0, NUM_ENVS, torch.device("cpu"))
               for e in range(s.update_epochs)]
-    optimizer = torch.optim.Adam(policy.parameters(), lr=s.learning_rate, eps=s.adam_eps)
-    precision = Precision("fp32", torch.device("cpu"))
-    result = ppo_update(policy, optimizer, precision, batch, iter(epochs), s, DistContext())
+    lr = 3e-3 if case == "target_kl" else LR
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr, eps=EPS)
+    result = ppo_update(_parts(policy, optimizer), batch, iter(epochs), s, DistContext())
 
-    ref_optimizer = torch.optim.Adam(reference.parameters(), lr=s.learning_rate, eps=s.adam_eps)
+    ref_optimizer = torch.optim.Adam(reference.parameters(), lr=lr, eps=EPS)
     epochs_inds = [torch.cat(minibatches).numpy() for minibatches in epochs]
     clipfracs, last = cleanrl_update(reference, ref_optimizer, batch, epochs_inds, s)
 
