@@ -60,18 +60,20 @@ def _data(n: int = 512, classes: int = 4, seed: int = 0):  # type: ignore[no-unt
 @check("bf16 guard")
 def bf16_guard(device: torch.device) -> str:
     from gputrain import Trainer
+    from gputrain.precision import Precision
     from gputrain.train.nonfinite import NonFiniteGuard
 
+    precision = Precision("bf16", device)
     grads = [torch.randn(300, 7, device=device, dtype=torch.bfloat16) for _ in range(3)]
     loss = torch.tensor(1.5, device=device, dtype=torch.bfloat16)
-    assert NonFiniteGuard("skip").check_gradients(loss, grads).kind == "apply"
+    assert NonFiniteGuard("skip", precision).check_gradients(loss, grads).kind == "apply"
     grads[1][5, 2] = float("nan")
     before = [g.clone() for g in grads]
-    assert NonFiniteGuard("skip").check_gradients(loss, grads).kind == "nonfinite"
+    assert NonFiniteGuard("skip", precision).check_gradients(loss, grads).kind == "nonfinite"
     assert all(torch.equal(a.nan_to_num(), b.nan_to_num()) for a, b in zip(before, grads))
     mixed = [torch.randn(10, device=device), torch.randn(5, device=device, dtype=torch.bfloat16)]
     mixed[1][0] = float("inf")
-    assert NonFiniteGuard("skip").check_gradients(torch.tensor(1.0, device=device), mixed).kind == "nonfinite"
+    assert NonFiniteGuard("skip", precision).check_gradients(torch.tensor(1.0, device=device), mixed).kind == "nonfinite"
     data = _data()
     from gputrain.data.tensors import TensorData
 
@@ -168,13 +170,13 @@ def no_syncs(device: torch.device) -> str:
         with tempfile.TemporaryDirectory() as run_dir:
             trainer = Trainer(_mlp(), _data(), config={**QUIET, "train.device": str(device), "train.batch_size": 32,
                                                        "train.on_nonfinite": guard}, run_dir=run_dir)
-            epoch = trainer.feed.epoch(0)
-            train_step(trainer.step_parts, next(epoch), measure_grad_norm=False)  # warm-up: allocations, lazy init
+            epoch = trainer.parts.feed.epoch(0)
+            train_step(trainer.parts.step, next(epoch), measure_grad_norm=False)  # warm-up: allocations, lazy init
             torch.cuda.synchronize(device)
 
             def three() -> None:
                 for _ in range(3):
-                    train_step(trainer.step_parts, next(epoch), measure_grad_norm=False)
+                    train_step(trainer.parts.step, next(epoch), measure_grad_norm=False)
 
             counts[guard] = _sync_warnings(three)
     assert counts["off"] == 0, f"{counts['off']} syncs in 3 steps with the guard off (the data path syncs)"

@@ -114,7 +114,7 @@ class RunRecorder:
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[RunEnding]:
-        """Around a loop: the run directory held for this run alone (run_lock.py), and its record
+        """Around a loop: the run directory held for this run alone (lock.py), and its record
         written however the loop ends."""
         with run_dir_locked(self.parts.run_dir, self.parts.place.dist), self._recording() as ending:
             yield ending

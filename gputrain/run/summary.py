@@ -1,7 +1,7 @@
 """summary.json: the result of a run, from the parts' own figures. Its shape is a promise to users (the
 README's run directory section): status, device, precision, world_size, global_step, epochs_completed,
 wall_s, a "train" block of speed figures and "val"/"test" blocks of metrics; keys are added, never
-renamed or dropped. run_record.py writes it, however the run ends."""
+renamed or dropped. record.py writes it, however the run ends."""
 
 from __future__ import annotations
 

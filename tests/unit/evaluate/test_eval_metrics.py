@@ -1,4 +1,4 @@
-"""The evaluation metrics are computed with torch alone (eval_metrics.py); scikit-learn is the
+"""The evaluation metrics are computed with torch alone (evaluate/metrics.py); scikit-learn is the
 reference for every figure, on splits with ties, absent classes and many flushes of the state."""
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def test_evaluating_imports_neither_torchmetrics_nor_torchvision(tmp_path) -> No
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_auroc_on_the_host_gives_the_tensor_paths_figure(tied: bool) -> None:
-    """CPU scores take numpy, other devices tensor ops (eval_metrics.py): the same figure, ties or not."""
+    """CPU scores take numpy, other devices tensor ops (evaluate/metrics.py): the same figure, ties or not."""
     from gputrain.evaluate import metrics as eval_metrics
 
     torch.manual_seed(4)
