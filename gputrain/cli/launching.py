@@ -95,7 +95,7 @@ def prepare_run(
     if run_dir is not None:
         check_run_dir(run_dir)
         prior = prior_run(run_dir)
-        check_same_run(run_dir, config, prior)
+        check_same_run(run_dir, config, prior, defaults)
         check_resume_never(run_dir, prior, config.checkpoint.resume)
     return config, run_dir
 

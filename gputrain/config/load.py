@@ -228,12 +228,40 @@ def load_config(
     if isinstance(source, Config):
         base: Mapping[str, Any] = config_to_dict(source)
     elif isinstance(source, (str, Path)):
-        base = read_toml(source)
+        base = _moved_keys_read(read_toml(source), defaults is not None)
     elif source is None:
         base = {}
     else:
         base = _nest(source) if any("." in k for k in source) else dict(source)
     return build_config(base, override_map, defaults)
+
+
+def _moved_keys_read(base: dict[str, Any], for_rl: bool) -> dict[str, Any]:
+    """A config file written before some keys moved (MOVED: `rl.learning_rate` became `optim.lr`, ...)
+    read as it meant. Every config.toml that gputrain wrote then holds them (each run's whole config),
+    so a file is never refused for them, though a command-line override or a dict naming one is (with
+    the new name). The old keys were `gputrain rl`'s alone: for rl (`for_rl`: the command brings its
+    own defaults for the shared keys) each value moves to its new key, over the file's value there,
+    which rl never read ("auto": the new key is left to rl's defaults); for any other command they
+    said nothing and are dropped."""
+    moved = {old: new for old, new in MOVED.items() if old.partition(".")[2] in (base.get(old.partition(".")[0]) or {})}
+    if not moved:
+        return base
+    out = {section: dict(values) if isinstance(values, Mapping) else values for section, values in base.items()}
+    for old, new in moved.items():
+        old_section, old_key = old.split(".")
+        value = out[old_section].pop(old_key)
+        if not for_rl:
+            continue
+        new_section, new_key = new.split(".")
+        section = out.setdefault(new_section, {})
+        if not isinstance(section, dict):
+            continue  # not a table: build_config names the section's error
+        if value == "auto":
+            section.pop(new_key, None)
+        else:
+            section[new_key] = value
+    return out
 
 
 def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from gputrain.config import Config, OptimConfig
-from gputrain.config.schema import RLConfig
+from gputrain.config.schema import RLConfig, ppo_defaults
 from gputrain.distributed.context import agree_on_path, env_world
 from gputrain.distributed.parallelize import parallelize
 from gputrain.env.threads import explicit_threads
@@ -128,7 +128,8 @@ def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
     for line in (*lines, describe(s, cfg.optim.lr)):
         console.info(line)
     run_path = agree_on_path(run_dir_path(run_dir) if run_dir is not None else default_run_dir("ppo", s.env), dist)
-    claim_run_dir(run_path, cfg)  # the last check before anything heavy: the directory, and a run it holds
+    # the last check before anything heavy: the directory, and a run it holds
+    claim_run_dir(run_path, cfg, ppo_defaults)
 
     num_envs, num_steps = int(s.num_envs), int(s.num_steps)
     local_envs = num_envs // dist.world_size

@@ -103,8 +103,10 @@ def _holds_a_run(run_dir: Path, prior: PriorRun | None) -> bool:
     return True
 
 
-def saved_config(run_dir: Path) -> Config | None:
+def saved_config(run_dir: Path, defaults: Defaults | None = None) -> Config | None:
     """The config the run in `run_dir` was trained with (its config.toml), or None where it left none.
+    `defaults`: the command's own (config/load.py: rl's, which also read a config.toml written before
+    the rl.* keys moved as rl meant them).
 
     Raises:
         UsageError: config.toml is there but cannot be read as a config.
@@ -113,7 +115,7 @@ def saved_config(run_dir: Path) -> Config | None:
     if not os.path.lexists(path):
         return None
     try:
-        return load_config(path)
+        return load_config(path, defaults=defaults)
     except GputrainError as err:
         reason = " ".join(str(err).split())
         raise UsageError(
@@ -131,7 +133,7 @@ def load_run_config(
     command's own `defaults` first) with them."""
     prior = prior_run(run_dir) if run_dir is not None else None
     if run_dir is not None and config_file is None and prior is not None and prior.owns:
-        saved = saved_config(run_dir)
+        saved = saved_config(run_dir, defaults)
         if saved is not None:
             # the run continues from its own checkpoints, whichever it started from (another run's)
             return load_config(saved, {"checkpoint.resume": "auto", **dict(map(parse_override, overrides))})
@@ -182,7 +184,7 @@ def _show(value: Any) -> str:
     return "(unset)" if value is None else json.dumps(value) if isinstance(value, str) else str(value)
 
 
-def check_same_run(run_dir: Path, config: Config, prior: PriorRun | None) -> None:
+def check_same_run(run_dir: Path, config: Config, prior: PriorRun | None, defaults: Defaults | None = None) -> None:
     """A config given for a directory that holds a run (one to continue or a complete one) is that
     run's, but for training longer and the keys free to change.
 
@@ -193,7 +195,7 @@ def check_same_run(run_dir: Path, config: Config, prior: PriorRun | None) -> Non
         # a new run there (resume=never) is refused as mixing two runs (`check_resume_never`), or
         # writes nothing of a run (an LR sweep beside it)
         return
-    saved = saved_config(run_dir)
+    saved = saved_config(run_dir, defaults)
     if saved is None:
         return
     differences = config_differences(saved, config)
@@ -229,15 +231,15 @@ def _raised(old: float | None, new: float | None) -> bool:
     return old is not None and (new is None or new > old)
 
 
-def claim_run_dir(run_dir: Path, config: Config) -> None:
+def claim_run_dir(run_dir: Path, config: Config, defaults: Defaults | None = None) -> None:
     """The last check before anything heavy: the directory is not in the data it reads, holds no
     one else's files under a run's names, takes files, its entries are right, and a run it holds is
-    this one (`check_same_run`)."""
+    this one (`check_same_run`; `defaults`: the command's own, config/load.py)."""
     check_not_in_data(run_dir, (config.data.path, config.data.val_path))
     check_run_dir(run_dir, keep=True)  # first: its entries are of their kinds (a FIFO would block a read)
     prior = prior_run(run_dir)
     check_no_foreign_files(run_dir, prior)
-    check_same_run(run_dir, config, prior)
+    check_same_run(run_dir, config, prior, defaults)
 
 
 def continue_run(

@@ -6,15 +6,19 @@ environments are not this run's is refused before anything is applied."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import signal
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
 from gputrain.checkpoint.matching import CheckpointMismatch
+from gputrain.cli import main
 from gputrain.errors import Interrupted
 from gputrain.rl.trainer import PPOTrainer
 
@@ -89,3 +93,30 @@ def test_a_checkpoint_of_other_environments_is_refused_whole(tmp_path: Path) -> 
     with pytest.raises(CheckpointMismatch, match=r"physics is \[8, 4\] float64, this run's \[4, 4\] float64"):
         other.fit()
     assert all(weights[k].equal(v) for k, v in other.policy.state_dict().items())  # nothing was applied
+
+
+def _as_written_before_the_rl_keys_moved(config_toml: Path, clip: float) -> None:
+    """config.toml as gputrain wrote it before rl.learning_rate, rl.adam_eps and rl.max_grad_norm
+    became optim.lr, optim.eps and train.clip_grad_norm: the [rl] keys (the clip at `clip`), and the
+    shared keys at `gputrain train`'s defaults, which rl never read."""
+    text = config_toml.read_text()
+    text = re.sub(r"(?m)^lr = .*$", "lr = 0.001", text)
+    text = re.sub(r"(?m)^eps = .*$", "eps = 1e-08", text)
+    text = re.sub(r"(?m)^clip_grad_norm = .*\n", "", text)
+    text = text.replace("[rl]\n", f'[rl]\nlearning_rate = "auto"\nadam_eps = 1e-05\nmax_grad_norm = {clip}\n')
+    config_toml.write_text(text)
+
+
+def test_a_run_written_before_the_rl_keys_moved_resumes_as_it_was_trained(tmp_path: Path) -> None:
+    overrides = [*BASE, *CASES["cartpole"], "train.clip_grad_norm=0.05"]  # a clip that binds: it must come back
+    PPOTrainer(None, run_dir=tmp_path / "unbroken", overrides=overrides).fit()
+    with pytest.raises(Interrupted):
+        PPOTrainer(None, run_dir=tmp_path / "broken", overrides=overrides).fit(on_iteration=_stop_at(3))
+    _as_written_before_the_rl_keys_moved(tmp_path / "broken" / "config.toml", clip=0.05)
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(["rl", "--run-dir", str(tmp_path / "broken")])  # its own config.toml, as the advice says
+    assert code == 0, err.getvalue()
+    assert _rows(tmp_path / "broken") == _rows(tmp_path / "unbroken")  # the lr, eps and clip it was trained with
+    a, b = load_file(tmp_path / "unbroken" / "model.safetensors"), load_file(tmp_path / "broken" / "model.safetensors")
+    assert all(a[k].equal(b[k]) for k in a) and a.keys() == b.keys()

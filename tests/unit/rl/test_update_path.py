@@ -1,6 +1,7 @@
 """PPO's update is the Trainer's (issue 26): train.on_nonfinite (stop, skip, off) and
 train.clip_grad_norm hold for `gputrain rl`, whose optim.lr, optim.eps and train.clip_grad_norm
-default to CleanRL's; the [rl] keys they replaced are named as moved."""
+default to CleanRL's; the [rl] keys they replaced are named as moved on the command line, and read
+as they meant in a config file written before the move."""
 
 from __future__ import annotations
 
@@ -143,7 +144,12 @@ def test_the_moved_rl_keys_name_their_new_place(tmp_path: Path, old: str, new: s
     key = old.split("=")[0]
     assert err.strip() == f"gputrain rl: config error: {key}: moved to {new}; did you mean {new!r}?", err
     assert not run_dir.exists()
+    # a config file written before the move (every run's config.toml was) is read as it meant
     section, name = key.split(".")
-    (tmp_path / "old.toml").write_text(f"[{section}]\n{name} = {old.split('=')[1]}\n")
-    code, _, err = _run(["rl", "--run-dir", str(run_dir), "--config", str(tmp_path / "old.toml")])
-    assert code == 2 and f"{key}: moved to {new}" in err
+    value = float(old.split("=")[1]) * 2  # not CleanRL's default: the file's own value must arrive
+    (tmp_path / "old.toml").write_text(f"[{section}]\n{name} = {value}\n")
+    code, _, err = _run(["rl", "--run-dir", str(run_dir), "--config", str(tmp_path / "old.toml"), *BASE])
+    assert code == 0, err
+    saved = load_config(run_dir / "config.toml")
+    assert {"optim.lr": saved.optim.lr, "optim.eps": saved.optim.eps,
+            "train.clip_grad_norm": saved.train.clip_grad_norm}[new] == value
