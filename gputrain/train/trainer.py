@@ -31,6 +31,25 @@ from gputrain.train.tasks import ComputeLoss, LossFn
 
 ConfigLike = Config | Mapping[str, Any] | str | Path | None
 
+_IN_PARTS = {
+    "place": "parts.place",
+    "device": "parts.place.device",
+    "dist": "parts.place.dist",
+    "task": "parts.task",
+    "precision": "parts.precision",
+    "step_parts": "parts.step",
+    "feed": "parts.feed",
+    "speed": "parts.speed",
+    "evaluator": "parts.evaluator",
+    "early_stopping": "parts.early_stopping",
+    "checkpointer": "parts.checkpointer",
+    "metrics": "parts.metrics",
+    "console": "parts.console",
+    "global_batch": "parts.global_batch",
+    "total_steps": "parts.total_steps",
+}
+"""Attributes a Trainer had before it kept its parts in one place: where each is now."""
+
 
 class Trainer:
     """Train any `nn.Module` on a Dataset or DataLoader with the config's practices.
@@ -117,6 +136,13 @@ class Trainer:
         )
         self.shell = RunShell(parts, self.config, shape, self._figures)
         self.state, self.stop = self.shell.state, self.shell.stop
+
+    def __getattr__(self, name: str) -> Any:
+        # only for names not found the usual way: one a Trainer used to have says where it is now
+        where = _IN_PARTS.get(name)
+        if where is not None:
+            raise AttributeError(f"'Trainer' object has no attribute {name!r}: it is trainer.{where}")
+        raise AttributeError(f"'Trainer' object has no attribute {name!r}")
 
     @classmethod
     def from_config(

@@ -376,3 +376,17 @@ def test_a_data_set_that_reads_its_own_way_keeps_its_reads(tmp_path: Path) -> No
     x, y = _blobs(32)
     trainer = Trainer(nn.Linear(5, 3), Shifted(x, y), config={**QUIET, "data.num_workers": 0}, run_dir=tmp_path)
     assert trainer.parts.feed.tensors is None  # its __getitem__ runs, sample by sample
+
+
+def test_the_trainer_keeps_its_parts_in_one_place_and_says_where_an_old_attribute_went(tmp_path: Path) -> None:
+    data = TensorDataset(torch.randn(32, 5), torch.randint(0, 3, (32,)))
+    trainer = Trainer(nn.Linear(5, 3), data, config=QUIET, run_dir=tmp_path)
+    assert trainer.model is trainer.parts.model and trainer.optimizer is trainer.parts.optimizer
+    assert trainer.config is trainer.parts.place.config and trainer.run_dir == trainer.parts.run_dir
+    with pytest.raises(AttributeError, match=r"no attribute 'device': it is trainer\.parts\.place\.device$"):
+        trainer.device  # noqa: B018 - the attribute read is the test
+    with pytest.raises(AttributeError, match=r"no attribute 'step_parts': it is trainer\.parts\.step$"):
+        trainer.step_parts  # noqa: B018
+    with pytest.raises(AttributeError, match=r"no attribute 'nonsense'$"):
+        trainer.nonsense  # noqa: B018
+    assert not hasattr(trainer, "feed") and trainer.parts.place.device == torch.device("cpu")
