@@ -244,7 +244,13 @@ def _moved_keys_read(base: dict[str, Any], for_rl: bool) -> dict[str, Any]:
     own defaults for the shared keys) each value moves to its new key, over the file's value there,
     which rl never read ("auto": the new key is left to rl's defaults); for any other command they
     said nothing and are dropped."""
-    moved = {old: new for old, new in MOVED.items() if old.partition(".")[2] in (base.get(old.partition(".")[0]) or {})}
+
+    def holds(dotted: str) -> bool:
+        section, _, key = dotted.partition(".")
+        values = base.get(section)
+        return isinstance(values, Mapping) and key in values  # not a table: build_config names the section
+
+    moved = {old: new for old, new in MOVED.items() if holds(old)}
     if not moved:
         return base
     out = {section: dict(values) if isinstance(values, Mapping) else values for section, values in base.items()}

@@ -47,3 +47,14 @@ def test_a_moved_key_given_now_is_named_with_its_new_place(source: dict) -> None
         load_config(source, defaults=ppo_defaults)
     with pytest.raises(ConfigError, match="moved to optim.lr"):
         load_config(None, ["rl.learning_rate=0.01"])
+
+
+@pytest.mark.parametrize("text, section", [("rl = 5\n", "rl"), ('rl = "learning_rate"\n', "rl"),
+                                           ("optim = 7\n[rl]\nlearning_rate = 1e-3\n", "optim"),
+                                           ("train = []\n[rl]\nmax_grad_norm = 1.0\n", "train")])
+def test_a_file_whose_section_is_no_table_is_named_not_a_traceback(tmp_path: Path, text: str, section: str) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    for defaults in (None, ppo_defaults):
+        with pytest.raises(ConfigError, match=rf"^config error: {section}: must be a table of keys"):
+            load_config(path, defaults=defaults)
