@@ -225,25 +225,34 @@ def load_config(
     """Accept a Config, a mapping (nested or dotted keys), or a TOML path, plus overrides;
     `defaults` fill what neither sets (a Config sets every key)."""
     override_map = dict(overrides) if isinstance(overrides, Mapping) else dict(map(parse_override, overrides))
+    moved_from: dict[str, str] = {}
     if isinstance(source, Config):
         base: Mapping[str, Any] = config_to_dict(source)
     elif isinstance(source, (str, Path)):
-        base = _moved_keys_read(read_toml(source), defaults is not None)
+        base, moved_from = _moved_keys_read(read_toml(source), defaults is not None)
     elif source is None:
         base = {}
     else:
         base = _nest(source) if any("." in k for k in source) else dict(source)
-    return build_config(base, override_map, defaults)
+    try:
+        return build_config(base, override_map, defaults)
+    except ConfigError as err:
+        old = moved_from.get(err.field)
+        if old is None or err.field in override_map:
+            raise
+        # the value came from the file's old key: named as the file holds it
+        raise ConfigError(f"{old} (now {err.field})", err.problem, err.value) from None
 
 
-def _moved_keys_read(base: dict[str, Any], for_rl: bool) -> dict[str, Any]:
+def _moved_keys_read(base: dict[str, Any], for_rl: bool) -> tuple[dict[str, Any], dict[str, str]]:
     """A config file written before some keys moved (MOVED: `rl.learning_rate` became `optim.lr`, ...)
     read as it meant. Every config.toml that gputrain wrote then holds them (each run's whole config),
     so a file is never refused for them, though a command-line override or a dict naming one is (with
     the new name). The old keys were `gputrain rl`'s alone: for rl (`for_rl`: the command brings its
     own defaults for the shared keys) each value moves to its new key, over the file's value there,
     which rl never read ("auto": the new key is left to rl's defaults); for any other command they
-    said nothing and are dropped."""
+    said nothing and are dropped. Returns the sections, and {new key: old key} of each value moved
+    (an error in one names the key the file holds)."""
 
     def holds(dotted: str) -> bool:
         section, _, key = dotted.partition(".")
@@ -251,8 +260,9 @@ def _moved_keys_read(base: dict[str, Any], for_rl: bool) -> dict[str, Any]:
         return isinstance(values, Mapping) and key in values  # not a table: build_config names the section
 
     moved = {old: new for old, new in MOVED.items() if holds(old)}
+    moved_from: dict[str, str] = {}
     if not moved:
-        return base
+        return base, moved_from
     out = {section: dict(values) if isinstance(values, Mapping) else values for section, values in base.items()}
     for old, new in moved.items():
         old_section, old_key = old.split(".")
@@ -265,9 +275,10 @@ def _moved_keys_read(base: dict[str, Any], for_rl: bool) -> dict[str, Any]:
             continue  # not a table: build_config names the section's error
         if value == "auto":
             section.pop(new_key, None)
-        else:
-            section[new_key] = value
-    return out
+            continue
+        section[new_key] = value
+        moved_from[new] = old
+    return out, moved_from
 
 
 def config_to_dict(config: Config) -> dict[str, dict[str, Any]]:

@@ -58,3 +58,12 @@ def test_a_file_whose_section_is_no_table_is_named_not_a_traceback(tmp_path: Pat
     for defaults in (None, ppo_defaults):
         with pytest.raises(ConfigError, match=rf"^config error: {section}: must be a table of keys"):
             load_config(path, defaults=defaults)
+
+
+def test_a_bad_value_under_an_old_key_is_named_as_the_file_holds_it(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[rl]\nlearning_rate = "abc"\n')
+    with pytest.raises(ConfigError, match=r"^config error: rl.learning_rate \(now optim.lr\) = 'abc': expected a number"):
+        load_config(path, defaults=ppo_defaults)
+    with pytest.raises(ConfigError, match=r"^config error: optim.lr = 'abc'"):  # the override's own value
+        load_config(path, ["optim.lr=abc"], defaults=ppo_defaults)
