@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from gputrain.checkpoint.io import save_checkpoint, step_dir_name
+from gputrain.checkpoint.io import save_checkpoint
 from gputrain.errors import RunError
+from gputrain.run.layout import checkpoint_name
 
 
 class _Weights:
@@ -84,7 +85,7 @@ class AsyncSaver:
     def save_copy(self, root: Path, step: int, copy: HostCopy, after: Callable[[Path], None] | None = None) -> Path:
         """Write a copy already in host memory in the background (after the save in flight)."""
         self.wait()
-        self._pending = root / step_dir_name(step)
+        self._pending = root / checkpoint_name(step)
         self._thread = threading.Thread(
             target=self._write,
             args=(root, step, copy.weights, copy.state, after),

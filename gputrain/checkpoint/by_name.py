@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from gputrain.checkpoint.io import DCP_METADATA, MODEL_FILE, STATE_FILE, CorruptCheckpoint, read_weights
+from gputrain.checkpoint.io import DCP_METADATA, CorruptCheckpoint, read_weights
 from gputrain.checkpoint.matching import (
     CheckpointMismatch,
     LiveParam,
@@ -55,6 +55,7 @@ from gputrain.checkpoint.safe_dcp import (
     UnsafeCheckpointContent,
     read_metadata,
 )
+from gputrain.run.layout import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS
 
 
 def prepare_by_name(
@@ -127,7 +128,7 @@ def _prepare_single_process(
     names = _param_names(path, state) if optimizer is not None else []
     full = {canonical_name(k): v for k, v in read_weights(path).items()}
     ties = tied_groups(model, canonical=True)
-    check_weights(path, MODEL_FILE, {k: Spec.of(v) for k, v in full.items()}, expected, ties, known)
+    check_weights(path, CHECKPOINT_WEIGHTS, {k: Spec.of(v) for k, v in full.items()}, expected, ties, known)
     if optimizer is not None:
         _check_named_optimizer(path, state, names, model, optimizer)
 
@@ -160,11 +161,13 @@ def _param_names(path: Path, state: dict[str, Any]) -> list[str]:
     if names is None:
         raise CheckpointMismatch(
             path,
-            f"{STATE_FILE} predates multi-rank resume (no param_names); resume it on one process, "
+            f"{CHECKPOINT_STATE} predates multi-rank resume (no param_names); resume it on one process, "
             "or start over with checkpoint.resume=never",
         )
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise CheckpointMismatch(path, f"{STATE_FILE}: param_names is {kind_of_value(names)}, not a list of names")
+        raise CheckpointMismatch(
+            path, f"{CHECKPOINT_STATE}: param_names is {kind_of_value(names)}, not a list of names"
+        )
     return [canonical_name(n) for n in names]  # saved from the module as it ran (compiled: `_orig_mod.`)
 
 
@@ -173,12 +176,12 @@ def _check_named_optimizer(
 ) -> None:
     """A one-process checkpoint's optimizer state, saved by position, checked by name against this job's."""
     if "optimizer" not in state:
-        raise CheckpointMismatch(path, f"{STATE_FILE} holds no optimizer state")
+        raise CheckpointMismatch(path, f"{CHECKPOINT_STATE} holds no optimizer state")
     positional = positional_optimizer(path, state["optimizer"], state.get("optimizer_kind"))
     count = sum(len(ids) for ids in positional.params)
     if any(not 0 <= i < len(names) for ids in positional.params for i in ids) or count != len(names):
         raise CheckpointMismatch(
-            path, f"{STATE_FILE}: param_names names {len(names)} parameters, the optimizer state holds {count}"
+            path, f"{CHECKPOINT_STATE}: param_names names {len(names)} parameters, the optimizer state holds {count}"
         )
     # the optimizer state was saved by position; name it so it can be sharded like the parameters
     named = SavedOptimizer(

@@ -47,10 +47,6 @@ from gputrain.run.layout import (
 
 log = logging.getLogger("gputrain")
 
-MARKER = CHECKPOINT_MARKER
-MANIFEST = CHECKPOINT_MANIFEST
-MODEL_FILE = CHECKPOINT_WEIGHTS
-STATE_FILE = CHECKPOINT_STATE
 DCP_METADATA = ".metadata"
 
 
@@ -98,23 +94,19 @@ def _phase() -> None:
         time.sleep(_PHASE_DELAY_S)
 
 
-def step_dir_name(step: int) -> str:
-    return checkpoint_name(step)
-
-
 def save_checkpoint(root: Path, step: int, model: nn.Module, state: dict[str, Any]) -> Path:
     """Write model weights (safetensors) and training state atomically; return the final path."""
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{step_dir_name(step)}.tmp-{os.getpid()}"
+    tmp = root / f".{checkpoint_name(step)}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     with removed_if_failed(tmp, f"the checkpoint of step {step}"):
         tmp.mkdir()
         _phase()
-        save_model(model, str(tmp / MODEL_FILE))
+        save_model(model, str(tmp / CHECKPOINT_WEIGHTS))
         _phase()
-        torch.save(state, tmp / STATE_FILE)
+        torch.save(state, tmp / CHECKPOINT_STATE)
         _phase()
-        return commit_checkpoint_dir(tmp, root / step_dir_name(step), step)
+        return commit_checkpoint_dir(tmp, root / checkpoint_name(step), step)
 
 
 def commit_checkpoint_dir(
@@ -132,14 +124,14 @@ def commit_checkpoint_dir(
     manifest: dict[str, Any] = {"step": step, "files": files}
     if fmt is not None:
         manifest["format"] = fmt
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    (tmp / CHECKPOINT_MANIFEST).write_text(json.dumps(manifest, indent=1))
     _phase()
-    for name in [*names, MANIFEST]:
+    for name in [*names, CHECKPOINT_MANIFEST]:
         _fsync_file(tmp / name)
     _phase()
     # the marker carries the manifest's own checksum, so a damaged manifest is caught too
-    (tmp / MARKER).write_text(f"{step} {_sha256(tmp / MANIFEST)}\n")
-    _fsync_file(tmp / MARKER)
+    (tmp / CHECKPOINT_MARKER).write_text(f"{step} {_sha256(tmp / CHECKPOINT_MANIFEST)}\n")
+    _fsync_file(tmp / CHECKPOINT_MARKER)
     _fsync_dir(tmp)
     _phase()
     if final.exists():  # re-saving a step (after a resume): swap, never leave a half state
@@ -187,32 +179,32 @@ def verify_checkpoint(path: Path, share: tuple[int, int] = (0, 1)) -> None:
     every check runs on every rank except the hashing of the large files, each of which only one rank
     reads (see `hashed_by`); the others check that it is there with its recorded size."""
     _check_location(path)
-    if not _inside(path / MARKER, path) or not (path / MARKER).is_file():
-        raise CorruptCheckpoint(f"{path}: incomplete (no {MARKER} marker)")
-    marker = (path / MARKER).read_bytes().split()
-    step = _step_of(path)  # None for a checkpoint copied under another name: trust the marker's step then
+    if not _inside(path / CHECKPOINT_MARKER, path) or not (path / CHECKPOINT_MARKER).is_file():
+        raise CorruptCheckpoint(f"{path}: incomplete (no {CHECKPOINT_MARKER} marker)")
+    marker = (path / CHECKPOINT_MARKER).read_bytes().split()
+    step = step_of_name(path.name)  # None for a checkpoint copied under another name: trust the marker's step then
     if (
         len(marker) != 2
         or not marker[0].isdigit()
         or (marker[0].startswith(b"0") and marker[0] != b"0")
         or (step is not None and int(marker[0]) != step)
     ):
-        raise CorruptCheckpoint(f"{path}: the {MARKER} marker is damaged")
+        raise CorruptCheckpoint(f"{path}: the {CHECKPOINT_MARKER} marker is damaged")
     step = int(marker[0])
-    if not _inside(path / MANIFEST, path) or not (path / MANIFEST).is_file():
-        raise CorruptCheckpoint(f"{path}: {MANIFEST} is missing")
-    if _sha256(path / MANIFEST).encode() != marker[1]:
-        raise CorruptCheckpoint(f"{path}: {MANIFEST} does not match its checksum")
+    if not _inside(path / CHECKPOINT_MANIFEST, path) or not (path / CHECKPOINT_MANIFEST).is_file():
+        raise CorruptCheckpoint(f"{path}: {CHECKPOINT_MANIFEST} is missing")
+    if _sha256(path / CHECKPOINT_MANIFEST).encode() != marker[1]:
+        raise CorruptCheckpoint(f"{path}: {CHECKPOINT_MANIFEST} does not match its checksum")
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        manifest = json.loads((path / CHECKPOINT_MANIFEST).read_text())
         files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError):
-        raise CorruptCheckpoint(f"{path}: {MANIFEST} is unreadable") from None
+        raise CorruptCheckpoint(f"{path}: {CHECKPOINT_MANIFEST} is unreadable") from None
     if not isinstance(files, dict) or manifest.get("step") != step:
-        raise CorruptCheckpoint(f"{path}: {MANIFEST} does not describe this checkpoint")
+        raise CorruptCheckpoint(f"{path}: {CHECKPOINT_MANIFEST} does not describe this checkpoint")
     for name in files:
         if not _plain_name(name):
-            raise CorruptCheckpoint(f"{path}: {MANIFEST} lists {name!r}, a path outside the checkpoint")
+            raise CorruptCheckpoint(f"{path}: {CHECKPOINT_MANIFEST} lists {name!r}, a path outside the checkpoint")
     # the loader goes by what the directory holds (.metadata: sharded), so verification does too
     sharded = os.path.lexists(path / DCP_METADATA)
     if not sharded and manifest.get("format") == "dcp" and DCP_METADATA in files:
@@ -220,13 +212,15 @@ def verify_checkpoint(path: Path, share: tuple[int, int] = (0, 1)) -> None:
     if sharded != (manifest.get("format") == "dcp"):
         said = f"format {manifest.get('format')!r}" if "format" in manifest else "no format (one-process)"
         held = "a sharded (DCP) checkpoint" if sharded else "a one-process checkpoint"
-        raise CorruptCheckpoint(f"{path}: {MANIFEST} says {said} but the directory holds {held}")
-    needed = [DCP_METADATA, STATE_FILE, *_shard_files(path)] if sharded else [MODEL_FILE, STATE_FILE]
+        raise CorruptCheckpoint(f"{path}: {CHECKPOINT_MANIFEST} says {said} but the directory holds {held}")
+    needed = (
+        [DCP_METADATA, CHECKPOINT_STATE, *_shard_files(path)] if sharded else [CHECKPOINT_WEIGHTS, CHECKPOINT_STATE]
+    )
     listed = list(dict.fromkeys([*needed, *files]))
     rank, ranks = share
     for name in listed:
         if name not in files:
-            raise CorruptCheckpoint(f"{path}: {MANIFEST} does not list {name}, which the loader reads")
+            raise CorruptCheckpoint(f"{path}: {CHECKPOINT_MANIFEST} does not list {name}, which the loader reads")
         # .metadata on every rank: each reads it next, and only once its bytes check out
         mine = ranks == 1 or name == DCP_METADATA or hashed_by(name, listed, ranks) == rank
         _verify_file(path, name, files[name], hash_it=mine)
@@ -235,7 +229,9 @@ def verify_checkpoint(path: Path, share: tuple[int, int] = (0, 1)) -> None:
             if not _plain_name(name):
                 raise CorruptCheckpoint(f"{path}: {DCP_METADATA} refers to {name!r}, a path outside the checkpoint")
             if name not in files:
-                raise CorruptCheckpoint(f"{path}: {DCP_METADATA} refers to {name}, which {MANIFEST} does not list")
+                raise CorruptCheckpoint(
+                    f"{path}: {DCP_METADATA} refers to {name}, which {CHECKPOINT_MANIFEST} does not list"
+                )
 
 
 def _plain_name(name: object) -> bool:
@@ -325,7 +321,7 @@ def dcp_referenced_files(path: Path) -> list[str]:
 def checkpoint_step(path: Path) -> int | None:
     """The step the checkpoint's marker names (None where it cannot be read)."""
     try:
-        first = (path / MARKER).read_bytes().split()[0]
+        first = (path / CHECKPOINT_MARKER).read_bytes().split()[0]
     except (OSError, IndexError):
         return None
     return int(first) if first.isdigit() else None
@@ -339,25 +335,29 @@ def read_state(path: Path) -> dict[str, Any]:
         CheckpointMismatch: it holds something other than a training state.
     """
     try:
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        state = torch.load(path / CHECKPOINT_STATE, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise CorruptCheckpoint(
-            f"{path}: {STATE_FILE} holds objects other than tensors and plain values; "
+            f"{path}: {CHECKPOINT_STATE} holds objects other than tensors and plain values; "
             "refused to load it (it could run code)"
         ) from None
     except (RuntimeError, OSError, EOFError, ValueError) as err:
-        raise CorruptCheckpoint(f"{path}: {STATE_FILE} is not a readable torch file ({_first_line(err)})") from None
+        raise CorruptCheckpoint(
+            f"{path}: {CHECKPOINT_STATE} is not a readable torch file ({_first_line(err)})"
+        ) from None
     if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
-        raise CheckpointMismatch(path, f"{STATE_FILE} holds {kind_of_value(state)}, not a training state")
+        raise CheckpointMismatch(path, f"{CHECKPOINT_STATE} holds {kind_of_value(state)}, not a training state")
     return state
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """model.safetensors, every tensor in host memory."""
     try:
-        return load_file(str(path / MODEL_FILE))
+        return load_file(str(path / CHECKPOINT_WEIGHTS))
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        raise CorruptCheckpoint(f"{path}: {MODEL_FILE} is not a valid safetensors file ({_first_line(err)})") from None
+        raise CorruptCheckpoint(
+            f"{path}: {CHECKPOINT_WEIGHTS} is not a valid safetensors file ({_first_line(err)})"
+        ) from None
 
 
 def model_weights(path: Path, weights: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
@@ -370,7 +370,9 @@ def model_weights(path: Path, weights: Mapping[str, torch.Tensor], model: nn.Mod
     own = {canonical_name(name): name for name in model.state_dict(keep_vars=True)}
     expected = {canonical_name(name): Spec.of(t) for name, t in model.state_dict(keep_vars=True).items()}
     saved = {canonical_name(name): t for name, t in weights.items()}
-    check_weights(path, MODEL_FILE, {n: Spec.of(t) for n, t in saved.items()}, expected, tied_groups(model, True))
+    check_weights(
+        path, CHECKPOINT_WEIGHTS, {n: Spec.of(t) for n, t in saved.items()}, expected, tied_groups(model, True)
+    )
     return {own[name]: t for name, t in saved.items()}
 
 
@@ -378,15 +380,11 @@ def _first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
 
 
-def _step_of(path: Path) -> int | None:
-    return step_of_name(path.name)
-
-
 def list_checkpoints(root: Path) -> list[Path]:
     """Committed-looking checkpoint directories, newest first (not yet verified)."""
     if not root.is_dir():
         return []
-    found = [(s, p) for p in root.iterdir() if p.is_dir() and (s := _step_of(p)) is not None]
+    found = [(s, p) for p in root.iterdir() if p.is_dir() and (s := step_of_name(p.name)) is not None]
     return [p for _, p in sorted(found, reverse=True)]
 
 
@@ -460,7 +458,7 @@ def first_verified(candidates: list[Path], verify: Callable[[Path], None]) -> Pa
 def rotate_checkpoints(root: Path, keep_last: int, keep: Collection[int] = frozenset()) -> None:
     """Delete all but the newest `keep_last` checkpoints, sparing the steps in `keep` (the best)."""
     for path in list_checkpoints(root)[keep_last:]:
-        if _step_of(path) not in keep:
+        if step_of_name(path.name) not in keep:
             shutil.rmtree(path, ignore_errors=True)
     for path in _leftovers(root):  # debris of a process that was killed while saving
         shutil.rmtree(path, ignore_errors=True)

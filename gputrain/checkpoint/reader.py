@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from gputrain.checkpoint.io import (
+    CHECKPOINT_STATE,
     DCP_METADATA,
-    STATE_FILE,
     model_weights,
     read_state,
     read_weights,
@@ -85,7 +85,7 @@ def _prepare_by_position(
     if optimizer is None:
         return lambda: _load_weights(model, weights)
     if "optimizer" not in state:
-        raise CheckpointMismatch(path, f"{STATE_FILE} holds no optimizer state")
+        raise CheckpointMismatch(path, f"{CHECKPOINT_STATE} holds no optimizer state")
     saved = positional_optimizer(path, state["optimizer"], state.get("optimizer_kind"))
 
     def key_of(group: int, index: int, _name: str) -> Any:

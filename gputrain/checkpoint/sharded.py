@@ -34,11 +34,11 @@ from torch.distributed.tensor import DTensor
 
 from gputrain.checkpoint.by_rank import DigestingWriter
 from gputrain.checkpoint.io import (
+    CHECKPOINT_STATE,
     DCP_METADATA,
-    STATE_FILE,
+    checkpoint_name,
     commit_checkpoint_dir,
     save_weights,
-    step_dir_name,
 )
 from gputrain.distributed.context import DistContext
 
@@ -73,8 +73,8 @@ class ShardedSaver:
         """Collective: every rank calls it at the same step. Returns the final path (committed at once,
         or when the background write ends with async_save)."""
         self.wait()  # never two writes in flight: the previous one's host copy would be overwritten
-        final = root / step_dir_name(step)
-        tmp = root / f".{step_dir_name(step)}.tmp"  # same name on every rank: they write into one directory
+        final = root / checkpoint_name(step)
+        tmp = root / f".{checkpoint_name(step)}.tmp"  # same name on every rank: they write into one directory
         if self.ctx.is_main:
             root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
@@ -121,7 +121,7 @@ class ShardedSaver:
 def _commit(tmp: Path, final: Path, step: int, state: dict[str, Any], digests: dict[str, Any]) -> None:
     """Rank 0, after every rank's shards are written: state.pt, then the shared commit protocol with
     the digests the ranks took of their own shards (anything unreported is hashed here)."""
-    torch.save(state, tmp / STATE_FILE)
+    torch.save(state, tmp / CHECKPOINT_STATE)
     commit_checkpoint_dir(tmp, final, step, fmt="dcp", known=digests)
 
 

@@ -14,10 +14,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from gputrain.checkpoint.io import MODEL_FILE, CorruptCheckpoint, model_weights
+from gputrain.checkpoint.io import CorruptCheckpoint, model_weights
 from gputrain.checkpoint.matching import CheckpointMismatch
 from gputrain.checkpoint.reader import read_checkpoint
 from gputrain.errors import UsageError, first_line
+from gputrain.run.layout import CHECKPOINT_WEIGHTS
 from gputrain.use.run_dir import WeightsSource
 
 
@@ -46,7 +47,7 @@ def _not_this_model(err: CheckpointMismatch) -> str:
     which training does; here weights are loaded into the run's model and nothing is resumed."""
     problem = err.problem
     if err.path.is_file():  # the checks name the checkpoint's weights file, which is this very file
-        problem = problem.removeprefix(f"{MODEL_FILE}: ")
+        problem = problem.removeprefix(f"{CHECKPOINT_WEIGHTS}: ")
     return f"cannot load weights: {err.path}: {problem}"
 
 

@@ -13,7 +13,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from gputrain.checkpoint import CorruptCheckpoint
 from gputrain.checkpoint.by_rank import DigestingWriter, verify_together
-from gputrain.checkpoint.io import STATE_FILE, commit_checkpoint_dir, file_digest
+from gputrain.checkpoint.io import commit_checkpoint_dir, file_digest
+from gputrain.run.layout import CHECKPOINT_STATE
 from gputrain.distributed.context import DistContext
 from tests.unit.checkpoint.helpers import model_and_optimizer
 
@@ -23,7 +24,7 @@ def _save(tmp: Path) -> DigestingWriter:
     model_sd, optim_sd = get_state_dict(model, optimizer)
     writer = DigestingWriter(tmp)
     dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer, no_dist=True)
-    torch.save({"loop": {"global_step": 1}}, tmp / STATE_FILE)  # what a sharded save writes beside the shards
+    torch.save({"loop": {"global_step": 1}}, tmp / CHECKPOINT_STATE)  # what a sharded save writes beside the shards
     return writer
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from gputrain.checkpoint.io import STATE_FILE, commit_checkpoint_dir, list_checkpoints, read_state
+from gputrain.checkpoint.io import commit_checkpoint_dir, list_checkpoints, read_state
+from gputrain.run.layout import CHECKPOINT_STATE
 from gputrain.cli import main
 from gputrain.use.loaded import load_run
 from gputrain.use.run_dir import choose_weights
@@ -51,7 +52,7 @@ def _record_best_step(checkpoint: Path, step: int) -> None:
         (tmp / name).unlink()
     state = read_state(checkpoint)
     state["loop"]["best_step"] = step
-    torch.save(state, tmp / STATE_FILE)
+    torch.save(state, tmp / CHECKPOINT_STATE)
     commit_checkpoint_dir(tmp, checkpoint, int(checkpoint.name[5:]))
 
 
@@ -63,7 +64,7 @@ def test_an_unfinished_run_falls_back_to_its_last_checkpoint_and_says_so(run_cop
 
 def test_a_damaged_checkpoint_is_skipped_for_the_one_before(run_copy) -> None:
     newest, older = list_checkpoints(run_copy / "checkpoints")[:2]
-    (newest / STATE_FILE).write_bytes(b"damaged")
+    (newest / CHECKPOINT_STATE).write_bytes(b"damaged")
     assert choose_weights(run_copy, "last").path == older
 
 
@@ -71,7 +72,7 @@ def test_no_weights_is_one_line_naming_each_checkpoint_and_why_it_is_unusable(ru
     (run_copy / "model.safetensors").unlink()
     steps = list_checkpoints(run_copy / "checkpoints")
     for path in steps:
-        (path / STATE_FILE).write_bytes(b"damaged")
+        (path / CHECKPOINT_STATE).write_bytes(b"damaged")
     result = run_cli("evaluate", str(run_copy))  # the real process: its warnings reach the same stderr
     assert result.returncode == 2
     names = ", ".join(path.name for path in steps)  # newest first
@@ -83,7 +84,7 @@ def test_no_weights_is_one_line_naming_each_checkpoint_and_why_it_is_unusable(ru
 
 def test_a_damaged_checkpoint_passed_over_is_said_once(run_copy, gputrain_warnings) -> None:
     newest, older = list_checkpoints(run_copy / "checkpoints")[:2]
-    (newest / STATE_FILE).write_bytes(b"damaged")
+    (newest / CHECKPOINT_STATE).write_bytes(b"damaged")
     assert choose_weights(run_copy, "last").path == older
     assert gputrain_warnings == [
         f"using an older checkpoint: {newest.name} damaged (state.pt does not match its checksum)"
@@ -136,7 +137,7 @@ def test_a_sharded_checkpoint_of_a_multi_rank_run_loads_its_model_weights(run_co
     tmp.mkdir()
     optim = {"state": {}, "param_groups": [{"lr": 0.1, "params": list(expected)}]}
     dcp.save({"model": expected, "optim": optim}, checkpoint_id=str(tmp), no_dist=True)
-    torch.save(read_state(choose_weights(run_copy, "last").path), tmp / STATE_FILE)
+    torch.save(read_state(choose_weights(run_copy, "last").path), tmp / CHECKPOINT_STATE)
     commit_checkpoint_dir(tmp, run_copy / "checkpoints" / "step-999", 999, fmt="dcp")
     (run_copy / "model.safetensors").unlink()
     again = load_run(run_copy, checkpoint="last", device="cpu")
@@ -212,7 +213,7 @@ def test_resume_and_use_read_both_formats_through_the_one_reader(run_copy, tmp_p
     tmp.mkdir()
     dcp.save({"model": expected, "optim": {"state": {}, "param_groups": [{"lr": 0.1, "params": list(expected)}]}},
              checkpoint_id=str(tmp), no_dist=True)
-    torch.save(read_state(one_process), tmp / STATE_FILE)
+    torch.save(read_state(one_process), tmp / CHECKPOINT_STATE)
     sharded = commit_checkpoint_dir(tmp, run_copy / "checkpoints" / "step-999", 999, fmt="dcp")
     read: list[Path] = []
     real = reader.read_state
