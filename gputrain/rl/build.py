@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from torch import nn
 
 from gputrain.config import Config, OptimConfig
 from gputrain.config.schema import RLConfig, ppo_defaults
@@ -58,8 +57,6 @@ class RLParts:
     """The [rl] section, every `auto` resolved."""
     policy: ActorCritic
     """The module holding the parameters (state dicts, rollouts, the final weights)."""
-    update_model: nn.Module
-    """What the update calls: the policy, compiled and/or wrapped in DDP."""
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     precision: Precision
@@ -183,7 +180,6 @@ def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
         place=place,
         settings=s,
         policy=policy,
-        update_model=par.step_model,
         optimizer=optimizer,
         scheduler=scheduler,
         precision=precision,

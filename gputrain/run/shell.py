@@ -3,8 +3,8 @@ complete run), checkpoints, a signal's stop and the final weights, written once 
 for PPO. A loop supplies only its steps (`train`), what it checkpoints (`states`) and its figures
 for summary.json (`figures`):
 
-    shell = RunShell(parts, config, LoopShape(total=..., unit="step", longer="train.epochs"), states, figures)
-    summary = shell.run(train)   # train(ending) runs the steps; the shell does the rest
+    shell = RunShell(parts, config, LoopShape(total=..., unit="step"), figures, states={"rl": envs})
+    summary = shell.run(train)   # train() runs the steps and answers how the run ended
 
 The checkpoint's training state (state.pt) holds each registered part's `state_dict()` under its
 name (torchtitan's `CheckpointManager(states=...)`), with the loop's counters ("loop") and every
@@ -90,11 +90,9 @@ class RunShell:
         checks: tuple[Check, ...] = (),
     ) -> None:
         self.parts, self.config, self.shape = parts, config, shape
-        self.states: dict[str, Stateful] = {
-            "scheduler": parts.scheduler,
-            "precision": parts.precision,
-            **(states or {}),
-        }
+        self.states: dict[str, Stateful] = dict(states or {})
+        """The loop's own parts; the schedule and the scaler, which every loop has, are saved and
+        restored beside them (restore_training_state checks and loads those two)."""
         self.checks = checks
         self.state = LoopState()
         """The loop's counters: one object for the whole run (a resume fills it in place)."""
@@ -156,8 +154,7 @@ class RunShell:
             path, saved, self.parts.scheduler, self.parts.precision, place.dist.rank, place.device
         )
         for name, part in self.states.items():
-            if name not in ("scheduler", "precision"):  # restore_training_state checked and loaded those
-                part.load_state_dict(saved[name])
+            part.load_state_dict(saved[name])
         for f in dataclasses.fields(LoopState):
             setattr(self.state, f.name, getattr(restored, f.name))
         return self.state
@@ -175,7 +172,10 @@ class RunShell:
             if self.shape.before_save is not None:
                 self.shape.before_save()
             self.parts.metrics.flush()
+            parts = self.parts
             return {
+                "scheduler": parts.scheduler.state_dict(),
+                "precision": parts.precision.state_dict(),
                 **{name: part.state_dict() for name, part in self.states.items()},
                 "loop": self.state.to_dict(),
                 "rng": capture_rng(self.parts.place.device),
