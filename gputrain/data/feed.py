@@ -361,14 +361,3 @@ class EvalBatches:
                     self.example = f"{item.failed[0].where}: {item.failed[0].problem}"
             if batch is not None:
                 yield to_device(batch, device)
-
-
-def eval_batches(
-    data: Dataset | DataLoader,
-    batch_size: int,
-    device: torch.device,
-    on_error: str = "fail",
-    split: str | None = None,
-) -> Iterator[Any]:
-    """Every sample once, in order (see `EvalBatches`, which also counts the samples skipped)."""
-    yield from EvalBatches(data, batch_size, device, on_error, split)

@@ -22,17 +22,5 @@ _EXPORTS = {
     "load_scores": "scores",
     "save_scores": "scores",
 }
-__all__ = [
-    "EarlyStopping",
-    "EvalLayout",
-    "EvalMetrics",
-    "EvalSpec",
-    "Evaluation",
-    "Evaluator",
-    "Scores",
-    "eval_layout",
-    "evaluate_split",
-    "load_scores",
-    "save_scores",
-]
+__all__ = sorted(_EXPORTS)  # the names `from gputrain.<package> import *` gives
 __getattr__ = lazy_exports(__name__, _EXPORTS)

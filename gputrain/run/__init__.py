@@ -25,20 +25,5 @@ _EXPORTS = {
     "StopRequest": "signals",
     "build_summary": "summary",
 }
-__all__ = [
-    "PriorRun",
-    "RunEnding",
-    "RunRecorder",
-    "StopRequest",
-    "StoppedBySignal",
-    "build_summary",
-    "claim_run_dir",
-    "default_run_dir",
-    "prior_run",
-    "run_dir_locked",
-    "run_dir_path",
-    "write_json",
-    "write_run_files",
-    "write_text",
-]
+__all__ = sorted(_EXPORTS)  # the names `from gputrain.<package> import *` gives
 __getattr__ = lazy_exports(__name__, _EXPORTS)

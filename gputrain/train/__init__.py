@@ -24,16 +24,5 @@ _EXPORTS = {
     "apply_update": "step",
     "Trainer": "trainer",
 }
-__all__ = [
-    "Checkpointer",
-    "LoopState",
-    "MetricsLogger",
-    "StepParts",
-    "StepResult",
-    "Trainer",
-    "TrainingParts",
-    "apply_update",
-    "build_training",
-    "train_step",
-]
+__all__ = sorted(_EXPORTS)  # the names `from gputrain.<package> import *` gives
 __getattr__ = lazy_exports(__name__, _EXPORTS)
