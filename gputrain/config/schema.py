@@ -479,8 +479,13 @@ class RLConfig:
 
 def ppo_defaults(config: Config) -> dict[str, Any]:
     """CleanRL's values for the shared fields `gputrain rl` reads (optim.lr, optim.eps,
-    train.clip_grad_norm), where the user sets none: `load_config(..., defaults=ppo_defaults)`."""
-    return PPO_SHARED_DEFAULTS[ENV_ACTIONS[config.rl.env]]
+    train.clip_grad_norm), where the user sets none: `load_config(..., defaults=ppo_defaults)`. A
+    user's train.clip_grad_value is their choice of clipping: CleanRL's norm clipping then yields
+    (the two cannot be set together)."""
+    defaults = PPO_SHARED_DEFAULTS[ENV_ACTIONS[config.rl.env]]
+    if config.train.clip_grad_value is not None:
+        return {key: value for key, value in defaults.items() if key != "train.clip_grad_norm"}
+    return defaults
 
 
 @dataclass(kw_only=True, slots=True)

@@ -15,6 +15,8 @@ import torch
 
 from gputrain.cli import main
 from gputrain.config import load_config
+from gputrain.config.schema import ppo_defaults
+from gputrain.errors import ConfigError
 from gputrain.rl import policy as policy_module
 from gputrain.rl.trainer import PPOTrainer
 from gputrain.train.nonfinite import NonFiniteStep
@@ -125,6 +127,13 @@ def test_cleanrls_optimizer_settings_unless_set(tmp_path: Path, env: str, lr: fl
     config = PPOTrainer(None, run_dir=tmp_path / "mine", overrides=mine).config
     assert (config.optim.lr, config.optim.eps, config.train.clip_grad_norm) == (1e-3, 1e-8, 2.0)
     assert load_config(None, [f"rl.env={env}"]).optim.lr == 1e-3  # `gputrain train`'s default is its own
+
+
+def test_a_users_value_clipping_replaces_cleanrls_norm_clipping(tmp_path: Path) -> None:
+    config = PPOTrainer(None, run_dir=tmp_path / "value", overrides=[*BASE, "train.clip_grad_value=0.1"]).config
+    assert (config.train.clip_grad_value, config.train.clip_grad_norm) == (0.1, None)
+    with pytest.raises(ConfigError, match="set either train.clip_grad_norm or train.clip_grad_value"):
+        load_config(None, ["train.clip_grad_value=0.1", "train.clip_grad_norm=0.5"], defaults=ppo_defaults)
 
 
 def test_the_cli_writes_cleanrls_settings_into_the_runs_config(tmp_path: Path) -> None:
