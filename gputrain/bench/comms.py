@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 
 from gputrain.bench.result import BenchResult, Settings
-from gputrain.bench.timing import measure
+from gputrain.bench.timing import measure, rank_clock
+from gputrain.distributed.context import agreed_count
 
 __all__ = ["bench_allreduce", "bus_bandwidth"]
 
@@ -30,7 +31,15 @@ def bench_allreduce(device: torch.device, settings: Settings) -> BenchResult | N
 
     # The sum grows world× per call; the values may overflow to inf, which costs the same to
     # reduce, so nothing rescales them inside the timed loop.
-    timing = measure(lambda: dist.all_reduce(tensor), device, **settings.timing_kwargs())
+    # Every rank runs rank 0's count of calls: counts from each rank's own clock differ, and a rank
+    # that runs one more all-reduce than its peer meets the 4-byte one below with it.
+    timing = measure(
+        lambda: dist.all_reduce(tensor),
+        device,
+        **settings.timing_kwargs(),
+        clock=rank_clock(dist.get_rank()),
+        agree=lambda count: agreed_count(count, device),
+    )
     # A rank's own timing can differ; the slowest rank is what training waits for.
     worst = torch.tensor([timing.median_s], device=device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)

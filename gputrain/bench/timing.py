@@ -7,6 +7,7 @@ launch measure the launch, not the kernel, hence CUDA events recorded on the str
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -14,7 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Timing", "measure", "synchronize"]
+__all__ = ["SLOW_RANK_ENV", "Timing", "measure", "rank_clock", "synchronize"]
+
+SLOW_RANK_ENV = "GPUTRAIN_TEST_BENCH_SLOW_RANK"
+"""Test hook: on the rank it names, `rank_clock` runs 1000× fast, so that rank's warm-up ends sooner
+and its time budget fits fewer repeats than its peers' (as on a slower or busier device)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,13 @@ class Timing:
         return len(self.times_s)
 
 
+def rank_clock(rank: int) -> Callable[[], float]:
+    """The host clock of rank `rank` (`time.perf_counter`, or 1000× fast under SLOW_RANK_ENV)."""
+    if os.environ.get(SLOW_RANK_ENV) != str(rank):
+        return time.perf_counter
+    return lambda: time.perf_counter() * 1000.0
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for all queued work on `device` (a no-op on the CPU, where ops are synchronous)."""
     if device.type == "cuda":
@@ -53,6 +65,7 @@ def measure(
     budget_s: float | None = None,
     min_warmup_s: float = 0.0,
     clock: Callable[[], float] = time.perf_counter,
+    agree: Callable[[int], int] | None = None,
 ) -> Timing:
     """Call `fn` `warmup` times untimed, then time `repeats` calls one by one.
 
@@ -68,6 +81,10 @@ def measure(
             thread pools take a fraction of a second to ramp up (measured: a 2-core VM runs
             matmul at a third of its speed for the first 0.6 s).
         clock: host clock (injected by tests).
+        agree: the count to use, on every process, from this one's (`agreed_count`: rank 0's).
+            Work that holds a collective must be called equally often on every rank, while each
+            rank's clock would end its warm-up and size its repeats differently; every count
+            decided from a clock goes through it (each warm-up call, then the repeats).
 
     Returns:
         The per-call times; use `.median_s`. `.warmup` is the number of untimed calls made.
@@ -75,15 +92,17 @@ def measure(
     if warmup < 0 or repeats < 1 or min_repeats < 1:
         raise ValueError("need warmup >= 0, repeats >= 1 and min_repeats >= 1")
     device = torch.device(device)
+    same = agree or (lambda count: count)
     start = clock()
     calls = 0
-    while calls < warmup or (calls > 0 and clock() - start < min_warmup_s):
+    while same(int(calls < warmup or (calls > 0 and clock() - start < min_warmup_s))):
         fn()
         synchronize(device)
         calls += 1
     if budget_s is not None and calls > 0:
         per_call = max((clock() - start) / calls, 1e-9)
         repeats = max(min_repeats, min(repeats, int(budget_s / per_call)))
+    repeats = same(repeats)
     if device.type == "cuda":
         return Timing(_cuda_event_times(fn, device, repeats), calls)
     times = []

@@ -172,6 +172,18 @@ def agree_on_text(text: str, ctx: DistContext) -> str:
     return str(box[0])
 
 
+def agreed_count(local: int, device: torch.device, group: dist.ProcessGroup | None = None) -> int:
+    """Rank 0's count (of the group), on every rank of `group`: how often to run a loop that holds a
+    collective. A count each rank decides for itself (from its own clock: a time budget, a warm-up
+    until some seconds pass) differs between ranks; the rank that runs more calls then meets its
+    peer's next, different collective (gloo aborts on the size mismatch, NCCL hangs)."""
+    if not dist.is_initialized() or dist.get_world_size(group) < 2:
+        return local
+    box = torch.tensor([local], dtype=torch.int64, device=device)
+    dist.broadcast(box, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
+    return int(box.item())
+
+
 def shutdown_distributed() -> None:
     """Leave the job. After a clean end the ranks meet in a barrier first, so that none tears its
     process group down while a peer still talks to it: under gloo, a rank that destroyed its group
