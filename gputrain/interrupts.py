@@ -1,7 +1,9 @@
 """A process that a signal is ending exits 130 ("interrupted"), whatever further signals arrive.
 
-Used by a run that stopped for a signal (run/signals.py) and by the launcher once its ranks have
-stopped (distributed/launch.py). Signal handlers belong to the main thread: elsewhere these do nothing.
+Used from the first instruction of the entry point (`guard_the_start`: a signal while a command
+starts is one line and exit 130), by a run that stopped for a signal (run/signals.py) and by the
+launcher once its ranks have stopped (distributed/launch.py). Signal handlers belong to the main
+thread: elsewhere these do nothing.
 """
 
 from __future__ import annotations
@@ -9,17 +11,27 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 from gputrain.errors import Interrupted
 
 INTERRUPTED_EXIT = 130
-HANDLED = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
-"""The signals a run stops for; SIGUSR1 is what Slurm sends before pre-empting (--signal=USR1@90)."""
+HANDLED = [signal.SIGINT, signal.SIGTERM] + [
+    getattr(signal, name) for name in ("SIGUSR1", "SIGHUP") if hasattr(signal, name)
+]
+"""The signals a run stops for; SIGUSR1 is what Slurm sends before pre-empting (--signal=USR1@90),
+SIGHUP what a closed terminal or ssh session sends (its default action ends the process with 129)."""
+
+RUN_COMMANDS = frozenset({"train", "rl", "profile"})
+"""The commands that start a run: the start-up guard armed at the entry point stays armed until the
+run arms its own handler (`startup_signals`, then run/signals.py); another command has it until its
+own code runs, which then meets signals as it always did."""
 
 
 def leave_now(signum: int, frame: FrameType | None) -> None:
@@ -62,16 +74,24 @@ def leave_130_on_further_signals() -> None:
     arm_exit_hook()
 
 
+def starting_message(command: str, signum: int) -> str:
+    """The one line of a command stopped by signal `signum` while it started."""
+    name = signal.Signals(signum).name
+    if command in RUN_COMMANDS:
+        return (
+            f"gputrain {command}: stopped by {name} while starting, before training began (nothing to resume: "
+            "run the command again to start it)"
+        )
+    return f"gputrain{f' {command}' if command else ''}: stopped by {name} while starting (run the command again)"
+
+
 def _stop_starting(signum: int, frame: FrameType | None) -> None:
     """Leave at once: a run that has not armed its own handler has written nothing that needs
     saving. Raising instead would be swallowed by any library's bare `except:` around the import the
     signal lands in, and the command would go on (or end 0)."""
     if _STARTING and job_rank() == 0:  # a job's other ranks get the same signal: rank 0 speaks for them
         with contextlib.suppress(Exception):
-            sys.stderr.write(
-                f"gputrain {_STARTING[0]}: stopped by {signal.Signals(signum).name} while starting, before "
-                "training began (nothing to resume: run the command again to start it)\n"
-            )
+            sys.stderr.write(starting_message(_STARTING[0], signum) + "\n")
     leave_now(signum, frame)
 
 
@@ -90,7 +110,43 @@ def job_rank() -> int:
 
 
 _STARTING: list[str] = []
-"""The command `startup_signals` guards (its name, for the line a signal prints)."""
+"""The command `guard_the_start` or `startup_signals` guards (its name, for the line a signal prints)."""
+_BEFORE_ENTRY: dict[int, Any] = {}
+"""The handlers `guard_the_start` replaced (Python's own), given back when the command's start ends."""
+
+_WORD = re.compile(r"[a-z][a-z-]*")
+
+
+def guard_the_start(command: str | None = None) -> None:
+    """The first instruction of the entry point (`gputrain`, `python -m gputrain`), before anything
+    heavy loads: from here on a SIGINT, SIGTERM, SIGUSR1 or SIGHUP while the command starts prints
+    one line naming it and exits 130 (`_stop_starting`), as it does later in the start-up, instead of
+    ending the process with 128+N and no word (parsing the command line, importing its module,
+    loading the config and checking the run directory take a few tenths of a second before the
+    command's own start-up guard). `command`: the subcommand where known, else read from sys.argv
+    (a word only: the line must not echo arbitrary text). Calling it again renames the command."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if command is None:
+        word = sys.argv[1] if len(sys.argv) > 1 else ""
+        command = word if _WORD.fullmatch(word) else ""
+    _STARTING[:] = [command]
+    for sig in HANDLED:
+        current = signal.getsignal(sig)
+        if current is not _stop_starting:
+            _BEFORE_ENTRY[sig] = current
+            signal.signal(sig, _stop_starting)
+
+
+def end_of_the_start() -> None:
+    """The command's own code runs now (a command that starts no run): Python's handlers come back,
+    as they were before `guard_the_start`. Nothing where the guard was not armed."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig, handler in _BEFORE_ENTRY.items():
+        if signal.getsignal(sig) is _stop_starting:
+            signal.signal(sig, handler)
+    _BEFORE_ENTRY.clear()
 
 
 def is_startup_handler(handler: object) -> bool:
@@ -108,7 +164,9 @@ def startup_signals(command: str) -> Iterator[None]:
         yield
         return
     _STARTING[:] = [command]
+    # armed since the entry point (`guard_the_start`): at the end, Python's own handlers come back
     previous = {sig: signal.signal(sig, _stop_starting) for sig in HANDLED}
+    previous.update({sig: _BEFORE_ENTRY.pop(sig) for sig in list(_BEFORE_ENTRY) if previous[sig] is _stop_starting})
     try:
         yield
     except (Interrupted, KeyboardInterrupt):

@@ -24,7 +24,7 @@ from typing import NoReturn
 
 from gputrain import __version__
 from gputrain.errors import GputrainError, Interrupted, UsageError
-from gputrain.interrupts import job_rank
+from gputrain.interrupts import RUN_COMMANDS, end_of_the_start, guard_the_start, job_rank
 
 # name -> (module, one-line help). Modules are imported lazily so `gputrain doctor` does not pay
 # for the training stack, and a broken optional piece cannot break the other subcommands.
@@ -140,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         module = importlib.import_module(SUBCOMMANDS[name][0])
         from gputrain.run.files import command_line_words
 
+        if name not in RUN_COMMANDS:  # a run's start-up guard stays until the run arms its own handler
+            end_of_the_start()
         with command_line_words():  # messages say --run-dir, not Python's run_dir=
             return int(module.run(args) or 0)
     except GputrainError as err:
@@ -158,14 +160,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> NoReturn:
-    """The process's entry (`gputrain`, `python -m gputrain`): `main`, then exit without tearing the
-    interpreter down. Freeing every module and object of torch, tensorboard and their imports one by
-    one took 0.5-2 s of CPU after a run had finished; the OS frees the process at once. What a normal
+    """The process's entry (`gputrain`, `python -m gputrain`): the start-up's signal guard first
+    (gputrain.interrupts.guard_the_start), `main`, then exit without tearing the interpreter down.
+    Freeing every module and object of torch, tensorboard and their imports one by one took 0.5-2 s
+    of CPU after a run had finished; the OS frees the process at once. What a normal
     exit does first still runs: the exit handlers (logging's flush, multiprocessing's clean-up of
     worker processes, torch's) and a flush of stdout and stderr. Only once torch is loaded (a usage
     error exits as usual, having nothing heavy to free) and where no other thread runs, since nothing
     would join it; gputrain's files are closed by the time `main` returns.
     """
+    guard_the_start()  # first: a signal while the command starts is one line and exit 130
     code = main()
     if "torch" in sys.modules and threading.active_count() == 1:
         atexit._run_exitfuncs()

@@ -34,7 +34,7 @@ _cases: Counter[str] = Counter()
 @pytest.fixture
 def handlers() -> Iterator[None]:
     """The handlers of the signals a run stops for, as they were before the test."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)}
     try:
         yield
     finally:

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -120,18 +119,24 @@ def _catches(pid: int, sig: signal.Signals) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("delay", [0.0, 0.2, 0.6, 1.0, 1.6, 2.4])
-def test_sigterm_at_any_moment_of_the_start_is_130_with_a_word(tmp_path: Path, delay: float) -> None:
-    """A real command, stopped at moments from the start-up handler's arrival (before it, Python runs
-    none of gputrain's code: the signal's default action ends it) to the first steps: exit 130, a line
-    naming the signal, and summary.json wherever the run has written anything."""
+@pytest.mark.parametrize("moment", ["handler", "run-dir"])
+def test_sigterm_at_any_moment_of_the_start_is_130_with_a_word(tmp_path: Path, moment: str) -> None:
+    """A real command and a real SIGTERM from outside, sent as soon as the process catches SIGTERM
+    (the entry point's first instruction, gputrain.interrupts.guard_the_start: before it Python runs
+    none of gputrain's code) or as soon as the run directory appears (the run's own handler, which
+    records): exit 130, a line naming the signal, and summary.json wherever the run has written
+    anything. Which stage of the start-up the signal lands in varies with the machine's load, the
+    answer must not; each stage is hit on purpose in test_launch_and_signals.py (no timing: before,
+    delays after the handler was seen chose the stage, and under load they fell elsewhere)."""
     run_dir = tmp_path / "r"
     proc = subprocess.Popen([sys.executable, "-m", "gputrain", "train", "--run-dir", str(run_dir), "model.name=mlp",
                              "model.hidden_sizes=[8]", "train.epochs=1000", "log.progress=none",
                              "log.tensorboard=false"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: _catches(proc.pid, signal.SIGTERM) or proc.poll() is not None, what="a SIGTERM handler")
-    time.sleep(delay)  # the moment under test, counted from there: any moment must give the same answer
+    if moment == "handler":
+        wait_until(lambda: _catches(proc.pid, signal.SIGTERM) or proc.poll() is not None, what="a SIGTERM handler")
+    else:
+        wait_until(lambda: run_dir.exists() or proc.poll() is not None, what="the run directory")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-2000:]
