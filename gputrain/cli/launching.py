@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gputrain.distributed.endpoint import DEFAULT_WAIT_S
 from gputrain.errors import Interrupted, UsageError
 from gputrain.run.layout import SUMMARY
 
@@ -32,6 +33,14 @@ def add_launch_arguments(parser: argparse.ArgumentParser, restarts: bool = True)
     group.add_argument("--nnodes", type=int, default=1, metavar="M", help="number of nodes (default 1)")
     group.add_argument("--node-rank", type=int, default=0, metavar="R", help="this node's index, 0..M-1")
     group.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="node 0's address and a free port (M > 1)")
+    group.add_argument(
+        "--rdzv-timeout",
+        type=float,
+        default=DEFAULT_WAIT_S,
+        metavar="S",
+        help=f"seconds to wait for the endpoint to resolve and answer (node 0 may start later; default "
+        f"{DEFAULT_WAIT_S:g})",
+    )
     if restarts:
         group.add_argument(
             "--max-restarts",
@@ -137,6 +146,7 @@ def launch_ranks(args: argparse.Namespace, command: str, run_dir: str, options: 
 
 
 def _launch(args: argparse.Namespace, command: str, run_dir: str, options: tuple[str, ...]) -> int:
+    from gputrain.distributed.endpoint import RendezvousFailed
     from gputrain.distributed.launch import LaunchOptions, launch
 
     child_argv = [
@@ -153,11 +163,18 @@ def _launch(args: argparse.Namespace, command: str, run_dir: str, options: tuple
         node_rank=args.node_rank,
         rdzv_endpoint=args.rdzv_endpoint,
         max_restarts=getattr(args, "max_restarts", 0),
+        rdzv_timeout_s=args.rdzv_timeout,
     )
+    # the launch options and the endpoint, before torchrun starts: a UsageError from `launch` is the
+    # ranks' (rank 0 printed it), so these would go unsaid there
+    opts.check()
+    opts.check_rendezvous()
     _quiet_torchrun()
     began = time.time() - 1.0  # file-system timestamps may be coarse
     try:
         return launch(opts, child_argv, Path(run_dir))
+    except RendezvousFailed:
+        raise  # the launcher's own line: no rank started
     except UsageError:
         # every rank refused the input: rank 0 has printed that one line; the launcher adds none
         raise UsageError("every rank refused the input", shown=True) from None

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gputrain.distributed.endpoint import DEFAULT_WAIT_S, RendezvousFailed, check_rendezvous, check_wait, parse_endpoint
 from gputrain.distributed.orphans import LAUNCHER_ENV
 from gputrain.errors import Interrupted, RunError, UsageError
 
@@ -31,6 +32,7 @@ class LaunchOptions:
     node_rank: int = 0
     rdzv_endpoint: str | None = None
     max_restarts: int = 0
+    rdzv_timeout_s: float = DEFAULT_WAIT_S
 
     def check(self) -> None:
         if self.nproc_per_node < 1:
@@ -39,21 +41,31 @@ class LaunchOptions:
             raise UsageError(f"--nnodes must be >= 1, not {self.nnodes}")
         if not 0 <= self.node_rank < self.nnodes:
             raise UsageError(f"--node-rank must be in 0..{self.nnodes - 1}, not {self.node_rank}")
-        if self.nnodes > 1 and not self.rdzv_endpoint:
+        if self.nnodes > 1 and self.rdzv_endpoint is None:
             raise UsageError(
                 "--nnodes > 1 needs --rdzv-endpoint host:port (the same on every node: node 0's "
                 "address and a free port)"
             )
-        if self.rdzv_endpoint and ":" not in self.rdzv_endpoint:
-            raise UsageError(f"--rdzv-endpoint must be host:port, not {self.rdzv_endpoint!r}")
+        if self.rdzv_endpoint is not None:
+            parse_endpoint(self.rdzv_endpoint)
+        check_wait(self.rdzv_timeout_s)
         if self.max_restarts < 0:
             raise UsageError(f"--max-restarts must be >= 0, not {self.max_restarts}")
+
+    def check_rendezvous(self) -> None:
+        """The endpoint resolves and can serve the rendezvous, within --rdzv-timeout (distributed/endpoint.py).
+
+        Raises:
+            RendezvousFailed: one line naming the endpoint and what to check.
+        """
+        if self.rdzv_endpoint is not None:
+            check_rendezvous(self.rdzv_endpoint, node_rank=self.node_rank, wait_s=self.rdzv_timeout_s)
 
 
 def torchrun_args(opts: LaunchOptions, child_argv: list[str]) -> list[str]:
     """Arguments for torch.distributed.run: the launch topology, then `-m gputrain <child_argv>`."""
     args = [f"--nproc-per-node={opts.nproc_per_node}", f"--max-restarts={opts.max_restarts}"]
-    if opts.nnodes == 1 and not opts.rdzv_endpoint:
+    if opts.nnodes == 1 and opts.rdzv_endpoint is None:
         args.append("--standalone")  # a free local port, no endpoint to agree on
     else:
         args += [
@@ -111,6 +123,7 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     """Run torchrun's agent in this process; return 0, or raise RunError naming the failed rank(s)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
     from gputrain.interrupts import leave_130_on_further_signals
@@ -128,6 +141,12 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     resume_hint = f"run the same command again{f' (--run-dir {run_dir})' if run_dir else ''} to resume"
     try:
         run(args)
+    except RendezvousError as err:  # past the checks: node 0 answered, then the rendezvous itself failed
+        raise RendezvousFailed(
+            f"--rdzv-endpoint {opts.rdzv_endpoint}: the rendezvous failed: {type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else 'no detail'} (check that every node started with "
+            "this endpoint and the same --nnodes)"
+        ) from None
     except SignalException as err:  # the agent passed the signal on to the ranks, which checkpointed
         name = signal.Signals(err.sigval).name
         leave_130_on_further_signals()  # not torchrun's handlers, nor the defaults (143) while this exits

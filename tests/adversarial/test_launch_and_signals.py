@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch
 from gputrain import interrupts
 from gputrain.bench.timing import SLOW_RANK_ENV, measure
 from gputrain.distributed.context import agreed_count
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_cli
 from tests.dist.harness import run_ranks
 
 
@@ -297,3 +298,222 @@ def test_the_start_guard_gives_pythons_handlers_back_where_the_start_ends(handle
     else:
         interrupts.end_of_the_start()
     assert _python_handlers() == before
+
+
+# ----------------------------------------------------------------------------- the rendezvous endpoint
+_FORM = "give HOST:PORT (node 0's address and a free port, the same on every node, e.g. node0.cluster:29500)"
+
+_MALFORMED = [
+    ("", "it is empty"),
+    ("   ", "it is empty"),
+    ("node0", "no port"),
+    ("node0:", "no port"),
+    (":29500", "no host"),
+    ("node0:99999", "the port must be a number in 1..65535"),
+    ("node0:65536", "the port must be a number in 1..65535"),
+    ("node0:0", "the port must be a number in 1..65535"),
+    ("node0:-1", "the port must be a number in 1..65535"),
+    ("node0:http", "the port must be a number in 1..65535"),
+    ("node0:２９５００", "the port must be a number in 1..65535"),  # full-width digits: isdigit() says yes
+    ("node0:29500:1", "more than one ':' (an IPv6 address goes in brackets: [ADDRESS]:PORT)"),
+    ("[::1]", "no port"),
+    ("::1:29500", "more than one ':' (an IPv6 address goes in brackets: [ADDRESS]:PORT)"),
+    ("node 0:29500", "the host holds spaces or control characters"),
+    ("node0\n:29500", "the host holds spaces or control characters"),
+]
+
+
+@pytest.mark.parametrize(("text", "why"), _MALFORMED, ids=[repr(t) for t, _ in _MALFORMED])
+def test_a_malformed_endpoint_is_refused_naming_it(text: str, why: str) -> None:
+    from gputrain.distributed.endpoint import parse_endpoint
+    from gputrain.errors import UsageError
+
+    with pytest.raises(UsageError) as err:
+        parse_endpoint(text)
+    assert str(err.value) == f"--rdzv-endpoint {text!r}: {why}; {_FORM}"
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "port"),
+    [("node0:29500", "node0", 29500), ("[::1]:1", "::1", 1), (" 10.0.0.1:65535 ", "10.0.0.1", 65535)],
+)
+def test_a_wellformed_endpoint_is_taken(text: str, host: str, port: int) -> None:
+    from gputrain.distributed.endpoint import parse_endpoint
+
+    assert (parse_endpoint(text).host, parse_endpoint(text).port) == (host, port)
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on: bound (so no other process takes it meanwhile), never listening."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _check(text: str, node_rank: int = 1, wait_s: float = 0.5) -> str:
+    from gputrain.distributed.endpoint import RendezvousFailed, check_rendezvous
+
+    with pytest.raises(RendezvousFailed) as err:
+        check_rendezvous(text, node_rank=node_rank, wait_s=wait_s)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("node_rank", [0, 1])
+def test_a_host_that_does_not_resolve_is_one_line(node_rank: int) -> None:
+    """RFC 6761: a name under .invalid never resolves."""
+    assert _check("node0.invalid:29500", node_rank) == (
+        "--rdzv-endpoint node0.invalid:29500: the host name 'node0.invalid' does not resolve (check the DNS name: "
+        "node 0's address as every node can reach it)"
+    )
+
+
+def test_a_closed_port_of_node_0_is_one_line_after_the_wait() -> None:
+    port = _closed_port()
+    assert _check(f"127.0.0.1:{port}", node_rank=1, wait_s=0.5) == (
+        f"--rdzv-endpoint 127.0.0.1:{port}: nothing answered there within 0.5 s (check that node 0 has started with "
+        "this endpoint, the port, and that no firewall blocks it; --rdzv-timeout S waits longer)"
+    )
+
+
+def test_a_port_in_use_on_the_node_that_hosts_the_rendezvous_is_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert _check(f"localhost:{port}", node_rank=0) == (
+            f"--rdzv-endpoint localhost:{port}: port {port} on this machine is in use by another process (choose a "
+            "free port, the same on every node)"
+        )
+
+
+def test_node_0s_endpoint_that_answers_passes() -> None:
+    from gputrain.distributed.endpoint import check_rendezvous
+
+    with socket.socket() as node_0:
+        node_0.bind(("127.0.0.1", 0))
+        node_0.listen()
+        port = node_0.getsockname()[1]
+        assert check_rendezvous(f"127.0.0.1:{port}", node_rank=1, wait_s=5).port == port
+
+
+def test_a_name_lookup_that_hangs_ends_at_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unanswering DNS server: the lookup is left behind after --rdzv-timeout (released at the end)."""
+    import threading
+
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def hanging(host: str, *args: object, **kwargs: object) -> object:
+        if host == "slow.example":
+            release.wait(timeout=30)  # bounded, so that a lookup waited for in full fails this test, not hangs it
+        return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging)
+    try:
+        assert _check("slow.example:29500", wait_s=0.2) == (
+            "--rdzv-endpoint slow.example:29500: looking up 'slow.example' took over 0.2 s (check the DNS name and "
+            "this machine's DNS servers; --rdzv-timeout S waits longer)"
+        )
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "inf"])
+def test_a_wait_that_is_no_number_of_seconds_is_refused(tmp_path: Path, seconds: str) -> None:
+    result = run_cli(
+        "train",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        "localhost:29500",
+        "--rdzv-timeout",
+        seconds,
+        "--run-dir",
+        str(tmp_path / "r"),
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"gputrain train: --rdzv-timeout must be a number of seconds > 0, not {float(seconds)}\n",
+    )
+
+
+# every launching command, by the launcher: one line, exit 2, no rank started, no directory written
+_LAUNCHES = [
+    (["--rdzv-endpoint", "node0.invalid:29500"], "the host name 'node0.invalid' does not resolve"),
+    (["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "node0.invalid:29500"], "does not resolve"),
+    (["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:{closed}"], "nothing answered there"),
+    (["--rdzv-endpoint", "node0:99999"], "the port must be a number in 1..65535"),
+    (["--rdzv-endpoint", "node0"], "no port"),
+    (["--rdzv-endpoint", ""], "it is empty"),
+    (["--nnodes", "2"], "--nnodes > 1 needs --rdzv-endpoint host:port"),  # was said by no one: exit 2 in silence
+    (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "node0:1"], "--node-rank must be in 0..1, not 2"),
+]
+_COMMANDS = ["train", "rl", "profile", "lr-find"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", _COMMANDS)
+@pytest.mark.parametrize(("options", "words"), _LAUNCHES, ids=[" ".join(o) or "empty" for o, _ in _LAUNCHES])
+def test_a_launch_that_cannot_meet_is_one_line_and_exit_2(
+    tmp_path: Path, command: str, options: list[str], words: str
+) -> None:
+    options = [o.replace("{closed}", str(_closed_port())) for o in options]
+    result = run_cli(
+        command,
+        "--nproc-per-node",
+        "1",
+        *options,
+        "--rdzv-timeout",
+        "1",
+        "--run-dir",
+        str(tmp_path / "r"),
+        cwd=tmp_path,
+        timeout=120,
+    )
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and words in lines[0], result.stderr[-3000:]
+    assert lines[0].startswith(f"gputrain {command}: --")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_rendezvous_that_fails_past_the_checks_is_the_launchers_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 0 answered, then the rendezvous itself failed (a node with another --nnodes never joins):
+    torchrun's error, which was a traceback, is one line naming the endpoint; not taken for the ranks'
+    refusal of the input, which rank 0 would have printed."""
+    import argparse
+
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+    from gputrain.cli.launching import launch_ranks
+    from gputrain.distributed.endpoint import RendezvousFailed
+
+    def times_out(_: object) -> None:
+        raise RendezvousTimeoutError("The node 'n1' has timed out waiting for other nodes.\nmore detail")
+
+    monkeypatch.setattr(torchrun, "run", times_out)
+    with socket.socket() as node_0:
+        node_0.bind(("127.0.0.1", 0))
+        node_0.listen()
+        endpoint = f"127.0.0.1:{node_0.getsockname()[1]}"
+        args = argparse.Namespace(
+            config=None,
+            overrides=[],
+            nproc_per_node=1,
+            nnodes=2,
+            node_rank=1,
+            rdzv_endpoint=endpoint,
+            rdzv_timeout=5.0,
+            max_restarts=0,
+        )
+        with pytest.raises(RendezvousFailed) as err:
+            launch_ranks(args, "train", str(tmp_path / "r"))
+    assert not err.value.shown
+    assert str(err.value) == (
+        f"--rdzv-endpoint {endpoint}: the rendezvous failed: RendezvousTimeoutError: The node 'n1' has timed out "
+        "waiting for other nodes. (check that every node started with this endpoint and the same --nnodes)"
+    )

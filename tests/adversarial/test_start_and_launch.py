@@ -248,7 +248,7 @@ def test_the_launcher_adds_no_line_where_rank_0_has_said_it(tmp_path: Path, monk
 
     monkeypatch.setattr(launch_module, "launch", fake_launch)
     args = argparse.Namespace(config=None, overrides=[], nproc_per_node=2, nnodes=1, node_rank=0, rdzv_endpoint=None,
-                              max_restarts=0)
+                              rdzv_timeout=60.0, max_restarts=0)
     with pytest.raises((Interrupted, UsageError)) as err:
         launch_ranks(args, "train", str(tmp_path))
     shown_by_the_cli = "" if err.value.shown else str(err.value)  # a shown error prints nothing more
