@@ -28,6 +28,14 @@ HANDLED = [signal.SIGINT, signal.SIGTERM] + [
 """The signals a run stops for; SIGUSR1 is what Slurm sends before pre-empting (--signal=USR1@90),
 SIGHUP what a closed terminal or ssh session sends (its default action ends the process with 129)."""
 
+
+def handled() -> list[int]:
+    """The signals of HANDLED to catch now: SIGHUP is left alone where it is ignored (`nohup` ignores
+    it, and its child inherits that, so that the command outlives the terminal it was started from)."""
+    hangup = getattr(signal, "SIGHUP", None)
+    return [sig for sig in HANDLED if not (sig == hangup and signal.getsignal(sig) == signal.SIG_IGN)]
+
+
 RUN_COMMANDS = frozenset({"train", "rl", "profile"})
 """The commands that start a run: the start-up guard armed at the entry point stays armed until the
 run arms its own handler (`startup_signals`, then run/signals.py); another command has it until its
@@ -69,7 +77,7 @@ def leave_130_on_further_signals() -> None:
     exits 130 at once, and is ignored while the interpreter tears down."""
     if threading.current_thread() is not threading.main_thread():
         return
-    for sig in HANDLED:
+    for sig in handled():
         signal.signal(sig, leave_now)
     arm_exit_hook()
 
@@ -131,21 +139,34 @@ def guard_the_start(command: str | None = None) -> None:
         word = sys.argv[1] if len(sys.argv) > 1 else ""
         command = word if _WORD.fullmatch(word) else ""
     _STARTING[:] = [command]
-    for sig in HANDLED:
+    for sig in handled():
         current = signal.getsignal(sig)
         if current is not _stop_starting:
             _BEFORE_ENTRY[sig] = current
             signal.signal(sig, _stop_starting)
 
 
+def _stop_command(signum: int, frame: FrameType | None) -> None:
+    """A command that starts no run, stopped in its own code by a signal other than Ctrl-C: one line
+    and exit 130 at once, as its start-up would, instead of 128+N and no word. What it was writing is
+    left as the signal's default action would have left it (its outputs are written whole or not at all)."""
+    if _STARTING and job_rank() == 0:
+        with contextlib.suppress(Exception):
+            command = f" {_STARTING[0]}" if _STARTING[0] else ""
+            sys.stderr.write(f"gputrain{command}: stopped by {signal.Signals(signum).name} (run the command again)\n")
+    leave_now(signum, frame)
+
+
 def end_of_the_start() -> None:
-    """The command's own code runs now (a command that starts no run): Python's handlers come back,
-    as they were before `guard_the_start`. Nothing where the guard was not armed."""
+    """A command that starts no run: its own code runs now. Ctrl-C is Python's again (a
+    KeyboardInterrupt, so the command cleans up and says `interrupted`, exit 130); SIGTERM, SIGUSR1
+    and SIGHUP go on ending it with one line and exit 130 (`_stop_command`). A handler that was not
+    Python's default before `guard_the_start` comes back as it was. Nothing where the guard was not armed."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig, handler in _BEFORE_ENTRY.items():
         if signal.getsignal(sig) is _stop_starting:
-            signal.signal(sig, handler)
+            signal.signal(sig, _stop_command if sig != signal.SIGINT and handler == signal.SIG_DFL else handler)
     _BEFORE_ENTRY.clear()
 
 
@@ -165,8 +186,8 @@ def startup_signals(command: str) -> Iterator[None]:
         return
     _STARTING[:] = [command]
     # armed since the entry point (`guard_the_start`): at the end, Python's own handlers come back
-    previous = {sig: signal.signal(sig, _stop_starting) for sig in HANDLED}
-    previous.update({sig: _BEFORE_ENTRY.pop(sig) for sig in list(_BEFORE_ENTRY) if previous[sig] is _stop_starting})
+    previous = {sig: signal.signal(sig, _stop_starting) for sig in handled()}
+    previous.update({sig: _BEFORE_ENTRY.pop(sig) for sig in list(_BEFORE_ENTRY) if previous.get(sig) is _stop_starting})
     try:
         yield
     except (Interrupted, KeyboardInterrupt):

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from gputrain.distributed.context import DistContext
 from gputrain.errors import Interrupted
-from gputrain.interrupts import HANDLED, arm_exit_hook, is_startup_handler, leave_now
+from gputrain.interrupts import arm_exit_hook, handled, is_startup_handler, leave_now
 from gputrain.observe.own_sync import own_sync
 
 Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
@@ -44,7 +44,7 @@ class StopRequest:
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in HANDLED:
+        for sig in handled():
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def uninstall(self) -> None:

@@ -140,6 +140,8 @@ _STAGED = r"""
 import importlib, os, signal, sys
 
 stage, sig, way = sys.argv[1], getattr(signal, sys.argv[2]), sys.argv[3]
+if os.environ.get("AS_NOHUP"):
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup leaves its command
 sys.argv = [sys.argv[0], *sys.argv[4:]]
 fire = lambda: os.kill(os.getpid(), sig)  # the handler runs at once, in this (the main) thread
 
@@ -280,6 +282,39 @@ def test_a_command_that_starts_no_run_meets_sigint_in_its_own_code_as_before(tmp
     assert (result.returncode, result.stderr) == (130, "gputrain doctor: interrupted\n")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGUSR1"])
+def test_a_command_that_starts_no_run_stopped_in_its_own_code_is_one_line_and_130(tmp_path: Path, sig: str) -> None:
+    result = _staged(tmp_path, "call:gputrain.cli.doctor|run", sig, "module", ["doctor"])
+    assert (result.returncode, result.stderr) == (130, f"gputrain doctor: stopped by {sig} (run the command again)\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("stage", "argv", "out"),
+    [
+        ("after:gputrain.interrupts|guard_the_start", ["--version"], "gputrain 0.1.0\n"),
+        ("call:gputrain.cli.doctor|run", ["doctor"], None),
+        ("import:torch", [*_TRAIN, "train.max_steps=2"], None),
+    ],
+    ids=["entry", "doctor", "train"],
+)
+def test_under_nohup_sighup_stays_ignored(tmp_path: Path, stage: str, argv: list[str], out: str | None) -> None:
+    """nohup ignores SIGHUP so that the command outlives its terminal: neither the start-up guard, nor
+    a command's, nor the run's handler takes it back."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
+    result = subprocess.run(
+        [sys.executable, "-c", _STAGED, stage, "SIGHUP", "module", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "PYTHONPATH": str(ROOT), "AS_NOHUP": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "SIGHUP" not in result.stderr and (out is None or result.stdout == out)
+
+
 def _python_handlers() -> dict[int, object]:
     return {sig: signal.getsignal(sig) for sig in interrupts.HANDLED}
 
@@ -295,9 +330,12 @@ def test_the_start_guard_gives_pythons_handlers_back_where_the_start_ends(handle
     if command in interrupts.RUN_COMMANDS:
         with interrupts.startup_signals(command):
             assert all(interrupts.is_startup_handler(handler) for handler in _python_handlers().values())
+        assert _python_handlers() == before
     else:
-        interrupts.end_of_the_start()
-    assert _python_handlers() == before
+        interrupts.end_of_the_start()  # Ctrl-C is Python's again; the others: one line and 130 (not 128+N)
+        assert _python_handlers() == {
+            sig: before[sig] if sig == signal.SIGINT else interrupts._stop_command for sig in before
+        }
 
 
 # ----------------------------------------------------------------------------- the rendezvous endpoint
