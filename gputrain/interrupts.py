@@ -177,10 +177,12 @@ def is_startup_handler(handler: object) -> bool:
 
 @contextlib.contextmanager
 def startup_signals(command: str) -> Iterator[None]:
-    """Around a command that starts a run, from before its heavy imports: a SIGINT, SIGTERM or
-    SIGUSR1 while it starts prints one line and exits 130 at once, instead of ending the process
+    """Around a command that starts a run, from before its heavy imports: a SIGINT, SIGTERM, SIGUSR1
+    or SIGHUP while it starts prints one line and exits 130 at once, instead of ending the process
     with 128+N and no word. The run arms its own handler before it writes into its directory
-    (run/start.py), which checkpoints and records, and gives this one back when it ends."""
+    (run/start.py), which checkpoints and records, and gives this one back when it ends. Where the
+    entry point armed the guard already (`guard_the_start`), it carries on, and Python's own
+    handlers come back at the end."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -68,9 +68,9 @@ def torchrun_args(opts: LaunchOptions, child_argv: list[str]) -> list[str]:
     if opts.nnodes == 1 and opts.rdzv_endpoint is None:
         args.append("--standalone")  # a free local port, no endpoint to agree on
     else:
+        # no --node-rank: c10d's rendezvous assigns the node ranks (torchrun ignores it there, with a warning)
         args += [
             f"--nnodes={opts.nnodes}",
-            f"--node-rank={opts.node_rank}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={opts.rdzv_endpoint}",
         ]
