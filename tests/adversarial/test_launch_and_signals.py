@@ -4,9 +4,12 @@
   calls and repeats fit its time budget and broadcasts the count (before, a rank whose clock ran
   differently ran more all-reduces, then met its peer's 4-byte one: gloo aborted);
 * a signal at any stage of the start-up (from the first instruction of the entry point) ends with
-  one line and exit 130, as later, and with summary.json where a run directory is written;
-* a rendezvous endpoint that cannot be used (a name that does not resolve, a closed port, no port)
-  is one line naming it and what to check, exit 2, within a bounded wait, before torchrun starts.
+  one line and exit 130, as later (summary.json once the run has written into its directory:
+  test_start_and_launch.py); a command that starts no run says so in its own code too (Ctrl-C stays
+  Python's there); SIGHUP stays ignored under nohup;
+* a rendezvous endpoint that cannot be used (a name that does not resolve, a lookup that hangs, a
+  closed port, a port in use, no port, a port out of range) is one line naming it and what to
+  check, exit 2, within --rdzv-timeout, before torchrun starts; so are the launch options.
 """
 
 from __future__ import annotations
