@@ -9,6 +9,7 @@ Read strictly, so that a file is either read as it means or refused with its lin
 - The first row is a header when none of its cells is a number; its names must be non-empty
   (the first may be empty: pandas' index column) and unique. Otherwise every row is data and the
   columns are `column_0`, `column_1`, ...
+- At most MAX_COLUMNS columns, checked on the first row before the rest of the file is read.
 - Every row has the header's number of cells; feature cells are finite numbers within float32.
 - Labels: every row needs one (an empty cell or a missing-value marker such as `nan`, `NA`, `null`
   is an error, never a class or a number). All labels are numbers or all are class names.
@@ -49,6 +50,9 @@ data.task=auto: as classes, most would have a single sample; they look like a nu
 _STRAY_FRACTIONS = 0.05
 """In data.task=auto, fractional labels in at most this share of the rows, among whole numbers of at
 most _MIN_AMBIGUOUS_CLASSES values, are refused as stray cells rather than read as a regression target."""
+
+MAX_COLUMNS = 10_000
+"""Columns a CSV table may have (features and label), checked on its first row before the rest is read."""
 
 Row = tuple[int, list[str]]  # (line number in the file, cells)
 
@@ -138,13 +142,35 @@ def _header(path: Path, rows: list[Row]) -> tuple[list[str], bool]:
                 f"as data, line {line} has no number in any feature column"
             )
     names = [name or f"column_{i}" for i, name in enumerate(names)]
+    seen: dict[str, int] = {}  # a dict, not a scan of the names before each: linear in the columns
     for i, name in enumerate(names):
-        if name in names[:i]:
+        if name in seen:
             raise DataError(
-                f"{path}: line {line}: column name {name!r} is used twice (columns {names.index(name) + 1} and "
+                f"{path}: line {line}: column name {name!r} is used twice (columns {seen[name] + 1} and "
                 f"{i + 1}); column names must be unique"
             )
+        seen[name] = i
     return names, True
+
+
+def check_width(path: Path) -> None:
+    """Refuse a file of more than MAX_COLUMNS columns from its first row alone, before the rest is
+    read: each column costs a Python float per row and the checks a pass over the header.
+    A first row that cannot be read is left to the full reading, which names what is wrong.
+
+    Raises:
+        DataError: naming the file, its number of columns and the limit.
+    """
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            first = next((cells for cells in csv.reader(f) if any(cell.strip() for cell in cells)), None)
+    except (OSError, UnicodeError, csv.Error):
+        return
+    if first is not None and len(first) - (not first[-1].strip()) > MAX_COLUMNS:
+        raise DataError(
+            f"{path}: {len(first):,} columns on its first row; a CSV file read as a table has at most "
+            f"{MAX_COLUMNS:,} (MAX_COLUMNS); for wider data, give the features as tensors (Trainer's data)"
+        )
 
 
 def _separator_hint(rows: list[Row]) -> str:
@@ -278,6 +304,7 @@ def load_csv(path: Path, label_column: str | None, task: str) -> tuple[torch.Ten
     """
     if task == "lm":
         raise ConfigError("data.task", "csv data cannot be used for language modelling", task)
+    check_width(path)
     rows = _parse(path, _decode(path))
     if not rows:
         raise DataError(f"{path}: the file is empty")
