@@ -26,8 +26,8 @@ from gputrain.errors import DataError
 
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
-_CHECK_ROWS = 65536
-"""Rows whose values are checked at a time: the check holds a few masks of this many rows."""
+_CHECK_VALUES = 1 << 22
+"""Values checked at a time (whole samples): the check holds a float64 copy and masks of this many."""
 
 _KINDS = {
     "b": "booleans",
@@ -111,22 +111,24 @@ def _header(path: Path, expected: str) -> tuple[tuple[int, ...], np.dtype]:
 
 def _check_values(path: Path, array: np.ndarray, dtype: torch.dtype, expected: str) -> None:
     """Every value finite and within `dtype`'s range (whole numbers for an integer dtype), checked
-    _CHECK_ROWS rows at a time."""
+    _CHECK_VALUES at a time, as float64 (which holds every value of the dtypes read exactly enough to
+    compare with the limits)."""
     if dtype.is_floating_point:
         limit = float(torch.finfo(dtype).max)
         low, high, whole = -limit, limit, False
     else:
         info = torch.iinfo(dtype)
         low, high, whole = float(info.min), float(info.max), True
-    for start in range(0, len(array), _CHECK_ROWS):
-        chunk = np.asarray(array[start : start + _CHECK_ROWS])
-        bad = ~np.isfinite(chunk) if chunk.dtype.kind == "f" else np.zeros(chunk.shape, dtype=bool)
-        bad |= (chunk < low) | (chunk > high)
-        if whole and chunk.dtype.kind == "f":
-            bad |= np.isfinite(chunk) & (chunk != np.round(chunk))
+    rows = max(1, _CHECK_VALUES // max(1, int(np.prod(array.shape[1:]))))
+    for start in range(0, len(array), rows):
+        chunk = np.asarray(array[start : start + rows], dtype=np.float64)
+        finite = np.isfinite(chunk)
+        bad = ~finite | (chunk < low) | (chunk > high)
+        if whole:
+            bad |= finite & (chunk != np.round(chunk))
         if bad.any():
             first = tuple(int(i) for i in np.argwhere(bad)[0])  # within the chunk
-            value = chunk[first].item()
+            value = array[start + first[0]][first[1:]].item()
             name = str(dtype).removeprefix("torch.")
             rule = f"whole numbers {low:.0f}..{high:.0f}" if whole else f"finite numbers within ±{high:.2g}"
             raise DataError(
