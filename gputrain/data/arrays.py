@@ -3,7 +3,7 @@ takes an array of samples (predict's INPUT) reads it through `read_samples`.
 
 What the file holds is decided from numpy's header alone, before the data is read:
 
-- the file is a `.npy` array: not a `.npz` archive (a zip), a pickle or other bytes named `.npy`;
+- the file is a regular file holding a `.npy` array: not a `.npz` archive (a zip), a pickle or other bytes named `.npy`;
 - its numbers are real: integers or floats of any width and byte order (big-endian is converted to
   the machine's order); Python objects (which only a pickle can hold, and a pickle can run code),
   complex numbers, booleans, text, dates and structured records are refused, naming what it holds;
@@ -71,6 +71,8 @@ def read_samples(path: Path, sample_shape: tuple[int, ...], dtype: torch.dtype, 
 
 def _header(path: Path, expected: str) -> tuple[tuple[int, ...], np.dtype]:
     """(shape, dtype) from the header of `path`, its dtype checked (module docstring)."""
+    if not path.is_file():  # a FIFO or a device would block the read or never end it
+        raise DataError(f"{path}: not a regular file; save the samples with numpy.save; {expected}")
     try:
         with path.open("rb") as f:
             start = f.read(len(_NPY_MAGIC))
@@ -92,6 +94,8 @@ def _header(path: Path, expected: str) -> tuple[tuple[int, ...], np.dtype]:
         raise DataError(f"{path}: cannot read: {err.strerror or err}") from None
     except ValueError as err:  # numpy's words for a damaged header
         raise DataError(f"{path}: a damaged .npy header ({str(err).strip()[:200]}); write the file again") from None
+    if any(n < 0 for n in shape):
+        raise DataError(f"{path}: a damaged .npy header (shape {list(shape)}); write the file again")
     if dtype.hasobject or dtype.names is not None or dtype.subdtype is not None or dtype.kind not in "iuf":
         if dtype.names is not None:
             what = f"structured records (fields {', '.join(dtype.names)})"

@@ -10,7 +10,6 @@ same values in the same words.
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -80,7 +79,7 @@ def check_seed(value: int) -> int:
 
 def check_temperature(value: float) -> float:
     """0 (greedy), or a finite number in MIN_TEMPERATURE..MAX_TEMPERATURE."""
-    if value == 0 or (math.isfinite(value) and MIN_TEMPERATURE <= value <= MAX_TEMPERATURE):
+    if value == 0 or MIN_TEMPERATURE <= value <= MAX_TEMPERATURE:  # NaN compares False: refused
         return float(value)
     raise UsageError(
         f"--temperature {value}: give 0 (greedy: always the most likely token) or a number from "

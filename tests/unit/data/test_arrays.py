@@ -3,6 +3,7 @@ file, dtype, shape, size) or its values (finite, within the held dtype) in one l
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 from pathlib import Path
@@ -146,3 +147,12 @@ def test_a_damaged_or_truncated_file_is_refused_before_its_data_is_read(tmp_path
     _refused(path, r"a damaged .npy header")
     path.write_bytes(data.replace(b"'descr'", b"'dascr'", 1))
     _refused(path, r"a damaged .npy header")
+    path.write_bytes(data.replace(b"(100, 3)", b"(-10, 3)", 1))
+    _refused(path, r"a damaged .npy header \(shape \[-10, 3\]\)")
+
+
+def test_a_fifo_is_refused_without_being_opened(tmp_path: Path) -> None:
+    fifo = tmp_path / "x.npy"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    _refused(fifo, r"not a regular file")
+    _refused(tmp_path, r"not a regular file")
