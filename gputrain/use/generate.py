@@ -16,6 +16,7 @@ its prompt and output are ids.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -74,18 +75,22 @@ class Tokenizer:
 
     def _ids(self, prompt: str) -> list[int]:
         words = prompt.replace(",", " ").split()
-        try:
-            ids = [int(word) for word in words]
-        except ValueError:
+        # ASCII digits only: int() also reads '1_000', '٣' and other scripts' digits as numbers
+        if not all(re.fullmatch(r"[+-]?[0-9]+", word) for word in words):
+            shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
             raise UsageError(
-                f"--prompt {prompt!r}: this model reads token ids (0..{self.vocab_size - 1}), and its tokenizer is "
+                f"--prompt {shown!r}: this model reads token ids (0..{self.vocab_size - 1}), and its tokenizer is "
                 "not part of the run: give the ids the training data was tokenized with, e.g. --prompt '464 2068' "
                 "(nanoGPT's prepare.py uses GPT-2's BPE, tiktoken's 'gpt2')"
-            ) from None
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+            )
+        if not words:
+            raise UsageError(f"--prompt {prompt!r}: no token ids; the model needs at least one to continue")
+        # an id of more digits than any vocabulary has is outside it (int() refuses past 4,300 digits)
+        bad = [w for w in words if len(w.lstrip("+-").lstrip("0")) > 12 or not 0 <= int(w) < self.vocab_size]
         if bad:
-            raise UsageError(f"--prompt: token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
-        return ids
+            shown = bad[0] if len(bad[0]) <= 40 else f"{bad[0][:20]}...({len(bad[0])} digits)"
+            raise UsageError(f"--prompt: token id {shown} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return [int(word) for word in words]
 
     def decode(self, ids: list[int]) -> str:
         if self.vocab is None:

@@ -110,6 +110,12 @@ CASES: list[tuple[str, str, Make | None, list[str], list[str]]] = [
     ("csv-for-an-image-run", "digits_cnn", _wide_csv(3), [], ["not trained on CSV data"]),
     ("evaluate-csv-100k-columns", "csv_mlp", _wide_csv(100_000), ["evaluate", "data.path={input}"],
      ["100,000 columns", "MAX_COLUMNS"]),
+    ("evaluate-empty-text", "text_gpt", _bytes("new.txt", b""), ["evaluate", "data.path={input}"],
+     ["new.txt: the file is empty"]),
+    ("evaluate-text-not-utf8", "text_gpt", _bytes("new.txt", b"abc\xff"), ["evaluate", "data.path={input}"],
+     ["not UTF-8"]),
+    ("evaluate-text-outside-the-characters", "text_gpt", _bytes("new.txt", "abc\u2603".encode()),
+     ["evaluate", "data.path={input}"], ["outside the model's vocabulary"]),
     # predict: images
     ("images-folder-without-images", "digits_cnn", _empty_folder, [], ["no image files"]),
     ("image-that-is-text", "digits_cnn", _bytes("x.png", b"not a png"), [], ["x.png"]),
@@ -150,6 +156,14 @@ CASES: list[tuple[str, str, Make | None, list[str], list[str]]] = [
      ["token id 50 is outside the vocabulary (0..49)"]),
     ("generate-negative-id", "tokens_gpt", None, ["generate", "--prompt", "1 -1"], ["token id -1"]),
     ("generate-huge-id", "tokens_gpt", None, ["generate", "--prompt", str(2**70)], [f"token id {2**70}"]),
+    ("generate-only-separators", "tokens_gpt", None, ["generate", "--prompt", " , ,"], ["no token ids"]),
+    ("generate-other-script-digits", "tokens_gpt", None, ["generate", "--prompt", "\u0661\u0662"],
+     ["reads token ids (0..49)"]),
+    ("generate-underscore-digits", "tokens_gpt", None, ["generate", "--prompt", "1_0"], ["reads token ids"]),
+    ("generate-5000-digit-id", "tokens_gpt", None, ["generate", "--prompt", "9" * 5000],
+     ["token id 99999999999999999999...(5000 digits) is outside"]),
+    ("generate-long-words-prompt-shown-short", "tokens_gpt", None, ["generate", "--prompt", "ab " * 5000],
+     ["'ab ab ab", "...': this model reads token ids"]),
     ("generate-words-for-an-id-model", "tokens_gpt", None, ["generate", "--prompt", "hello"],
      ["reads token ids (0..49)"]),
     ("generate-for-a-table-run", "csv_mlp", None, ["generate", "--prompt", "a"], ["not a language model"]),
@@ -194,6 +208,8 @@ def test_inputs_out_of_bounds_are_one_line_and_exit_2(
         return
     code, line = _exit_and_line(args, capsys)
     assert code == 2, line
+    if "cannot decode image" not in line:  # Pillow's own reason names the image file again, quoted
+        assert not made or line.count(made) <= 1, line  # the file named once
     for word in words:
         assert word in line, (word, line)
 
