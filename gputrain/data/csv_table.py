@@ -53,6 +53,8 @@ most _MIN_AMBIGUOUS_CLASSES values, are refused as stray cells rather than read 
 
 MAX_COLUMNS = 10_000
 """Columns a CSV table may have (features and label), checked on its first row before the rest is read."""
+_FIRST_ROW_BYTES = 1 << 23
+"""Bytes read to count the columns of the first row: 8 MiB, room for MAX_COLUMNS cells of 800 bytes."""
 
 Row = tuple[int, list[str]]  # (line number in the file, cells)
 
@@ -127,6 +129,7 @@ def _parse(path: Path, text: str) -> list[Row]:
 def _header(path: Path, rows: list[Row]) -> tuple[list[str], bool]:
     """(column names, whether the first row is a header)."""
     line, cells = rows[0]
+    _check_count(path, len(cells))  # check_width's count, where its prefix held less than the first row
     names = [c.strip() for c in cells]
     if any(_is_number(name) for name in names):
         return [f"column_{i}" for i in range(len(names))], False
@@ -155,21 +158,35 @@ def _header(path: Path, rows: list[Row]) -> tuple[list[str], bool]:
 
 def check_width(path: Path) -> None:
     """Refuse a file of more than MAX_COLUMNS columns from its first row alone, before the rest is
-    read: each column costs a Python float per row and the checks a pass over the header.
-    A first row that cannot be read is left to the full reading, which names what is wrong.
+    read: each column costs a Python float per row. Only the first _FIRST_ROW_BYTES are read (a first
+    row longer than that counts the cells they hold: at least that many). A first row that cannot be
+    read is left to the full reading, which names what is wrong; `_header` checks the count again.
 
     Raises:
         DataError: naming the file, its number of columns and the limit.
     """
     try:
-        with path.open(encoding="utf-8-sig", newline="") as f:
-            first = next((cells for cells in csv.reader(f) if any(cell.strip() for cell in cells)), None)
-    except (OSError, UnicodeError, csv.Error):
+        with path.open("rb") as f:
+            head = f.read(_FIRST_ROW_BYTES)
+    except OSError:
         return
-    if first is not None and len(first) - (not first[-1].strip()) > MAX_COLUMNS:
+    text = head.decode("utf-8", errors="ignore").removeprefix("\ufeff")
+    try:
+        rows = csv.reader(io.StringIO(text, newline=""))
+        first = next((cells for cells in rows if any(c.strip() for c in cells)), None)
+    except csv.Error:
+        return
+    if first is not None:
+        whole = len(head) < _FIRST_ROW_BYTES  # the whole file was read: the count is exact
+        _check_count(path, len(first) - (not first[-1].strip()), "" if whole else "at least ")
+
+
+def _check_count(path: Path, count: int, at_least: str = "") -> None:
+    if count > MAX_COLUMNS:
         raise DataError(
-            f"{path}: {len(first):,} columns on its first row; a CSV file read as a table has at most "
-            f"{MAX_COLUMNS:,} (MAX_COLUMNS); for wider data, give the features as tensors (Trainer's data)"
+            f"{path}: {at_least}{count:,} columns on its first row; a CSV file read as a table has at most "
+            f"{MAX_COLUMNS:,} (MAX_COLUMNS); for wider data, hold the features in arrays (.npy for predict, "
+            "tensors for Trainer)"
         )
 
 

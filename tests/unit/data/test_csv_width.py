@@ -59,3 +59,19 @@ def test_a_name_used_twice_far_along_a_wide_header_is_named_with_both_columns(tm
     path.write_text(",".join(names) + ",y\n" + ",".join("1" for _ in range(5_001)) + "\n")
     with pytest.raises(DataError, match=r": line 1: column name 'c17' is used twice \(columns 18 and 5000\)"):
         load_csv(path, None, "auto")
+
+
+def test_only_a_prefix_is_read_and_a_first_row_longer_than_it_is_counted_by_the_full_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(csv_table, "MAX_COLUMNS", 20)
+    monkeypatch.setattr(csv_table, "_FIRST_ROW_BYTES", 64)
+    short = tmp_path / "short.csv"
+    short.write_text(",".join("1" * 40) + "\n" + ",".join("1" * 40) + "\n")  # 64 bytes hold 32 of its 40 cells
+    with pytest.raises(DataError, match=r"short.csv: at least 32 columns on its first row; .* at most 20"):
+        check_width(short)
+    long_names = tmp_path / "long.csv"
+    long_names.write_text(",".join(f"{'n' * 30}{i}" for i in range(25)) + "\n" + ",".join("1" * 25) + "\n")
+    check_width(long_names)  # the prefix holds 3 of its cells: not enough to tell
+    with pytest.raises(DataError, match=r"long.csv: 25 columns on its first row; .* at most 20"):
+        load_csv(long_names, None, "auto")  # the full reading counts them
