@@ -7,6 +7,8 @@ import argparse
 import json
 import sys
 
+from gputrain.use import bounds
+from gputrain.use.bounds import argparse_type
 from gputrain.use.options import add_run_arguments, positive_int
 
 EPILOG = """\
@@ -18,23 +20,18 @@ modes: eager, compile, export, aoti (AOTInductor; compiling takes tens of second
 """
 
 
-def _batches(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give batch sizes as 1,32") from None
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: batch sizes must be at least 1")
-    return values
-
-
 def _names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser, device=False)
-    parser.add_argument("--batch", type=_batches, default=(1, 32), help="batch sizes, e.g. 1,32 (default)")
+    parser.add_argument(
+        "--batch",
+        type=argparse_type(bounds.bench_batches),
+        default=(1, 32),
+        help=f"batch sizes, e.g. 1,32 (default); at most {bounds.MAX_BENCH_SIZES}, each 1..{bounds.MAX_BENCH_BATCH:,}",
+    )
     parser.add_argument(
         "--modes", type=_names, default=None, help="comma-separated (default eager,compile,export,onnxruntime)"
     )
@@ -44,7 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=(),
         help="cpu, cuda, cuda:N, or several: cpu,cuda (default: cpu, and cuda if present)",
     )
-    parser.add_argument("--repeats", type=positive_int, default=100, help="timed calls per batch size (default 100)")
+    parser.add_argument(
+        "--repeats",
+        type=argparse_type(bounds.bench_repeats),
+        default=100,
+        help=f"timed calls per batch size, 1..{bounds.MAX_BENCH_REPEATS:,} (default 100)",
+    )
     parser.add_argument(
         "--threads",
         type=positive_int,

@@ -5,31 +5,46 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gputrain.use.options import add_run_arguments, non_negative_float, positive_int
+from gputrain.use import bounds
+from gputrain.use.bounds import argparse_type
+from gputrain.use.options import add_run_arguments, positive_int
 
 EPILOG = """\
 Tokenizer: a character-level run (data.name=text) reads the characters of its training text; a prompt
 with any other character is refused, naming it. A token-id run (data.name=tokens or synthetic) reads ids:
 give --prompt as ids ("464 2068 7586") and read ids back; its tokenizer is not part of the run.
 The same --seed gives the same text (on the same device). --no-cache recomputes every step's whole window:
-the same tokens, slower (for checking).
+the same tokens, slower (for checking). A generation of 1,000 tokens or more reports its progress on stderr
+every 5 s, unless its text streams into a terminal.
 """
-
-
-def _temperature(text: str) -> float:
-    return non_negative_float(text, "0: always the most likely token")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
     parser.add_argument("--prompt", required=True, help="the text to continue (ids for a token-id model)")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=200, help="tokens to add (default 200)")
     parser.add_argument(
-        "--temperature", type=_temperature, default=1.0, help="softmax temperature; 0 is greedy (default 1.0)"
+        "--max-new-tokens",
+        type=argparse_type(bounds.new_tokens),
+        default=200,
+        help=f"tokens to add, 1..{bounds.MAX_NEW_TOKENS:,} (default 200)",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=argparse_type(bounds.temperature),
+        default=1.0,
+        help=f"softmax temperature: 0 is greedy (always the most likely token), else {bounds.MIN_TEMPERATURE:g} to "
+        f"{bounds.MAX_TEMPERATURE:g} (default 1.0)",
     )
     parser.add_argument("--top-k", type=positive_int, help="sample among the K most likely tokens only")
-    parser.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
-    parser.add_argument("--num-samples", type=positive_int, default=1, help="independent samples (default 1)")
+    parser.add_argument(
+        "--seed", type=argparse_type(bounds.seed), default=0, help="the sampling seed, -2**63..2**64-1 (default 0)"
+    )
+    parser.add_argument(
+        "--num-samples",
+        type=argparse_type(bounds.num_samples),
+        default=1,
+        help=f"independent samples, 1..{bounds.MAX_NUM_SAMPLES:,} (default 1)",
+    )
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole window every step")
     parser.epilog = EPILOG
 
@@ -38,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
     from gputrain.models.gpt import GPT
     from gputrain.use.generate import Sampling, Tokenizer, generate, has_kv_cache
     from gputrain.use.loaded import load_run
+    from gputrain.use.progress import TokenProgress
 
+    bounds.check_tokens_held(args.max_new_tokens, args.num_samples)  # before the run is loaded
     loaded = load_run(args.run_dir, checkpoint=args.checkpoint, device=args.device)
     tokenizer = Tokenizer.of(loaded.pre)
     prompt = tokenizer.encode(args.prompt)  # refuses characters outside the vocabulary, naming them
@@ -59,14 +76,28 @@ def run(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         context=loaded.pre.input_shape[0] if not isinstance(loaded.model, GPT) else None,
     )
-    if args.num_samples == 1:  # streamed as it is sampled
+    streamed = args.num_samples == 1
+    # the text streaming into a terminal is its own progress; elsewhere (a file, a pipe, several
+    # samples printed at the end) a long generation says how far it is on stderr
+    progress = TokenProgress(args.max_new_tokens) if not (streamed and sys.stdout.isatty()) else None
+    if streamed:  # streamed as it is sampled
         sys.stdout.write(tokenizer.decode_prompt(prompt))
         for token in steps:
             sys.stdout.write(tokenizer.decode([int(token[0])]))
             sys.stdout.flush()
+            if progress is not None:
+                progress.step()
         sys.stdout.write("\n")
+        if progress is not None:
+            progress.end()
         return 0
-    columns = [list(map(int, token.tolist())) for token in steps]
+    columns = []
+    for token in steps:
+        columns.append(list(map(int, token.tolist())))
+        if progress is not None:
+            progress.step()
+    if progress is not None:
+        progress.end()
     for i in range(args.num_samples):
         if i:
             sys.stdout.write("\n---\n")

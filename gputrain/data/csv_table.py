@@ -9,6 +9,7 @@ Read strictly, so that a file is either read as it means or refused with its lin
 - The first row is a header when none of its cells is a number; its names must be non-empty
   (the first may be empty: pandas' index column) and unique. Otherwise every row is data and the
   columns are `column_0`, `column_1`, ...
+- At most MAX_COLUMNS columns, checked on the first row before the rest of the file is read.
 - Every row has the header's number of cells; feature cells are finite numbers within float32.
 - Labels: every row needs one (an empty cell or a missing-value marker such as `nan`, `NA`, `null`
   is an error, never a class or a number). All labels are numbers or all are class names.
@@ -49,6 +50,11 @@ data.task=auto: as classes, most would have a single sample; they look like a nu
 _STRAY_FRACTIONS = 0.05
 """In data.task=auto, fractional labels in at most this share of the rows, among whole numbers of at
 most _MIN_AMBIGUOUS_CLASSES values, are refused as stray cells rather than read as a regression target."""
+
+MAX_COLUMNS = 10_000
+"""Columns a CSV table may have (features and label), checked on its first row before the rest is read."""
+_FIRST_ROW_BYTES = 1 << 23
+"""Bytes read to count the columns of the first row: 8 MiB, room for MAX_COLUMNS cells of 800 bytes."""
 
 Row = tuple[int, list[str]]  # (line number in the file, cells)
 
@@ -123,6 +129,7 @@ def _parse(path: Path, text: str) -> list[Row]:
 def _header(path: Path, rows: list[Row]) -> tuple[list[str], bool]:
     """(column names, whether the first row is a header)."""
     line, cells = rows[0]
+    _check_count(path, len(cells))  # check_width's count, where its prefix held less than the first row
     names = [c.strip() for c in cells]
     if any(_is_number(name) for name in names):
         return [f"column_{i}" for i in range(len(names))], False
@@ -138,13 +145,49 @@ def _header(path: Path, rows: list[Row]) -> tuple[list[str], bool]:
                 f"as data, line {line} has no number in any feature column"
             )
     names = [name or f"column_{i}" for i, name in enumerate(names)]
+    seen: dict[str, int] = {}  # a dict, not a scan of the names before each: linear in the columns
     for i, name in enumerate(names):
-        if name in names[:i]:
+        if name in seen:
             raise DataError(
-                f"{path}: line {line}: column name {name!r} is used twice (columns {names.index(name) + 1} and "
+                f"{path}: line {line}: column name {name!r} is used twice (columns {seen[name] + 1} and "
                 f"{i + 1}); column names must be unique"
             )
+        seen[name] = i
     return names, True
+
+
+def check_width(path: Path) -> None:
+    """Refuse a file of more than MAX_COLUMNS columns from its first row alone, before the rest is
+    read: each column costs a Python float per row. Only the first _FIRST_ROW_BYTES are read (a first
+    row longer than that counts the cells they hold: at least that many). A first row that cannot be
+    read is left to the full reading, which names what is wrong; `_header` checks the count again.
+
+    Raises:
+        DataError: naming the file, its number of columns and the limit.
+    """
+    try:
+        with path.open("rb") as f:
+            head = f.read(_FIRST_ROW_BYTES)
+    except OSError:
+        return
+    text = head.decode("utf-8", errors="ignore").removeprefix("\ufeff")
+    try:
+        rows = csv.reader(io.StringIO(text, newline=""))
+        first = next((cells for cells in rows if any(c.strip() for c in cells)), None)
+    except csv.Error:
+        return
+    if first is not None:
+        whole = len(head) < _FIRST_ROW_BYTES  # the whole file was read: the count is exact
+        _check_count(path, len(first) - (not first[-1].strip()), "" if whole else "at least ")
+
+
+def _check_count(path: Path, count: int, at_least: str = "") -> None:
+    if count > MAX_COLUMNS:
+        raise DataError(
+            f"{path}: {at_least}{count:,} columns on its first row; a CSV file read as a table has at most "
+            f"{MAX_COLUMNS:,} (MAX_COLUMNS); for wider data, hold the features in arrays (.npy for predict, "
+            "tensors for Trainer)"
+        )
 
 
 def _separator_hint(rows: list[Row]) -> str:
@@ -278,6 +321,7 @@ def load_csv(path: Path, label_column: str | None, task: str) -> tuple[torch.Ten
     """
     if task == "lm":
         raise ConfigError("data.task", "csv data cannot be used for language modelling", task)
+    check_width(path)
     rows = _parse(path, _decode(path))
     if not rows:
         raise DataError(f"{path}: the file is empty")

@@ -16,14 +16,16 @@ its prompt and output are ids.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from gputrain.errors import UsageError
+from gputrain.errors import DataError, UsageError
 from gputrain.models.gpt import GPT, KVCache
+from gputrain.use import bounds
 from gputrain.use.preprocess import Preprocessing
 
 
@@ -73,18 +75,22 @@ class Tokenizer:
 
     def _ids(self, prompt: str) -> list[int]:
         words = prompt.replace(",", " ").split()
-        try:
-            ids = [int(word) for word in words]
-        except ValueError:
+        # ASCII digits only: int() also reads '1_000', '٣' and other scripts' digits as numbers
+        if not all(re.fullmatch(r"[+-]?[0-9]+", word) for word in words):
+            shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
             raise UsageError(
-                f"--prompt {prompt!r}: this model reads token ids (0..{self.vocab_size - 1}), and its tokenizer is "
+                f"--prompt {shown!r}: this model reads token ids (0..{self.vocab_size - 1}), and its tokenizer is "
                 "not part of the run: give the ids the training data was tokenized with, e.g. --prompt '464 2068' "
                 "(nanoGPT's prepare.py uses GPT-2's BPE, tiktoken's 'gpt2')"
-            ) from None
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+            )
+        if not words:
+            raise UsageError(f"--prompt {prompt!r}: no token ids; the model needs at least one to continue")
+        # an id of more digits than any vocabulary has is outside it (int() refuses past 4,300 digits)
+        bad = [w for w in words if len(w.lstrip("+-").lstrip("0")) > 12 or not 0 <= int(w) < self.vocab_size]
         if bad:
-            raise UsageError(f"--prompt: token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
-        return ids
+            shown = bad[0] if len(bad[0]) <= 40 else f"{bad[0][:20]}...({len(bad[0])} digits)"
+            raise UsageError(f"--prompt: token id {shown} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return [int(word) for word in words]
 
     def decode(self, ids: list[int]) -> str:
         if self.vocab is None:
@@ -97,12 +103,21 @@ class Tokenizer:
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
+    """How to sample, within use/bounds.py's limits (checked when made: UsageError naming the option)."""
+
     max_new_tokens: int = 200
     temperature: float = 1.0
     """Logits are divided by it; 0 picks the most likely token (greedy)."""
     top_k: int | None = None
     """Sample among the k most likely tokens only."""
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        bounds.check_new_tokens(self.max_new_tokens)
+        bounds.check_temperature(self.temperature)
+        bounds.check_seed(self.seed)
+        if self.top_k is not None and self.top_k < 1:
+            raise UsageError(f"--top-k {self.top_k}: must be at least 1")
 
 
 @torch.no_grad()
@@ -131,12 +146,14 @@ def generate(
             raise ValueError("context is required for a model other than gputrain's GPT")
         context = model.shape.seq_len
     generator = torch.Generator(device=device).manual_seed(sampling.seed)
-    tokens = torch.tensor([prompt] * num_samples, dtype=torch.long, device=device)
+    bounds.check_num_samples(num_samples)
+    # the last context + 1 tokens only: what the next window reads, and whether it slid
+    tokens = torch.tensor([prompt[-(context + 1) :]] * num_samples, dtype=torch.long, device=device)
     cache = KVCache(model, num_samples) if use_cache and isinstance(model, GPT) else None
-    for _ in range(sampling.max_new_tokens):
+    for step in range(sampling.max_new_tokens):
         logits = _next_logits(model, tokens[:, -context:], cache, slid=tokens.shape[1] > context)
-        token = _sample(logits.float(), sampling, generator, allowed)
-        tokens = torch.cat([tokens, token[:, None]], dim=1)
+        token = _sample(logits.float(), sampling, generator, allowed, step)
+        tokens = torch.cat([tokens[:, -context:], token[:, None]], dim=1)
         yield token
 
 
@@ -155,7 +172,9 @@ def _next_logits(model: nn.Module, window: torch.Tensor, cache: KVCache | None, 
     return model.forward_cached(window[:, cache.length :], cache)[:, -1]
 
 
-def _sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator, allowed: int | None) -> torch.Tensor:
+def _sample(
+    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator, allowed: int | None, step: int
+) -> torch.Tensor:
     if allowed is not None and allowed < logits.shape[-1]:
         logits[:, allowed:] = float("-inf")
     if sampling.temperature == 0:
@@ -164,4 +183,12 @@ def _sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator
     if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
         kth = logits.topk(sampling.top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
+    try:
+        return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
+    except RuntimeError as err:  # torch's check of the probabilities: NaN or infinite logits
+        if "probability tensor" not in str(err):
+            raise
+        raise DataError(
+            f"the model's logits at new token {step + 1} are not finite numbers (NaN or infinite): its weights "
+            "hold such values, or its training diverged; nothing can be sampled from them"
+        ) from None

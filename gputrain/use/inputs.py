@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from gputrain.data.arrays import read_samples
 from gputrain.data.image_folder import IMAGE_SUFFIXES, ImageDecodeError, decode_image
 from gputrain.errors import DataError, UsageError
 from gputrain.use.preprocess import Preprocessing
@@ -79,18 +79,7 @@ def _table(path: Path, pre: Preprocessing, batch_size: int) -> Iterator[InputBat
 
 
 def _array(path: Path, pre: Preprocessing, batch_size: int) -> Iterator[InputBatch]:
-    try:
-        array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as err:
-        raise DataError(f"{path}: not a readable .npy array ({str(err).strip()[:200]})") from None
-    shape = tuple(pre.input_shape)
-    if array.shape == shape:
-        array = array[None]
-    if array.shape[1:] != shape or not np.issubdtype(array.dtype, np.number):
-        raise DataError(f"{path}: an array of {array.dtype} {list(array.shape)}; {expected_input(pre)}")
-    if pre.raw_dtype == torch.uint8 and (array.min(initial=0) < 0 or array.max(initial=0) > 255):
-        raise DataError(f"{path}: values outside 0..255; {expected_input(pre)}, as uint8 pixels")
-    raw = torch.from_numpy(np.ascontiguousarray(array)).to(pre.raw_dtype)
+    raw = read_samples(path, tuple(pre.input_shape), pre.raw_dtype, expected_input(pre))
     for start in range(0, len(raw), batch_size):
         yield InputBatch(
             [f"row {i}" for i in range(start, min(start + batch_size, len(raw)))], raw[start:][:batch_size]

@@ -77,8 +77,9 @@ def _mnist(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:
 def _text(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:
     from gputrain.data.text import read_text
 
+    text = read_text(path)  # its refusals name the file already
     try:
-        ids = Tokenizer.of(pre).encode(read_text(path))
+        ids = Tokenizer.of(pre).encode(text)
     except UsageError as err:  # the tokenizer speaks of --prompt
         raise DataError(f"{path}: {str(err).removeprefix('--prompt: ')}") from None
     return _windows(torch.tensor(ids, dtype=torch.long), pre.input_shape[0], path)

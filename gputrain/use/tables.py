@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from gputrain.data.csv_table import MISSING, _decode, _feature, _header, _parse, load_csv
+from gputrain.data.csv_table import MISSING, _decode, _feature, _header, _parse, check_width, load_csv
 from gputrain.errors import DataError
 
 
@@ -76,6 +76,7 @@ def read_rows(
     """
     if not path.is_file():
         raise DataError(f"{path}: no such file")
+    check_width(path)
     rows = _parse(path, _decode(path))
     if not rows:
         raise DataError(f"{path}: the file is empty")

@@ -27,6 +27,7 @@ _GROUPS = {
     "test_data_meaning.py": "data files",
     "test_memory_limits.py": "config values",
     "test_disk_full.py": "run directories",
+    "test_use_inputs.py": "use inputs",
 }
 _cases: Counter[str] = Counter()
 
