@@ -132,8 +132,10 @@ def read_json(path: Path) -> Any:
 
 
 def head(path: Path, size: int = 4096) -> bytes:
-    """The first `size` bytes of a regular file (b"" where it cannot be read)."""
+    """The first `size` bytes of a regular file (b"" for anything else: a FIFO is never opened, it would block)."""
     try:
+        if not stat.S_ISREG(path.lstat().st_mode):
+            return b""
         with path.open("rb") as f:
             return f.read(size)
     except OSError:
@@ -163,6 +165,11 @@ def json_record(command: str, *keys: str) -> Recognizer:
 def never(path: Path) -> bool:
     """For an output no existing file may be replaced by."""
     return False
+
+
+def shared(path: Path) -> bool:
+    """For an output folder the command adds its files to, beside the user's (each file checked itself)."""
+    return True
 
 
 # ----------------------------------------------------------------- the checks

@@ -35,7 +35,7 @@ from gputrain.evaluate.scores import Scores, is_scores_file, save_scores
 from gputrain.precision import Precision
 from gputrain.run.files import write_json
 from gputrain.run.layout import CONFIG, eval_record_name, scores_name
-from gputrain.run.output import Owner, check_output_file, json_record, make_folder, marked
+from gputrain.run.output import Owner, check_output_file, check_output_folder, json_record, make_folder, marked, shared
 from gputrain.switches import apply_process_switches
 from gputrain.train.tasks import resolve_task
 from gputrain.use.loaded import LoadedRun, data_overrides, load_run
@@ -111,6 +111,8 @@ def evaluate_run(
         designated=[eval_record_name("*"), scores_name("*")],
         inputs=[loaded.weights.path, data_config.path, data_config.val_path],
     )
+    if out_dir is not None:  # a folder of the user's takes the two files beside theirs, not through a link
+        check_output_folder(out, option, owner, shared)
     check_output_file(out / eval_record_name(name), option, owner, EVAL_RECORD)
     check_output_file(out / scores_name(name), option, owner, is_scores_file)
     task = resolve_task(loaded.model, data, spec=loaded.data.spec, loss_fn=None, step_fn=None)

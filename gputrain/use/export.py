@@ -80,7 +80,7 @@ def is_export_folder(folder: Path) -> bool:
 def _out_folder(out: Path | None, run_dir: Path, fmt: str, inputs: list[str | Path | None]) -> Path:
     """The export's folder, checked before any work (run/output.py): -o, or RUN_DIR/export/FORMAT."""
     owner = Owner.of(runs=[run_dir], designated=[f"{EXPORT}/*"], inputs=inputs)
-    option = "-o" if out is not None else "export's default folder"
+    option = "-o" if out is not None else "-o (default)"
     return check_output_folder(out if out is not None else default_out(run_dir, fmt), option, owner, is_export_folder)
 
 
