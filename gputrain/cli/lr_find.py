@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,12 +79,15 @@ def run(args: argparse.Namespace) -> int:
 
     _check(args)
     given = Path(args.run_dir) if args.run_dir else None
+    if given is not None:
+        check_sweep_dir(given)  # before its config is read, the sweep built, or any rank started
     own_config = given / CONFIG if given is not None and args.config is None else None
     if own_config is not None and own_config.is_file():
         args.config = str(own_config)  # the run's own config: the sweep that run starts with
     config = load_config(args.config, [*args.overrides, *_FORCED])
     run_dir = given or Path(f"{default_run_dir(config.model.name, config.data.name)}-lr-find")
-    check_sweep_dir(run_dir)  # before the sweep, and before any rank starts
+    if given is None:
+        check_sweep_dir(run_dir)
     if is_launcher(args):
         options = ("--steps", str(args.steps), "--start-lr", repr(args.start_lr), "--end-lr", repr(args.end_lr))
         return launch_ranks(args, "lr-find", str(run_dir), (*options, "--rule", args.rule))
@@ -128,13 +132,13 @@ def check_sweep_dir(run_dir: Path) -> None:
     from gputrain.run.output import Owner, check_output_file, check_output_folder, is_rl_run
 
     run_dir = run_dir_path(str(run_dir))
-    if run_dir.is_dir() and is_rl_run(run_dir):
+    owner = Owner.of(runs=[run_dir], designated=[LR_FIND])
+    check_output_folder(run_dir, "--run-dir", owner, _sweep_may_write)  # first: a name too long is one line
+    if os.path.isdir(run_dir) and is_rl_run(run_dir):
         raise UsageError(
             f"--run-dir {run_dir}: holds a gputrain rl run; an LR sweep is for a training run's config: choose a "
             "training run's directory, or a new one"
         )
-    owner = Owner.of(runs=[run_dir], designated=[LR_FIND])
-    check_output_folder(run_dir, "--run-dir", owner, _sweep_may_write)
     check_output_file(run_dir / LR_FIND, "--run-dir", owner, _lr_find_record)
     check_run_dir(run_dir)  # it can be created and written: not under a file, in /proc, nor a name too long
 

@@ -7,6 +7,7 @@ writes the facts; page.py puts them into one self-contained document.
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,7 +138,7 @@ def report_output(paths: Sequence[Path], given: str | None) -> Path | None:
     """
     owner = Owner.of(runs=paths, designated=[REPORT])
     if given is None:
-        if not all(p.is_dir() for p in paths):
+        if not all(os.path.isdir(p) for p in paths):
             return default_output(paths)  # no run there: reading it says so (rundir.py), nothing is written
         return check_output_file(default_output(paths), "-o (default)", owner, is_report, example=REPORT)
     return check_output_file(given, "-o", owner, is_report, stdout=True, example=REPORT)

@@ -289,7 +289,7 @@ def _kind(path: Path, where: str) -> str | None:
 
 
 def _check_parent(parent: Path, where: str) -> None:
-    """The nearest existing folder above is a folder we can write into (created later)."""
+    """The nearest existing folder above is a folder that takes files (the rest is created at writing)."""
     existing = parent
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
@@ -299,8 +299,14 @@ def _check_parent(parent: Path, where: str) -> None:
         raise UsageError(f"{where}: its folder cannot be reached ({err})") from None
     if not resolved.is_dir():
         raise UsageError(f"{where}: {existing} is not a folder; give a path in a folder")
-    if not os.access(resolved, os.W_OK | os.X_OK):
-        raise UsageError(f"{where}: {existing} cannot be written (permission denied); choose another path")
+    probe = resolved / f".gputrain-write-test-{os.getpid()}"
+    try:  # as train's check_run_dir: a virtual or read-only file system, no permission, said before any work
+        probe.touch(exist_ok=False)
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(
+            f"{where}: {existing} cannot be written ({err.strerror or err}); choose another path"
+        ) from None
 
 
 def _entries(folder: Path, where: str) -> list[str]:

@@ -186,6 +186,9 @@ FILE_TARGETS: dict[str, Target] = {
     "a FIFO": lambda w, t: (_fifo(t / "fifo.csv"), t / "fifo.csv"),
     "a directory": lambda w, t: (t, t),
     "a file under a file": lambda w, t: (_made(t / "file") / "out.csv", t / "file"),
+    "a file in /proc": lambda w, t: (Path("/proc/gputrain-out.csv"), Path("/proc/gputrain-out.csv")),
+    "a name over the system's limit": lambda w, t: (t / ("x" * 300 + ".csv"), t),
+    "a path over the system's limit": lambda w, t: (t / ("x/" * 3000 + "out.csv"), t),
 }
 
 FILE_COMMANDS: dict[str, Callable[[World, Path], list[str]]] = {
@@ -216,6 +219,10 @@ FOLDER_TARGETS: dict[str, Target] = {
     "a FIFO": lambda w, t: (_fifo(t / "out"), t / "out"),
     "/dev/null": lambda w, t: (Path("/dev/null"), Path("/dev/null")),
     "the training data's folder": lambda w, t: (w.table.parent, w.table.parent),
+    "a folder under a file": lambda w, t: (_made(t / "file") / "out", t / "file"),
+    "a folder in /proc": lambda w, t: (Path("/proc/gputrain-out"), Path("/proc/gputrain-out")),
+    "a name over the system's limit": lambda w, t: (t / ("x" * 300), t),
+    "a path over the system's limit": lambda w, t: (t / ("x/" * 3000), t),
 }
 
 
