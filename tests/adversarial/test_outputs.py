@@ -269,6 +269,24 @@ def test_export_into_the_runs_own_directory_is_refused(
     _refused(capsys, args, "-o", world.run, world.run)
 
 
+@pytest.mark.parametrize("how", ["by its name", "by a hard link", "by a path through a link to its folder"])
+def test_predict_never_writes_over_an_input_that_reads_like_its_own_output(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    rows = _made(tmp_path / "in.csv", "input,a,b,c\n1,0.5,0.2,0.1\n2,-1,0.3,0.2\n")  # an `input` column is a feature
+    given = {
+        "by its name": rows,
+        "by a hard link": tmp_path / "same.csv",
+        "by a path through a link to its folder": tmp_path / "here" / "in.csv",
+    }[how]
+    if how == "by a hard link":
+        os.link(rows, given)
+    if how == "by a path through a link to its folder":
+        _link(tmp_path / "here", tmp_path)
+    args = ["predict", str(world.run), str(rows), "--device", "cpu", "-o", str(given)]
+    assert "which this command reads" in _refused(capsys, args, "-o", given, rows)
+
+
 # ----------------------------------------------------------------- links out of the command's own run
 
 
