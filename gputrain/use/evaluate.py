@@ -105,7 +105,7 @@ def evaluate_run(
     # where the files go, judged on every rank alike before the evaluation: never over the inputs,
     # another run's files or a file gputrain did not write
     out = Path(out_dir) if out_dir is not None else loaded.run_dir
-    option = "--output-dir" if out_dir is not None else "RUN_DIR"
+    option = "--output-dir" if out_dir is not None else "--output-dir (default)"
     owner = Owner.of(
         runs=[loaded.run_dir],
         designated=[eval_record_name("*"), scores_name("*")],

@@ -103,6 +103,7 @@ def test_a_run_directory_takes_only_what_the_command_designates_there(tmp_path: 
     assert check_output_file(own / "eval-x.json", "-o", owner, OURS) == own / "eval-x.json"
     assert check_output_file(own / "export" / "pt2", "-o", owner, OURS) is not None
     assert check_output_file(own / "notes.csv", "-o", owner, OURS) is not None  # a name of the user's own
+    assert check_output_file(own / "mine" / "eval-x.json", "-o", owner, OURS) is not None  # in a folder of theirs
     for name in ("config.toml", "model.safetensors", "scores-test.npz", "summary.json", "checkpoints/step-1/x"):
         assert "never writes over" in _refused(own / name, owner, ours=lambda p: True)
     for name in ("eval-x.json", "preds.csv", "sub/preds.csv"):
