@@ -64,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from gputrain.run.files import write_json
+    from gputrain.run.layout import BENCH_INFER
+    from gputrain.run.output import Owner, check_output_file, json_record, marked
     from gputrain.use.bench import (
         DEFAULT_MODES,
         BenchOptions,
@@ -80,6 +82,13 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:  # the generation rates too, not only the table (bench_inference sets its own)
         torch.set_num_threads(args.threads)
     loaded = load_run(args.run_dir, checkpoint=args.checkpoint, device="cpu")
+    figures = check_output_file(  # before the timing: the run's own file, no link out, one bench-infer wrote
+        loaded.run_dir / BENCH_INFER,
+        "RUN_DIR",
+        Owner.of(runs=[loaded.run_dir], designated=[BENCH_INFER]),
+        json_record("bench-infer", "run_dir", "model", "results"),
+    )
+    assert figures is not None
     options = BenchOptions(batches=args.batch, modes=modes, devices=devices, repeats=args.repeats, threads=args.threads)
     results = bench_inference(loaded, options)
     rates = generation_rates(loaded, options.devices)
@@ -92,8 +101,9 @@ def run(args: argparse.Namespace) -> int:
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "results": [asdict(r) for r in results],
         "generation": [asdict(r) for r in rates],
+        **marked("bench-infer"),
     }
-    write_json(loaded.run_dir / "bench-infer.json", record)
+    write_json(figures, record)
     if args.json:
         json.dump(record, sys.stdout, indent=2)
         print()
@@ -107,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"generate on {rate.device}, {cache} the KV cache: {rate.tokens_per_s:,.0f} tokens/s")
     print(
         f"{loaded.config.model.name} on {loaded.config.data.name}; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} CPU threads; figures in {loaded.run_dir / 'bench-infer.json'}",
+        f"{torch.get_num_threads()} CPU threads; figures in {figures}",
         file=sys.stderr,
     )
     return 0

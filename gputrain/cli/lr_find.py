@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,11 +79,15 @@ def run(args: argparse.Namespace) -> int:
 
     _check(args)
     given = Path(args.run_dir) if args.run_dir else None
+    if given is not None:
+        check_sweep_dir(given)  # before its config is read, the sweep built, or any rank started
     own_config = given / CONFIG if given is not None and args.config is None else None
     if own_config is not None and own_config.is_file():
         args.config = str(own_config)  # the run's own config: the sweep that run starts with
     config = load_config(args.config, [*args.overrides, *_FORCED])
     run_dir = given or Path(f"{default_run_dir(config.model.name, config.data.name)}-lr-find")
+    if given is None:
+        check_sweep_dir(run_dir)
     if is_launcher(args):
         options = ("--steps", str(args.steps), "--start-lr", repr(args.start_lr), "--end-lr", repr(args.end_lr))
         return launch_ranks(args, "lr-find", str(run_dir), (*options, "--rule", args.rule))
@@ -114,6 +119,48 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_sweep_dir(run_dir: Path) -> None:
+    """Where lr_find.json goes (run/output.py's rules): a new or empty directory, a sweep's own, or a
+    training run's directory, never an RL run's (its config is not a model's to sweep), a folder of
+    the user's holding other files, nor a place inside another run; an lr_find.json there is one a
+    sweep wrote.
+
+    Raises:
+        UsageError: naming --run-dir, the path and what would be right.
+    """
+    from gputrain.run.files import check_run_dir, run_dir_path
+    from gputrain.run.output import Owner, check_output_file, check_output_folder, is_rl_run
+
+    run_dir = run_dir_path(str(run_dir))
+    owner = Owner.of(runs=[run_dir], designated=[LR_FIND])
+    check_output_folder(run_dir, "--run-dir", owner, _sweep_may_write)  # first: a name too long is one line
+    if os.path.isdir(run_dir) and is_rl_run(run_dir):
+        raise UsageError(
+            f"--run-dir {run_dir}: holds a gputrain rl run; an LR sweep is for a training run's config: choose a "
+            "training run's directory, or a new one"
+        )
+    check_output_file(run_dir / LR_FIND, "--run-dir", owner, _lr_find_record)
+    check_run_dir(run_dir)  # it can be created and written: not under a file, in /proc, nor a name too long
+
+
+def _sweep_may_write(run_dir: Path) -> bool:
+    """A training run's directory (its config beside a run's records), or a sweep's own (its
+    lr_find.json, and its report)."""
+    from gputrain.run.layout import CHECKPOINTS, ENV, EXPORT_RECORD, METRICS, REPORT, SUMMARY
+
+    names = {p.name for p in run_dir.iterdir()}
+    if CONFIG in names and EXPORT_RECORD not in names and names & {ENV, SUMMARY, METRICS, CHECKPOINTS}:
+        return True
+    return LR_FIND in names and names <= {LR_FIND, REPORT}
+
+
+def _lr_find_record(path: Path) -> bool:
+    """An lr_find.json a sweep wrote: the only one a sweep replaces."""
+    from gputrain.run.output import json_record
+
+    return json_record("lr-find", "suggested_lr", "lrs", "losses", "stopped")(path)
+
+
 def _note_rank_dependence(parts: TrainingParts, world: int) -> None:
     """Where N ranks sweep the one-process curve and where not: said under several ranks."""
     from gputrain.train.lr_find import rank_dependent_layers
@@ -129,10 +176,13 @@ def _note_rank_dependence(parts: TrainingParts, world: int) -> None:
 def _write(parts: TrainingParts, curve: LRCurve, sweep: Sweep, suggestion: Suggestion | None, config: Config) -> None:
     """lr_find.json, by rank 0: the only file the sweep writes."""
     from gputrain.run.files import write_json
+    from gputrain.run.output import make_folder, marked
     from gputrain.train.lr_find import lr_find_record
 
     if parts.place.dist.is_main:
-        write_json(parts.run_dir / LR_FIND, lr_find_record(curve, sweep, suggestion, parts, config))
+        make_folder(parts.run_dir, "--run-dir")
+        record = lr_find_record(curve, sweep, suggestion, parts, config)
+        write_json(parts.run_dir / LR_FIND, {**record, **marked("lr-find")})
 
 
 def _print_result(run_dir: Path, curve: LRCurve, sweep: Sweep, suggestion: Suggestion, run_config: str | None) -> None:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import sys
 from pathlib import Path
 
-from gputrain.errors import UsageError
-from gputrain.use.options import add_run_arguments, output_dir, positive_int
+from gputrain.use.options import add_run_arguments, positive_int
 
 EPILOG = """\
 INPUT is one of:
@@ -24,7 +22,12 @@ The run's preprocessing (column order, normalisation, image size, class names) i
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
     parser.add_argument("input", metavar="INPUT", help="a CSV file, an image file or folder, or a .npy array")
-    parser.add_argument("-o", "--output", metavar="OUT.csv", help="write the predictions here (default: stdout)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT.csv",
+        help="write the predictions here (default, or -: stdout); never over a file predict did not write",
+    )
     parser.add_argument(
         "--top-k", type=positive_int, metavar="K", help="list the K most probable classes (default: 5 for images)"
     )
@@ -33,30 +36,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gputrain.run.output import Owner, atomic, check_output_file, make_folder
     from gputrain.use.loaded import load_run
-    from gputrain.use.predict import prediction_rows
+    from gputrain.use.predict import prediction_rows, written_by_predict
 
     loaded = load_run(args.run_dir, checkpoint=args.checkpoint, device=args.device)
+    out = None
+    if args.output is not None:  # before any row is computed for a place that cannot take it
+        data = loaded.config.data
+        owner = Owner.of(runs=[loaded.run_dir], inputs=[args.input, loaded.weights.path, data.path, data.val_path])
+        out = check_output_file(args.output, "-o", owner, written_by_predict, stdout=True, example="predictions.csv")
     if loaded.weights.note:
         print(loaded.weights.note, file=sys.stderr)
     rows = prediction_rows(loaded, Path(args.input), top_k=args.top_k, batch_size=args.batch_size)
-    if args.output is None:
+    if out is None:
         csv.writer(sys.stdout, lineterminator="\n").writerows(rows)
         return 0
-    out = Path(args.output)
-    output_dir(out.parent, "-o")  # before any row is computed for a place that cannot take it
-    if out.is_dir():
-        raise UsageError(f"-o {out}: a folder; give the CSV file to write")
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")  # never half a file where OUT was asked for
-    try:
-        with tmp.open("w", newline="") as f:
-            writer = csv.writer(f, lineterminator="\n")
-            count = -1
-            for row in rows:
-                writer.writerow(row)
-                count += 1
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    make_folder(out.parent, "-o")
+    with atomic(out) as tmp, tmp.open("w", newline="") as f:  # never half a file where OUT was asked for
+        writer = csv.writer(f, lineterminator="\n")
+        count = -1
+        for row in rows:
+            writer.writerow(row)
+            count += 1
     print(f"{count} predictions written to {out}", file=sys.stderr)
     return 0

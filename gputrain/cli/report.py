@@ -4,11 +4,11 @@ file that opens offline (gputrain/report/)."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 from gputrain.errors import RunError, UsageError
-from gputrain.run.layout import REPORT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,8 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-o",
         "--output",
         metavar="FILE.html",
-        help="where to write the report (default: RUN_DIR/report.html for one run, compare-<time>.html here "
-        "for several)",
+        help="where to write the report, - for standard output (default: RUN_DIR/report.html for one run, "
+        "compare-<time>.html here for several); never over a file the report did not write",
     )
     parser.epilog = (
         "The file holds every plot, style and script inline: it opens from file:// with no server and no "
@@ -27,23 +27,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gputrain.report.build import write_report
+    from gputrain.report.build import report_output, write_report
 
     paths = [Path(p) for p in args.run_dirs]
     if len(set(map(Path.resolve, paths))) < len(paths):
         raise UsageError("a run directory is given twice; give each run once")
-    output = Path(args.output) if args.output else None
-    if output is not None and output.is_dir():
-        raise UsageError(f"-o {output}: is a directory; give a file name such as {output / REPORT}")
+    output = report_output(paths, args.output)  # before any run is read
+    to_stdout = output is None
     started = time.perf_counter()
     try:
-        written = write_report(paths, output)
+        written = write_report(paths, output, stream=sys.stdout if to_stdout else None)
     except OSError as err:
         raise RunError(f"cannot write the report: {err.strerror or err} ({err.filename or output})") from None
     seconds = time.perf_counter() - started
+    said = sys.stderr if to_stdout else sys.stdout  # the page itself is standard output's
     for run_ in written.runs:
         for note in run_.notes:
-            print(f"note: {run_.name}: {note}")
+            print(f"note: {run_.name}: {note}", file=said)
+    if to_stdout:
+        print(f"wrote the report to standard output ({written.size_bytes / 1e6:.2f} MB)", file=said)
+        return 0
     print(
         f"wrote {written.path} ({written.size_bytes / 1e6:.2f} MB, {written.plots} plots, {seconds:.1f} s); "
         f"open it in a browser: {written.path.resolve().as_uri()}"

@@ -8,6 +8,7 @@ Language models keep none: a vocabulary-wide distribution per token is not a pic
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import numpy as np
 import torch
 
 KEEPS_SCORES = ("classification", "regression")
+_ARRAYS = ("task", "scores", "targets", "total")
+"""What a scores file holds (save_scores), and nothing else."""
 MAX_ROWS = 20_000
 """Samples kept per split: ROC/PR curves and a confusion matrix are exact at this size for the
 splits users evaluate, and a larger split keeps a uniform sample of it."""
@@ -82,6 +85,16 @@ def save_scores(path: Path, scores: Scores) -> None:
         tmp, task=np.array(scores.task), scores=scores.scores, targets=scores.targets, total=np.array(scores.total)
     )
     tmp.replace(path)
+
+
+def is_scores_file(path: Path) -> bool:
+    """Whether `path` is a scores file gputrain wrote (an .npz of exactly save_scores' arrays): the
+    only file `gputrain evaluate` writes scores over (run/output.py)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return sorted(archive.namelist()) == sorted(f"{name}.npy" for name in _ARRAYS)
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def load_scores(path: Path) -> Scores:

@@ -7,9 +7,11 @@ writes the facts; page.py puts them into one self-contained document.
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from gputrain import __version__
 from gputrain.report.curves import eval_figures, loss_figure, lr_find_figure, training_figures
@@ -22,12 +24,13 @@ from gputrain.report.overview import (
     machine_html,
     runs_table_html,
 )
-from gputrain.report.page import Section, page, plots
+from gputrain.report.page import GENERATOR, Section, page, plots
 from gputrain.report.rundir import Run, read_runs
 from gputrain.report.speed import compare_speed_html, profile_html, speed_html
 from gputrain.report.svg import esc
 from gputrain.run.files import write_text
 from gputrain.run.layout import REPORT, TENSORBOARD
+from gputrain.run.output import Owner, check_output_file, head
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +122,30 @@ def default_output(paths: Sequence[Path]) -> Path:
     return Path(f"compare-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.html")
 
 
-def write_report(paths: Sequence[Path], output: Path | None = None) -> Written:
-    """Read the run directories in `paths`, draw them, and write the page to `output`.
+def is_report(path: Path) -> bool:
+    """Whether the file at `path` is a page `gputrain report` wrote (its generator tag; before the tag,
+    its title): the only file a report replaces (run/output.py)."""
+    start = head(path, 1024)
+    return GENERATOR.encode() in start or b"<title>gputrain report" in start
+
+
+def report_output(paths: Sequence[Path], given: str | None) -> Path | None:
+    """Where the report of `paths` goes, checked before any run is read (run/output.py): -o (`-`:
+    standard output), or `default_output`; a run's directory takes report.html only.
+
+    Raises:
+        UsageError: naming -o, the path and what would be right.
+    """
+    owner = Owner.of(runs=paths, designated=[REPORT])
+    if given is None:
+        if not all(os.path.isdir(p) for p in paths):
+            return default_output(paths)  # no run there: reading it says so (rundir.py), nothing is written
+        return check_output_file(default_output(paths), "-o (default)", owner, is_report, example=REPORT)
+    return check_output_file(given, "-o", owner, is_report, stdout=True, example=REPORT)
+
+
+def write_report(paths: Sequence[Path], output: Path | None = None, stream: TextIO | None = None) -> Written:
+    """Read the run directories in `paths`, draw them, and write the page to `output` (or to `stream`).
 
     Raises:
         DataError: a path is not a run directory, or a run has logged nothing yet (rundir.read_run).
@@ -130,7 +155,12 @@ def write_report(paths: Sequence[Path], output: Path | None = None) -> Written:
     document = single_run_page(runs[0]) if len(runs) == 1 else comparison_page(runs)
     # ASCII with character references: the file reads the same whatever encoding writes or opens it
     document = document.encode("ascii", "xmlcharrefreplace").decode("ascii")
+    charts = document.count('class="chart"')
+    if stream is not None:
+        stream.write(document)
+        stream.flush()
+        return Written(Path("-"), len(document), charts, runs)
     out = output or default_output(paths)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text(out, document)  # atomic: a browser reloading the page never sees half of it
-    return Written(out, len(document), document.count('class="chart"'), runs)
+    return Written(out, len(document), charts, runs)

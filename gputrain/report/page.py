@@ -242,6 +242,10 @@ class Section:
     body: str
 
 
+GENERATOR = '<meta name="generator" content="gputrain">'
+"""Marks a page as gputrain's: `gputrain report` replaces no other file (report/build.py's is_report)."""
+
+
 def page(title: str, top: str, sections: Sequence[Section], footer: str) -> str:
     """The whole document: no external reference of any kind (no URL is fetched when it opens)."""
     shown = [s for s in sections if s.body]
@@ -250,7 +254,7 @@ def page(title: str, top: str, sections: Sequence[Section], footer: str) -> str:
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>"
+        f"{GENERATOR}<title>{esc(title)}</title><style>{STYLE}</style></head><body>"
         f"<nav>{nav}</nav><main>{top}{body}<footer>{footer}</footer></main>"
         f"<script>{SCRIPT}</script></body></html>\n"
     )

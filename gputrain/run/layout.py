@@ -30,6 +30,8 @@ judges `checkpoint.resume` as a config field, in messages naming it.
       trace.json, profile.json, memory_snapshot.pickle
                              `gputrain profile` (observe/profiler.py); -rankN before the suffix per rank
       report.html            `gputrain report` of one run (report/build.py)
+      bench-infer.json       `gputrain bench-infer`'s figures
+      export/FORMAT/         `gputrain export` without -o: export.json and the files it lists
 
 A safetensors export (use/artifacts.py) writes its weights and config under the same names as the
 run's, so the folder reads like a run's for the loaders.
@@ -58,6 +60,12 @@ LR_FIND = "lr_find.json"
 """`gputrain lr-find`'s sweep: its curve and suggestion (the only file a sweep writes)."""
 REPORT = "report.html"
 """`gputrain report`'s page when it is given one run and no -o."""
+BENCH_INFER = "bench-infer.json"
+"""`gputrain bench-infer`'s figures."""
+EXPORT = "export"
+"""`gputrain export`'s folders without -o: export/FORMAT."""
+EXPORT_RECORD = "export.json"
+"""What an export folder holds: its format, its files (and nothing else is there) and their verification."""
 
 # ----------------------------------------------------------------- folders
 

@@ -31,6 +31,7 @@ from gputrain.data.spec import DataSpec
 from gputrain.errors import UsageError, first_line
 from gputrain.run.files import write_json, write_text
 from gputrain.run.layout import CONFIG, FINAL_WEIGHTS
+from gputrain.run.output import atomic
 from gputrain.use.loaded import build_trained_model
 from gputrain.use.preprocess import Preprocessing, ServedModel
 from gputrain.use.run_dir import WeightsSource
@@ -91,7 +92,8 @@ def load_safetensors(out: Path, device: torch.device) -> Runner:
 
 
 def write_pt2(program: torch.export.ExportedProgram, out: Path) -> list[str]:
-    torch.export.save(program, out / "model.pt2")
+    with atomic(out / "model.pt2") as tmp:  # every file of an export: whole, or the old one kept
+        torch.export.save(program, tmp)
     return ["model.pt2", "preprocess.json"]
 
 
@@ -106,7 +108,8 @@ def compile_aoti(program: torch.export.ExportedProgram, out: Path) -> str:
 
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")  # torch's own deprecations, nothing the user can act on
-        torch._inductor.aoti_compile_and_package(program, package_path=str(out / "model-aoti.pt2"))
+        with atomic(out / "model-aoti.pt2") as tmp:
+            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp))
     return "model-aoti.pt2"
 
 
@@ -137,7 +140,8 @@ def write_onnx(served: ServedModel, example: torch.Tensor, pre: Preprocessing, o
             "--format pt2 or safetensors can"
         ) from None
     assert program is not None
-    program.save(str(out / "model.onnx"))
+    with atomic(out / "model.onnx") as tmp:
+        program.save(str(tmp))
     return ["model.onnx", "preprocess.json"]
 
 

@@ -31,19 +31,22 @@ from gputrain.distributed.context import DistContext, env_world, init_distribute
 from gputrain.errors import UsageError
 from gputrain.evaluate.evaluator import EvalSpec, Evaluator, resolve_metrics
 from gputrain.evaluate.layout import eval_layout
-from gputrain.evaluate.scores import Scores, save_scores
+from gputrain.evaluate.scores import Scores, is_scores_file, save_scores
 from gputrain.precision import Precision
 from gputrain.run.files import write_json
 from gputrain.run.layout import CONFIG, eval_record_name, scores_name
+from gputrain.run.output import Owner, check_output_file, check_output_folder, json_record, make_folder, marked, shared
 from gputrain.switches import apply_process_switches
 from gputrain.train.tasks import resolve_task
 from gputrain.use.loaded import LoadedRun, data_overrides, load_run
 from gputrain.use.new_data import check_new_data_overrides, read_new_data
-from gputrain.use.options import output_dir, use_device
+from gputrain.use.options import use_device
 
 log = logging.getLogger("gputrain")
 
 SPLITS = ("test", "val", "train")
+EVAL_RECORD = json_record("evaluate", "name", "split", "weights", "metrics", "samples")
+"""Recognizes an eval-<name>.json evaluate wrote (run/output.py)."""
 DEFAULT_EVAL_BATCH = 256
 """Samples per forward pass where the run's batch is unknown (train.batch_size=auto, never resolved)."""
 
@@ -99,6 +102,19 @@ def evaluate_run(
         data_config = config.data
         transform = pixel_scaler_for(loaded.data.spec, data, loaded.device)  # as training evaluates
     _check_name(name)
+    # where the files go, judged on every rank alike before the evaluation: never over the inputs,
+    # another run's files or a file gputrain did not write
+    out = Path(out_dir) if out_dir is not None else loaded.run_dir
+    option = "--output-dir" if out_dir is not None else "--output-dir (default)"
+    owner = Owner.of(
+        runs=[loaded.run_dir],
+        designated=[eval_record_name("*"), scores_name("*")],
+        inputs=[loaded.weights.path, data_config.path, data_config.val_path],
+    )
+    if out_dir is not None:  # a folder of the user's takes the two files beside theirs, not through a link
+        check_output_folder(out, option, owner, shared)
+    check_output_file(out / eval_record_name(name), option, owner, EVAL_RECORD)
+    check_output_file(out / scores_name(name), option, owner, is_scores_file)
     task = resolve_task(loaded.model, data, spec=loaded.data.spec, loss_fn=None, step_fn=None)
     layout = eval_layout(dist, loaded.device, batch_size or _run_eval_batch(config))  # the whole model on each rank
     spec = EvalSpec(
@@ -123,8 +139,9 @@ def evaluate_run(
         "world_size": dist.world_size,
         "wall_s": round(time.perf_counter() - start, 3),
         "scores": scores_name(name) if scores is not None else None,
+        **marked("evaluate"),
     }
-    files = _write(Path(out_dir) if out_dir is not None else loaded.run_dir, name, record, scores, dist)
+    files = _write(out, option, name, record, scores, dist)
     return EvalResult(name, metrics, record, scores, files)
 
 
@@ -193,10 +210,12 @@ def _preprocess_on(loaded: LoadedRun) -> Callable[[Any], Any]:
     return apply
 
 
-def _write(out_dir: Path, name: str, record: dict[str, Any], scores: Scores | None, dist: DistContext) -> list[Path]:
+def _write(
+    out_dir: Path, option: str, name: str, record: dict[str, Any], scores: Scores | None, dist: DistContext
+) -> list[Path]:
     if not dist.is_main:
         return []
-    output_dir(out_dir, "--output-dir")
+    make_folder(out_dir, option)
     files = [out_dir / eval_record_name(name)]
     write_json(files[0], record)
     if scores is not None:

@@ -29,18 +29,20 @@ import torch
 
 from gputrain.errors import RunError, UsageError, first_line
 from gputrain.run.files import write_json
+from gputrain.run.layout import EXPORT, EXPORT_RECORD
+from gputrain.run.output import Owner, check_output_folder, json_record, make_folder, marked, read_json
 from gputrain.use import artifacts
 from gputrain.use.artifacts import FORMATS, ONNX_OPSET, Runner
 from gputrain.use.extras import EXPORT_EXTRA, require_export_extra
 from gputrain.use.held_out import HeldOut, example_pair, held_out_batch
 from gputrain.use.loaded import LoadedRun, load_run
-from gputrain.use.options import output_dir
 
 log = logging.getLogger("gputrain")
 
 TOLERANCES = {"safetensors": (0.0, 0.0), "pt2": (1e-4, 1e-4), "pt2-aoti": (1e-4, 1e-4), "onnx": (1e-4, 1e-4)}
 """(atol, rtol) of each artifact's verification (module docstring)."""
 VERIFY_SAMPLES = 32
+_EXPORT_RECORD = json_record("export", "format", "files", "run_dir", "verification")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,28 @@ class ExportOptions:
 
 def default_out(run_dir: Path, fmt: str) -> Path:
     """Where an export goes without -o: RUN_DIR/export/FORMAT."""
-    return run_dir / "export" / fmt
+    return run_dir / EXPORT / fmt
+
+
+def is_export_folder(folder: Path) -> bool:
+    """Whether `folder` is an export gputrain wrote: its export.json, and only the files that lists
+    (run/output.py: an export is written into nothing else but a new or empty folder)."""
+    if not _EXPORT_RECORD(folder / EXPORT_RECORD):
+        return False
+    files = read_json(folder / EXPORT_RECORD).get("files")
+    if not isinstance(files, list) or not all(isinstance(f, str) and Path(f).name == f for f in files):
+        return False
+    try:
+        return {p.name for p in folder.iterdir()} <= {*files, EXPORT_RECORD}
+    except OSError:
+        return False
+
+
+def _out_folder(out: Path | None, run_dir: Path, fmt: str, inputs: list[str | Path | None]) -> Path:
+    """The export's folder, checked before any work (run/output.py): -o, or RUN_DIR/export/FORMAT."""
+    owner = Owner.of(runs=[run_dir], designated=[f"{EXPORT}/*"], inputs=inputs)
+    option = "-o" if out is not None else "-o (default)"
+    return check_output_folder(out if out is not None else default_out(run_dir, fmt), option, owner, is_export_folder)
 
 
 def export_run(run_dir: str | Path, options: ExportOptions) -> dict[str, Any]:
@@ -74,7 +97,9 @@ def export_run(run_dir: str | Path, options: ExportOptions) -> dict[str, Any]:
     if fmt == "onnx":
         require_export_extra("--format onnx")
     loaded = load_run(run_dir, checkpoint=options.checkpoint, device=options.device)
-    out = output_dir(options.out or default_out(loaded.run_dir, fmt), "-o")
+    data = loaded.config.data
+    out = _out_folder(options.out, loaded.run_dir, fmt, [loaded.weights.path, data.path, data.val_path])
+    make_folder(out, "-o")
     held = held_out_batch(loaded, options.samples)
     served = loaded.served()
     example = example_pair(held.raw).to(loaded.device)
@@ -102,6 +127,7 @@ def export_run(run_dir: str | Path, options: ExportOptions) -> dict[str, Any]:
         "precision": "fp32",
         "versions": _versions(fmt),
         **extra,
+        **marked("export"),
     }
     return _verified(out, record, loaded, held, options)
 
@@ -115,13 +141,15 @@ def verify_export(out: str | Path, options: ExportOptions) -> dict[str, Any]:
     """
     path = Path(out)
     try:
-        record = json.loads((path / "export.json").read_text())
+        record = json.loads((path / EXPORT_RECORD).read_text())
     except (OSError, ValueError):
         raise UsageError(f"{path}: no export.json; give the folder gputrain export wrote") from None
     if record.get("format") not in FORMATS:
         raise UsageError(f"{path}/export.json: no export format recorded; export again")
     if record["format"] == "onnx":
         require_export_extra("verifying an ONNX export")
+    # export.json is rewritten with the new figures: only in an export folder of gputrain's own
+    _out_folder(path, Path(str(record.get("run_dir"))), record["format"], [])
     loaded = load_run(record["run_dir"], checkpoint=record["weights"]["path"], device=record.get("device", "cpu"))
     held = held_out_batch(loaded, options.samples)
     return _verified(path, record, loaded, held, options)
@@ -149,10 +177,10 @@ def _verified(
         "checks": checks,
         "passed": all(c["passed"] for c in checks.values()),
     }
-    write_json(out / "export.json", record)
+    write_json(out / EXPORT_RECORD, {**record, **marked("export")})
     failed = [f"{name}: {_failure(c)}" for name, c in checks.items() if not c["passed"]]
     if failed:
-        raise RunError(f"export verification failed ({'; '.join(failed)}); the figures: {out / 'export.json'}")
+        raise RunError(f"export verification failed ({'; '.join(failed)}); the figures: {out / EXPORT_RECORD}")
     return record
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gputrain.errors import ConfigError, UsageError
@@ -64,18 +63,3 @@ def non_negative_float(text: str, meaning: str = "") -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{value} must be a finite number >= 0" + (f" ({meaning})" if meaning else ""))
     return value
-
-
-def output_dir(path: Path, option: str) -> Path:
-    """`path` as a directory to write into, created where missing.
-
-    Raises:
-        UsageError: naming `option`: the path is a file, or cannot be created.
-    """
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"{option} {path}: a file, not a folder; give a folder to write into")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UsageError(f"{option} {path}: cannot create it ({err.strerror or err})") from None
-    return path

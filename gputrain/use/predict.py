@@ -7,6 +7,8 @@ Regression gives the predicted values, under the run's label column name.
 
 from __future__ import annotations
 
+import csv
+import io
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import torch
 
 from gputrain.precision import Precision
+from gputrain.run.output import head
 from gputrain.switches import apply_process_switches
 from gputrain.use.inputs import InputBatch, read_inputs
 from gputrain.use.loaded import LoadedRun
@@ -86,3 +89,26 @@ def _cells(loaded: LoadedRun, out: torch.Tensor, top_k: int | None) -> list[str]
 
 def _number(value: float) -> str:
     return f"{value:.9g}"  # 9 significant digits: a float32 reads back exactly
+
+
+def written_by_predict(path: Path) -> bool:
+    """Whether the CSV at `path` reads as predict's own output (run/output.py's recognizer: -o replaces
+    nothing else): its header is one predict writes (`input`, then `predicted` and `p_<class>`
+    columns, `class1,p1,...`, or the predicted values' columns, whose first row is numbers)."""
+    rows = list(itertools.islice(csv.reader(io.StringIO(head(path, 1 << 16).decode("utf-8", "replace"))), 2))
+    if not rows or len(rows[0]) < 2 or rows[0][0] != "input":
+        return False
+    columns = rows[0][1:]
+    if columns[0] == "predicted":
+        return all(c.startswith("p_") for c in columns[1:])
+    if columns == [f"{what}{i // 2 + 1}" for i, what in zip(range(len(columns)), itertools.cycle(("class", "p")))]:
+        return True
+    return len(rows) > 1 and len(rows[1]) == len(rows[0]) and all(_is_number(cell) for cell in rows[1][1:])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -28,6 +28,7 @@ _GROUPS = {
     "test_memory_limits.py": "config values",
     "test_disk_full.py": "run directories",
     "test_use_inputs.py": "use inputs",
+    "test_outputs.py": "outputs",
 }
 _cases: Counter[str] = Counter()
 
