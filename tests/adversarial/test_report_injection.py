@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gputrain.config.load import read_toml
 from gputrain.report.build import write_report
 from tests.unit.report.browser import NAMES, find_browser, run_script
 
@@ -176,6 +177,7 @@ def _write_json(path: Path, value: Any) -> None:
 def _config(p: str) -> str:
     q = _toml(p)
     return (
+        f"{_toml(p + ' ')} = {q}\n"  # a key outside any table
         f"[data]\nname = {q}\ntask = {q}\n{q} = {q}\n"
         f"[model]\nname = {q}\nhidden_sizes = [{q}]\n"
         f"[parallel]\nstrategy = {q}\ntp = {q}\npp = {q}\n"
@@ -343,7 +345,7 @@ def hostile_runs(root: Path, p: str) -> list[Path]:
         (run / "error.log").write_text(f"Traceback\n{p}\n{p}\n")
         _scores(run / "scores-test.npz", p)
     sweep.mkdir()
-    _write_json(sweep / "lr_find.json", {**_lr_find(p), "config": {"data": {"task": p}}})
+    _write_json(sweep / "lr_find.json", {**_lr_find(p), "config": read_toml(failed / "config.toml")})
     return [failed, rl, sweep, running, early]
 
 
