@@ -169,3 +169,55 @@ def test_the_policy_runs_only_the_pages_own_script():
     assert rules["default-src"] == "'none'"  # nothing fetched: no image, frame, font or connection
     assert rules["script-src"] == f"'sha256-{digest}'"  # no inline handler, no other script
     assert f"<script>{SCRIPT}</script>" in document
+
+
+SAFE = {"esc", "css_colour", "data_number", "script_json"}
+READS = re.compile(
+    r"\.get\(|\b(run|runs|record|summary|config|env|profile|cell|op|f|metrics|name|title|label|text|value|note|"
+    r"notes|path|status|task|split|metric|key|k|v)\b"
+)
+"""What an expression that reads a run's values looks like: a lookup, or a name such values go by."""
+MARKUP = {
+    ("build.py", "len(runs)"),
+    ("overview.py", "badge(run.status)"),
+    ("page.py", "note"),
+    ("page.py", "value"),
+    ("page.py", "''.join((figure(f, x_name) for f in figures))"),
+    ("svg.py", "''.join(text)"),
+}
+"""Places that look like a read value but are a count or markup the report built (and escaped) itself."""
+
+
+def test_no_markup_string_puts_a_value_read_from_a_run_in_raw():
+    """A guard for code written later: in an f-string that writes markup, every value goes through
+    escape.py or is formatted as a number (a format spec refuses text); what only looks like a read
+    value is listed in MARKUP. It finds the places the report once put values in raw (the lr-find
+    line's record.get(...), a cell's value!r, a colour looked up by a key read from a file)."""
+    import ast
+    from pathlib import Path
+
+    import gputrain.report
+
+    raw = []
+    for source in sorted(Path(gputrain.report.__file__).parent.glob("*.py")):
+        if source.name == "rundir.py":  # reads the files, writes no markup (its "<name>" is in messages)
+            continue
+        for node in ast.walk(ast.parse(source.read_text())):
+            if not isinstance(node, ast.JoinedStr):
+                continue
+            literal = "".join(v.value for v in node.values if isinstance(v, ast.Constant))
+            if not re.search(r"<|=\"|='", literal):
+                continue
+            for part in node.values:
+                if not isinstance(part, ast.FormattedValue):
+                    continue
+                call = part.value
+                if part.conversion == -1 and (
+                    part.format_spec is not None
+                    or (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in SAFE)
+                ):
+                    continue
+                expression = ast.unparse(call)
+                if (part.conversion != -1 or READS.search(expression)) and (source.name, expression) not in MARKUP:
+                    raw.append(f"{source.name}:{node.lineno}: {{{expression}}}")
+    assert raw == [], "escape these with gputrain.report.escape (or list markup the report built in MARKUP)"
