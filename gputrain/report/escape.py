@@ -10,11 +10,13 @@ those characters, never run. So no report code puts a value into markup itself; 
 - `data_number`: a number written into an attribute the page's script reads (`data-value`): the
   number's repr, or nothing when the value is not a finite number (a string where a number belongs).
 - `script_json`: a value inside a <script> element, as JSON that cannot end the element or open a
-  comment there (`<`, `>`, `&` and the two JavaScript line terminators U+2028/U+2029 as \\u escapes).
+  comment there (`<`, `>`, `&` and every non-ASCII character, the line terminators U+2028/U+2029
+  among them, as \\u escapes). The page's own script holds no value today: what it needs it reads
+  from attributes (`data-name`, `data-value`, `data-x`); a value put into a script goes through here.
 - `css_colour`: a colour inside a style or presentation attribute: only `#rgb`/`#rrggbb`.
 
 page.py adds a Content-Security-Policy that runs only the page's own script (by its hash) as a
-second wall: a value that were ever put in unescaped still could not run a handler or fetch anything.
+second wall: a value ever put in unescaped still could not run a handler or fetch anything.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import re
 from typing import Any
 
 _COLOUR = re.compile(r"#(?:[0-9a-fA-F]{3}|[0-9a-fA-F]{6})")
-_IN_SCRIPT = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+_IN_SCRIPT = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"}
 
 
 def esc(value: object) -> str:
@@ -48,10 +50,11 @@ def data_number(value: object) -> str:
 
 def script_json(value: Any) -> str:
     """`value` as JSON to place between <script> and </script>: `</script>`, `<!--` and a line
-    terminator inside a string cannot end the element or the statement. NaN and Infinity are
-    written as null (they are not JSON)."""
-    text = json.dumps(_finite(value), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return re.sub("[<>&\u2028\u2029]", lambda m: _IN_SCRIPT[m.group()], text)
+    terminator inside a string cannot end the element or the statement. ASCII only: the page is
+    written as ASCII with character references, which a script's text would not decode. NaN and
+    Infinity are written as null (they are not JSON)."""
+    text = json.dumps(_finite(value), ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    return re.sub("[<>&]", lambda m: _IN_SCRIPT[m.group()], text)  # U+2028/9 are \u escapes already
 
 
 def _finite(value: Any) -> Any:

@@ -26,7 +26,7 @@ HOSTILE = [
     "&lt;b&gt; &amp; &#60; &#x3c;",
     "--><!--",
     "javascript:alert(1)",
-    "\u2028\u2029\x00\x1b tab\there",
+    "\u2028\u2029\x00\x1b tab\there é ∑ 😀",
     "plain text",
 ]
 
@@ -103,7 +103,7 @@ def test_a_number_attribute_holds_a_number_or_nothing(value, written):
 def test_json_in_a_script_cannot_end_it_and_reads_back(value):
     record = {"name": value, value: [value, 1.5, None]}
     text = script_json(record)
-    assert not re.search(r"[<>&\u2028\u2029]", text)
+    assert text.isascii() and not re.search(r"[<>&]", text)
     assert json.loads(text) == record
     parsed = parse(f"<script>var x = {text};</script><p>after</p>")
     assert [tag for tag, _ in parsed.tags] == ["script", "p"]  # the script element ended where it was meant to
