@@ -147,17 +147,32 @@ STYLE = re.compile(
 
 _INSPECT = """<script>
 addEventListener("load", function () {
-  var tags = {}, attributes = {}, hrefs = [], styles = [];
-  document.querySelectorAll("*").forEach(function (el) {
-    tags[el.localName.toLowerCase()] = 1;
-    Array.prototype.forEach.call(el.attributes, function (a) {
-      attributes[a.name.toLowerCase()] = 1;
-      if (a.name === "href") hrefs.push(a.value);
-      if (a.name === "style") styles.push(a.value);
+  var tags = {}, attributes = {}, hrefs = [], styles = [], tips = "";
+  function walk(root) {
+    [root].concat(Array.prototype.slice.call(root.querySelectorAll("*"))).forEach(function (el) {
+      tags[el.localName.toLowerCase()] = 1;
+      Array.prototype.forEach.call(el.attributes, function (a) {
+        attributes[a.name.toLowerCase()] = 1;
+        if (a.name === "href") hrefs.push(a.value);
+        if (a.name === "style") styles.push(a.value);
+      });
     });
+  }
+  // the pointer over each line chart's first point: the page's script writes the names under it
+  // into its tooltip as markup, and each tooltip is inspected before the next replaces it
+  document.querySelectorAll("svg.chart[data-kind=line]").forEach(function (svg) {
+    var path = svg.querySelector("path.series");
+    if (!path) return;
+    var first = path.getAttribute("d").match(/-?[0-9.]+/g).map(Number), pt = svg.createSVGPoint();
+    pt.x = first[0]; pt.y = first[1];
+    var at = pt.matrixTransform(svg.getScreenCTM());
+    svg.dispatchEvent(new MouseEvent("mousemove", {clientX: at.x, clientY: at.y, bubbles: true}));
+    var tip = document.querySelector(".tip");
+    if (tip && tip.style.display === "block") { walk(tip); tips += tip.textContent + "\\n"; }
   });
+  walk(document.documentElement);
   var out = {title: document.title, tags: Object.keys(tags), attributes: Object.keys(attributes), hrefs: hrefs,
-             styles: styles, scripts: document.scripts.length, text: document.body.textContent};
+             styles: styles, scripts: document.scripts.length, text: document.body.textContent, tips: tips};
   var pre = document.createElement("pre");
   pre.id = "gputrain-inspect";
   pre.textContent = JSON.stringify(out);
@@ -358,8 +373,10 @@ def _inspect(page: Path) -> tuple[dict[str, Any], list[str]]:
     return data, console
 
 
-def _assert_inert(page: Path, title: str, payload: str) -> None:
+def _assert_inert(page: Path, title: str, payload: str, *, hovered: str = "") -> None:
+    """`hovered`: text the tooltips over the line charts must show (a curve's name)."""
     seen, console = _inspect(page)
+    assert hovered in seen["tips"], f"{page.name}: the tooltips show {seen['tips']!r}, not {hovered!r}"
     where = f"{page.name}: "
     assert console == [], where + str(console)
     assert seen["title"] == title, where + "a payload ran (the title changed)"
@@ -377,9 +394,9 @@ def test_hostile_text_in_every_field_shows_as_text_and_runs_nothing(payload: str
     """The failed run's page (every section of a run's page), and the five runs compared."""
     runs = hostile_runs(tmp_path / "runs", payload)
     failed = write_report([runs[0]], tmp_path / "failed.html")
-    _assert_inert(failed.path, f"gputrain report: {runs[0].name}", payload)
+    _assert_inert(failed.path, f"gputrain report: {runs[0].name}", payload, hovered=payload)  # a split's name
     compared = write_report(runs, tmp_path / "compared.html")
-    _assert_inert(compared.path, f"gputrain report: {len(runs)} runs", payload)
+    _assert_inert(compared.path, f"gputrain report: {len(runs)} runs", payload, hovered=runs[0].name)
 
 
 @pytest.mark.parametrize(
