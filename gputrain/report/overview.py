@@ -5,6 +5,7 @@ runs, the table of runs, the config keys that differ between them, and their fin
 from __future__ import annotations
 
 import datetime
+import math
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +29,8 @@ def badge(status: str) -> str:
 def duration(seconds: object) -> str:
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
         return "–" if seconds is None else str(seconds)  # text where a number belongs: shown as it is
+    if not math.isfinite(seconds):  # NaN or Infinity in a hand-edited file: no duration to round
+        return str(seconds)
     if seconds < 90:
         return f"{seconds:.1f} s"
     return str(datetime.timedelta(seconds=round(seconds)))
