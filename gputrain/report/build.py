@@ -15,6 +15,7 @@ from typing import TextIO
 
 from gputrain import __version__
 from gputrain.report.curves import eval_figures, loss_figure, lr_find_figure, training_figures
+from gputrain.report.escape import esc
 from gputrain.report.outcome import compare_outcomes_html, outcome_html
 from gputrain.report.overview import (
     config_differences_html,
@@ -24,10 +25,9 @@ from gputrain.report.overview import (
     machine_html,
     runs_table_html,
 )
-from gputrain.report.page import GENERATOR, Section, page, plots
+from gputrain.report.page import GENERATOR, Section, page, plots, shown
 from gputrain.report.rundir import Run, read_runs
 from gputrain.report.speed import compare_speed_html, profile_html, speed_html
-from gputrain.report.svg import esc
 from gputrain.run.files import write_text
 from gputrain.run.layout import REPORT, TENSORBOARD
 from gputrain.run.output import Owner, check_output_file, head
@@ -47,12 +47,15 @@ def single_run_page(run: Run) -> str:
     if run.lr_find and lr_find is not None:
         record = run.lr_find
         lr = record.get("suggested_lr")
+        rules = record.get("other_rules")
         lr_text = (
-            f"<p>Suggested <code>optim.lr={lr:.2e}</code> (rule: {esc(record.get('rule_text'))}); "
-            + "; ".join(f"{esc(k)} rule: {v:.2e}" for k, v in (record.get("other_rules") or {}).items())
-            + f". {record.get('steps_run')} of {record.get('steps')} steps, {esc(record.get('stopped'))}; "
-            f"batch {record.get('batch_size')}, {esc(record.get('precision'))}, "
-            f"{record.get('world_size')} rank(s).</p>"
+            f"<p>Suggested <code>optim.lr={esc(shown(lr, '.2e'))}</code> (rule: {esc(record.get('rule_text'))}); "
+            + "; ".join(
+                f"{esc(k)} rule: {esc(shown(v, '.2e'))}" for k, v in (rules if isinstance(rules, dict) else {}).items()
+            )
+            + f". {esc(record.get('steps_run'))} of {esc(record.get('steps'))} steps, {esc(record.get('stopped'))}; "
+            f"batch {esc(record.get('batch_size'))}, {esc(record.get('precision'))}, "
+            f"{esc(record.get('world_size'))} rank(s).</p>"
             if lr
             else "<p>The sweep gave no suggestion (it diverged too early): lower --start-lr.</p>"
         )

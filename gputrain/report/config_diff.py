@@ -10,8 +10,15 @@ UNSET = None
 
 
 def flatten(config: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
-    """{"train.epochs": 20, ...} from {"train": {"epochs": 20}, ...}."""
-    return {f"{section}.{key}": value for section, values in (config or {}).items() for key, value in values.items()}
+    """{"train.epochs": 20, ...} from {"train": {"epochs": 20}, ...}; a key outside any table (a
+    hand-edited file) stands as itself."""
+    flat: dict[str, Any] = {}
+    for section, values in (config or {}).items():
+        if isinstance(values, Mapping):
+            flat.update({f"{section}.{key}": value for key, value in values.items()})
+        else:
+            flat[str(section)] = values
+    return flat
 
 
 def default_config() -> dict[str, Any]:

@@ -166,7 +166,9 @@ def lr_find_figure(run: Run) -> Figure | None:
         Line("smoothed", lrs, smoothed, color(0), width=2),
     ]
     suggested = record.get("suggested_lr")
-    marks = [Mark(float(suggested), f"{suggested:.2e}")] if suggested else []
+    # a suggestion that is not a number (a hand-edited file) is shown as text above the plot, not marked
+    is_number = isinstance(suggested, (int, float)) and not isinstance(suggested, bool)
+    marks = [Mark(float(suggested), f"{suggested:.2e}")] if is_number and suggested else []
     # the tail after divergence dwarfs the rest: show losses up to a little above the start
     finite = smoothed[np.isfinite(smoothed)]
     y_range = None

@@ -10,11 +10,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from gputrain.report.classify import ClassReport, classification_report, curves_to_draw
+from gputrain.report.escape import esc
 from gputrain.report.page import Cell, Row, facts, num, plots, table
 from gputrain.report.regress import MAX_OUTPUTS, RegressionReport, regression_report
 from gputrain.report.rundir import Run
 from gputrain.report.series import downsample, ema_span, smooth
-from gputrain.report.svg import Figure, Line, color, esc, heatmap, histogram, line_chart, scatter
+from gputrain.report.svg import Figure, Line, color, heatmap, histogram, line_chart, scatter
 
 MAX_MATRIX_CLASSES = 30
 """A confusion matrix of more classes is unreadable: the classes most often confused are shown."""

@@ -5,15 +5,16 @@ runs, the table of runs, the config keys that differ between them, and their fin
 from __future__ import annotations
 
 import datetime
+import math
 import shlex
 from collections.abc import Sequence
 from typing import Any
 
 from gputrain.report.config_diff import differs_between, differs_from_defaults, show_value
-from gputrain.report.page import Cell, Row, facts, num, table
+from gputrain.report.escape import esc
+from gputrain.report.page import Cell, Row, facts, num, shown, table
 from gputrain.report.rl import rl_stop_reason, rl_tiles
 from gputrain.report.rundir import Run
-from gputrain.report.svg import esc
 from gputrain.train.tasks import metric_mode
 
 _PARALLEL_KEYS = ("dp_replicate", "dp_shard", "tp", "pp")
@@ -25,9 +26,11 @@ def badge(status: str) -> str:
     return f'<span class="badge s-{known}">{esc(status.replace("_", " "))}</span>'
 
 
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
+def duration(seconds: object) -> str:
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        return "–" if seconds is None else str(seconds)  # text where a number belongs: shown as it is
+    if not math.isfinite(seconds):  # NaN or Infinity in a hand-edited file: no duration to round
+        return str(seconds)
     if seconds < 90:
         return f"{seconds:.1f} s"
     return str(datetime.timedelta(seconds=round(seconds)))
@@ -56,7 +59,7 @@ def _steps_text(run: Run) -> str:
     if run.status == "running" or not summary:
         return f"{last:,}{unit} so far" if last is not None else "–"
     epochs = None if run.is_rl else summary.get("epochs_completed")
-    return f"{summary.get('global_step', 0):,}{unit}" + (f" ({epochs} epochs)" if epochs is not None else "")
+    return f"{shown(summary.get('global_step', 0), ',')}{unit}" + (f" ({epochs} epochs)" if epochs is not None else "")
 
 
 def _resolved(run: Run, key: str) -> str:
@@ -84,7 +87,7 @@ def header_html(run: Run) -> str:
     if run.is_rl:  # its samples are environment steps: rl_tiles names them so
         tiles += rl_tiles(run)
     elif train.get("samples_per_s"):
-        tiles.append(("samples/s", f"{train['samples_per_s']:,.0f}"))
+        tiles.append(("samples/s", shown(train["samples_per_s"], ",.0f")))
     for split in ("test", "val"):
         metrics = summary.get(split) or {}
         for key in ("accuracy", "auroc", "f1", "mse", "perplexity", "loss"):

@@ -7,12 +7,15 @@ values under the pointer show on line charts, and a click on a column heading so
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gputrain.report.escape import css_colour, data_number, esc
 from gputrain.report.scale import format_number
-from gputrain.report.svg import Figure, esc
+from gputrain.report.svg import Figure
 
 STYLE = """
 :root{--bg:#fff;--fg:#1d2330;--muted:#5b6475;--line:#d9dde5;--grid:#eceef3;--card:#f7f8fa;--accent:#1f77b4}
@@ -186,10 +189,31 @@ Row = list["str | Cell"]
 
 def num(value: float | None, digits: int = 4) -> Cell:
     """A number cell: `digits` decimals for figures in [0, 1] and near, else compact."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):  # a string where a number belongs
+        return Cell("–" if value is None else str(value))
+    if isinstance(value, float) and not math.isfinite(value):
         return Cell("–")
     shown = f"{value:.{digits}f}" if abs(value) < 1e4 and (value == 0 or abs(value) >= 1e-3) else format_number(value)
     return Cell(shown, float(value))
+
+
+def number(value: object) -> float | None:
+    """`value` where it is a number, else None: a hand-edited file may hold text where a number
+    belongs, and a figure computed from it (a share, a scaled unit) is left out rather than guessed."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # an integer past a float's range
+            return None
+    return None
+
+
+def shown(value: object, spec: str) -> str:
+    """A number formatted by `spec`; anything else (a string where a number belongs, in a hand-edited
+    file) as its own text, for the caller to escape like any text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format(value, spec)
+    return str(value)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str | Cell]], sortable: bool = True) -> str:
@@ -199,10 +223,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str | Cell]], sortable
         cells = []
         for cell in row:
             if isinstance(cell, Cell):
-                classes = " ".join(
-                    c for c in ("num" if cell.value is not None else "", "best" if cell.best else "") if c
-                )
-                value = f' data-value="{cell.value!r}"' if cell.value is not None else ""
+                number = data_number(cell.value)
+                classes = " ".join(c for c in ("num" if number else "", "best" if cell.best else "") if c)
+                value = f' data-value="{esc(number)}"' if number else ""
                 cells.append(f'<td class="{classes}"{value}>{esc(cell.text)}</td>')
             else:
                 cells.append(f"<td>{esc(cell)}</td>")
@@ -219,7 +242,8 @@ def facts(pairs: Sequence[tuple[str, str]]) -> str:
 
 def figure(fig: Figure, x_name: str = "") -> str:
     legend = "".join(
-        f'<span><i class="{"dash" if dash else ""}" style="background-color:{colour}"></i>{esc(name)}</span>'
+        f'<span><i class="{"dash" if dash else ""}" style="background-color:{css_colour(colour)}"></i>'
+        f"{esc(name)}</span>"
         for name, colour, dash in fig.legend
     )
     svg = fig.svg.replace("<svg ", f'<svg data-xname="{esc(x_name)}" ', 1) if x_name else fig.svg
@@ -244,15 +268,25 @@ class Section:
 
 GENERATOR = '<meta name="generator" content="gputrain">'
 """Marks a page as gputrain's: `gputrain report` replaces no other file (report/build.py's is_report)."""
+POLICY = (
+    "default-src 'none'; "
+    f"script-src 'sha256-{base64.b64encode(hashlib.sha256(SCRIPT.encode()).digest()).decode()}'; "
+    "style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+)
+"""The page's Content-Security-Policy, a second wall behind escape.py: only the page's own script
+runs (named by its hash: no inline handler, no other <script>), and nothing is fetched (no image,
+frame, font or connection, so no style could send anything anywhere). Styles stay inline-allowed:
+the legend's colours are style attributes, and without a fetch a style can only change looks."""
 
 
 def page(title: str, top: str, sections: Sequence[Section], footer: str) -> str:
     """The whole document: no external reference of any kind (no URL is fetched when it opens)."""
     shown = [s for s in sections if s.body]
-    nav = "".join(f'<a href="#{s.anchor}">{esc(s.title)}</a>' for s in shown)
-    body = "".join(f'<section id="{s.anchor}"><h2>{esc(s.title)}</h2>{s.body}</section>' for s in shown)
+    nav = "".join(f'<a href="#{esc(s.anchor)}">{esc(s.title)}</a>' for s in shown)
+    body = "".join(f'<section id="{esc(s.anchor)}"><h2>{esc(s.title)}</h2>{s.body}</section>' for s in shown)
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{esc(POLICY)}">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"{GENERATOR}<title>{esc(title)}</title><style>{STYLE}</style></head><body>"
         f"<nav>{nav}</nav><main>{top}{body}<footer>{footer}</footer></main>"

@@ -143,7 +143,8 @@ class Run:
         if self.summary is None:
             return "running"
         last = self.last_step
-        if last is not None and last > int(self.summary.get("global_step") or 0):
+        step = self.summary.get("global_step")  # text in a hand-edited file counts as no step, as null does
+        if last is not None and last > (step if isinstance(step, (int, float)) and not isinstance(step, bool) else 0):
             return "running"
         return str(self.summary.get("status", "unknown"))
 

@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from gputrain.report.curves import step_figure
-from gputrain.report.page import Cell, Row, facts, num, plots, table
+from gputrain.report.escape import esc
+from gputrain.report.page import Cell, Row, facts, num, number, plots, table
 from gputrain.report.rl import rl_facts
 from gputrain.report.rundir import Run
 from gputrain.report.scale import format_number
-from gputrain.report.svg import Figure, esc, stacked_bars
+from gputrain.report.svg import Figure, stacked_bars
 
 PARTS = {
     "data": "#9467bd",
@@ -37,32 +38,32 @@ def time_split(run: Run) -> dict[str, float | None] | None:
     """The share of each part of a step: summary.json's, else the last logged row's (a run in progress)."""
     split = _train(run).get("time_breakdown")
     if isinstance(split, dict) and split:
-        return {p: split.get(p) for p in PARTS}
+        return {p: number(split.get(p)) for p in PARTS}
     last = {p: run.steps.last(f"time_{p}") for p in PARTS}
     return last if any(v is not None for v in last.values()) else None
 
 
 def speed_figures(run: Run) -> dict[str, Any]:
     """The speed facts of one run, from summary.json (the whole run), else from the last logged
-    row (a run in progress)."""
+    row (a run in progress). A figure that is not a number in the file is None (shown as "–")."""
     train = _train(run)
 
-    def latest(key: str) -> Any:
-        return train.get(key) if train else run.steps.last(key)
+    def latest(key: str) -> float | None:
+        return number(train.get(key)) if train else run.steps.last(key)
 
     rl = run.is_rl  # its "samples" are environment steps: named so, and it has no FLOPs to count
     return {
         "step time": latest("step_time_s"),
         "samples/s": None if rl else latest("samples_per_s"),
-        "env steps/s": rl_facts(run).get("env_steps_per_s") if rl else None,
+        "env steps/s": number(rl_facts(run).get("env_steps_per_s")) if rl else None,
         "tokens/s": latest("tokens_per_s"),
-        "FLOPs/step": train.get("flops_per_step"),
+        "FLOPs/step": number(train.get("flops_per_step")),
         "achieved FLOP/s": latest("achieved_flops"),
         "MFU": latest("mfu"),
         "MFU (formula)": latest("mfu_formula"),
-        "peak source": train.get("mfu_peak_source"),
+        "peak source": None if train.get("mfu_peak_source") is None else str(train["mfu_peak_source"]),
         "peak memory": latest("peak_memory_bytes"),
-        "host peak RSS": train.get("host_peak_rss_bytes"),
+        "host peak RSS": number(train.get("host_peak_rss_bytes")),
         "from rows": not train,
     }
 
@@ -187,14 +188,14 @@ def profile_html(run: Run) -> str:
         body += "<details><summary>the measured facts behind the findings</summary>"
         body += table(["fact", "value"], facts_rows, sortable=False) + "</details>"
     for key, title in (("top_device_ops", "top ops by device time"), ("top_host_ops", "top ops by host time")):
-        ops = profile.get(key) or []
+        ops = [op for op in profile.get(key) or [] if isinstance(op, dict)]
         if ops:
             rows: list[Row] = [
                 [
                     str(op.get("name", ""))[:80],
-                    Cell(str(op.get("calls")), float(op.get("calls") or 0)),
-                    num((op.get("self_device_us") or 0) / 1000, 3),
-                    num((op.get("self_host_us") or 0) / 1000, 3),
+                    Cell(str(op.get("calls")), number(op.get("calls"))),
+                    num((number(op.get("self_device_us")) or 0) / 1000, 3),
+                    num((number(op.get("self_host_us")) or 0) / 1000, 3),
                 ]
                 for op in ops
             ]

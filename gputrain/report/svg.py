@@ -10,7 +10,6 @@ the pointer without a copy of the data.
 
 from __future__ import annotations
 
-import html
 import itertools
 import math
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gputrain.report.escape import css_colour, esc
 from gputrain.report.scale import Scale, data_range, format_number, wants_log
 
 WIDTH, HEIGHT = 560, 320
@@ -44,10 +44,6 @@ _clip_ids = itertools.count(1)
 
 def color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
-
-
-def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
 
 
 @dataclass(slots=True)
@@ -221,12 +217,12 @@ def line_chart(
         frame.body.append(f'<line class="chance" x1="{x(0):.1f}" y1="{y(0):.1f}" x2="{x(1):.1f}" y2="{y(1):.1f}"/>')
     for line in lines:
         px, py = x.pixels(line.xs), y.pixels(line.ys)
-        dash = f' stroke-dasharray="{line.dash}"' if line.dash else ""
+        dash = f' stroke-dasharray="{esc(line.dash)}"' if line.dash else ""
         opacity = f' stroke-opacity="{line.opacity}"' if line.opacity < 1 else ""
         d = _path(px, py)
         if d:
             frame.body.append(
-                f'<path class="series" data-name="{esc(line.name)}" d="{d}" stroke="{line.color}" '
+                f'<path class="series" data-name="{esc(line.name)}" d="{d}" stroke="{css_colour(line.color)}" '
                 f'stroke-width="{line.width}"{dash}{opacity}/>'
             )
         if line.markers:
@@ -235,13 +231,15 @@ def line_chart(
                 for a, b in zip(px.tolist(), py.tolist())
                 if math.isfinite(a) and math.isfinite(b)
             )
-            frame.body.append(f'<g class="dots" data-name="{esc(line.name)}" fill="{line.color}">{dots}</g>')
+            frame.body.append(
+                f'<g class="dots" data-name="{esc(line.name)}" fill="{css_colour(line.color)}">{dots}</g>'
+            )
     for mark in marks:
         mark_x = x(mark.x)
         frame.body.append(
             f'<line class="mark" x1="{mark_x:.1f}" y1="{MARGIN_TOP}" x2="{mark_x:.1f}" y2="{HEIGHT - MARGIN_BOTTOM}" '
-            f'stroke="{mark.color}"/><text class="mark-label" x="{mark_x + 4:.1f}" y="{MARGIN_TOP + 12}" '
-            f'fill="{mark.color}">{esc(mark.label)}</text>'
+            f'stroke="{css_colour(mark.color)}"/><text class="mark-label" x="{mark_x + 4:.1f}" y="{MARGIN_TOP + 12}" '
+            f'fill="{css_colour(mark.color)}">{esc(mark.label)}</text>'
         )
     legend = [(ln.name, ln.color, ln.dash) for ln in lines if ln.in_legend]
     return Figure(title, frame.render(title), legend if len(legend) > 1 else [], note)
@@ -263,7 +261,7 @@ def scatter(
         )
     px, py = x.pixels(xs), y.pixels(ys)
     dots = "".join(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2"/>' for a, b in zip(px.tolist(), py.tolist()))
-    frame.body.append(f'<g class="dots points" fill="{color(0)}" fill-opacity="0.45">{dots}</g>')
+    frame.body.append(f'<g class="dots points" fill="{css_colour(color(0))}" fill-opacity="0.45">{dots}</g>')
     return Figure(title, frame.render(title), [], note)
 
 
@@ -289,7 +287,7 @@ def histogram(title: str, values: np.ndarray, *, x_label: str, bins: int = 40, n
                 f'height="{y(0) - top:.1f}"><title>{format_number(left)} to {format_number(right)}: '
                 f"{count}</title></rect>"
             )
-    frame.body.append(f'<g class="bars" fill="{color(0)}">{"".join(bars)}</g>')
+    frame.body.append(f'<g class="bars" fill="{css_colour(color(0))}">{"".join(bars)}</g>')
     return Figure(title, frame.render(title), [], note)
 
 
@@ -323,7 +321,7 @@ def heatmap(
             opacity = 0.12 + 0.88 * math.sqrt(alpha) if counts[i, j] else 0.0
             tip = f"true {labels[i]}, predicted {labels[j]}: {int(counts[i, j])} ({100 * alpha:.1f}% of the row)"
             cells.append(
-                f'<rect x="{cx:.1f}" y="{cy:.1f}" width="{size:.1f}" height="{size:.1f}" fill="{fill}" '
+                f'<rect x="{cx:.1f}" y="{cy:.1f}" width="{size:.1f}" height="{size:.1f}" fill="{css_colour(fill)}" '
                 f'fill-opacity="{opacity:.3f}"><title>{esc(tip)}</title></rect>'
             )
             if counts[i, j] and size >= 14:
@@ -380,7 +378,7 @@ def stacked_bars(
             width = (right - left) * value / total
             body.append(
                 f'<rect class="segment" data-part="{esc(part)}" x="{position:.1f}" y="{top}" width="{width:.1f}" '
-                f'height="{bar_height}" fill="{colors.get(part, "#999")}"><title>{esc(part)}: '
+                f'height="{bar_height}" fill="{css_colour(colors.get(part, "#999"))}"><title>{esc(part)}: '
                 f"{100 * value:.1f}%</title></rect>"
             )
             if width > 34:

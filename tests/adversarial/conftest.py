@@ -29,6 +29,7 @@ _GROUPS = {
     "test_disk_full.py": "run directories",
     "test_use_inputs.py": "use inputs",
     "test_outputs.py": "outputs",
+    "test_report_injection.py": "report injection",
 }
 _cases: Counter[str] = Counter()
 

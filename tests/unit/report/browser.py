@@ -10,6 +10,9 @@ collected from Chromium's log: a report must cause none.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import html
 import json
 import os
 import re
@@ -100,23 +103,43 @@ def _flags(browser: str, profile: str) -> list[str]:
     return flags
 
 
-def probe(page: Path, browser: str, timeout: float = 120) -> Probe:
+POLICY = re.compile(r'<meta http-equiv="Content-Security-Policy" content="[^"]*">')
+
+
+def with_script(text: str, script: str) -> str:
+    """The page with `script` (a whole <script> element) appended after its own, and allowed by the
+    page's Content-Security-Policy (its hash added to script-src, as the page names its own)."""
+    body = script.strip().removeprefix("<script>").removesuffix("</script>")
+    digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
+    text = text.replace("script-src ", f"script-src &#x27;sha256-{digest}&#x27; ", 1)
+    return text.replace("</body>", script.strip() + "</body>", 1)
+
+
+def run_script(page: Path, browser: str, script: str, result_id: str, *, policy: bool = True,
+               timeout: float = 120) -> tuple[Any, list[str], float]:
+    """Open a copy of `page` with `script` appended (`policy` False: without the page's
+    Content-Security-Policy); (the JSON the script wrote into <pre id=result_id>, the console
+    messages the page caused, the browser's wall time)."""
     with tempfile.TemporaryDirectory(prefix="gputrain-browser-") as tmp:
         copy = Path(tmp) / page.name
         text = page.read_text()
-        copy.write_text(text.replace("</body>", _PROBE + "</body>", 1))
+        if not policy:
+            text = POLICY.sub("", text, count=1)
+        copy.write_text(with_script(text, script))
         started = time.perf_counter()
         result = subprocess.run([*_flags(browser, f"{tmp}/profile"), "--dump-dom", copy.as_uri()],
                                 capture_output=True, text=True, timeout=timeout)
         wall = time.perf_counter() - started
     console = [line for line in result.stderr.splitlines() if ":CONSOLE" in line and page.name in line]
-    found = re.search(r'<pre id="gputrain-probe">(.*?)</pre>', result.stdout, re.S)
+    found = re.search(rf'<pre id="{result_id}">(.*?)</pre>', result.stdout, re.S)
     if found is None:
         raise AssertionError(f"the probe did not run (exit {result.returncode}); console: {console}; "
                              f"stderr tail: {result.stderr[-2000:]}")
-    import html
+    return json.loads(html.unescape(found.group(1))), console, wall
 
-    data = json.loads(html.unescape(found.group(1)))
+
+def probe(page: Path, browser: str, timeout: float = 120, policy: bool = True) -> Probe:
+    data, console, wall = run_script(page, browser, _PROBE, "gputrain-probe", policy=policy, timeout=timeout)
     return Probe(data["charts"], data["hover"], data["sorted"], data["ms"], wall, console)
 
 

@@ -25,3 +25,10 @@ def test_runs_differ_on_exactly_the_keys_they_disagree_on():
     b = config_to_dict(load_config(None, ["optim.lr=0.02", "model.name=mlp"]))
     c = config_to_dict(load_config(None, ["optim.lr=0.01", "model.name=mlp", "train.epochs=3"]))
     assert differs_between([a, b, c]) == {"optim.lr": [0.01, 0.02, 0.01], "train.epochs": [20, 20, 3]}
+
+
+def test_a_key_outside_any_table_stands_as_itself():
+    """A hand-edited config.toml with a key before its first table: shown, not a crash."""
+    config = {"note": "<b>mine</b>", "train": {"epochs": 3}}
+    assert differs_from_defaults(config)["note"] == ("<b>mine</b>", None)
+    assert differs_between([config, {"train": {"epochs": 3}}])["note"] == ["<b>mine</b>", None]
