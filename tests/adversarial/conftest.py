@@ -26,6 +26,7 @@ _GROUPS = {
     "test_data_meaning.py": "data files",
     "test_memory_limits.py": "config values",
     "test_disk_full.py": "run directories",
+    "test_plan_and_sweep_bounds.py": "work bounds",
 }
 _cases: Counter[str] = Counter()
 
