@@ -75,44 +75,115 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
 
 # ----------------------------------------------------------------------------- layouts that cannot be
 LAYOUTS: list[tuple[str, list[str], list[str]]] = [
-    ("pp-deeper-than-blocks", [*GPT, "--nproc-per-node", "8", "parallel.strategy=pp", "parallel.pp=8",
-                               "train.grad_accum=8"], ["parallel.pp", "2 blocks", "8 pipeline stages"]),
-    ("pp-all-ranks-deeper", [*GPT, "--nproc-per-node", "4", "parallel.strategy=pp", "train.grad_accum=4"],
-     ["parallel.pp", "2 blocks", "4 pipeline stages"]),
-    ("pp-interleaved-doubles-stages", [*GPT, "--nproc-per-node", "2", "parallel.strategy=pp",
-                                       "parallel.pp_schedule=interleaved_1f1b", "train.grad_accum=2"],
-     ["parallel.pp", "4 pipeline stages", "interleaved_1f1b"]),
-    ("pp-mlp-more-stages-than-layers", [*MLP, "model.hidden_sizes=[8]", "--nproc-per-node", "4",
-                                        "parallel.strategy=pp", "train.grad_accum=4"],
-     ["parallel.pp", "2 layers with parameters", "4 pipeline stages"]),
-    ("pp-too-few-micro-batches", [*GPT, "--nproc-per-node", "2", "parallel.strategy=pp"],
-     ["train.grad_accum", "1f1b", "at least parallel.pp=2"]),
-    ("pp-interleaved-not-a-multiple", [*MLP, "model.hidden_sizes=[8, 8, 8, 8]", "--nproc-per-node", "2",
-                                       "parallel.strategy=pp", "parallel.pp_schedule=interleaved_1f1b",
-                                       "train.grad_accum=3", "train.batch_size=66"],
-     ["train.grad_accum", "multiple of parallel.pp=2"]),
-    ("pp-model-that-cannot-be-cut", [*CNN, "--nproc-per-node", "2", "parallel.strategy=pp", "train.grad_accum=2"],
-     ["parallel.pp", "nn.Sequential", "CNN"]),
-    ("tp-not-dividing-heads", [*GPT, "--nproc-per-node", "8", "parallel.strategy=tp", "parallel.tp=8"],
-     ["parallel.tp", "attention heads (2)"]),
-    ("tp-all-ranks-not-dividing-heads", [*GPT, "--nproc-per-node", "3", "parallel.strategy=tp"],
-     ["parallel.tp", "attention heads (2)"]),
-    ("tp-model-without-a-plan", [*CNN, "--nproc-per-node", "2", "parallel.strategy=tp"],
-     ["parallel.tp", "no plan for CNN"]),
-    ("hybrid-not-multiplying", [*GPT, "--nproc-per-node", "8", "parallel.strategy=hybrid", "parallel.tp=2",
-                                "parallel.pp=2", "parallel.dp_shard=3"], ["must multiply to the world size 8, not 12"]),
-    ("hybrid-fill-not-dividing", [*GPT, "--nproc-per-node", "6", "parallel.strategy=hybrid", "parallel.tp=4",
-                                  "parallel.dp_shard=-1"], ["does not divide the world size 6"]),
-    ("hybrid-two-fills", [*GPT, "--nproc-per-node", "4", "parallel.strategy=hybrid", "parallel.dp_replicate=-1",
-                          "parallel.dp_shard=-1"], ["only one degree may be -1"]),
-    ("hybrid-over-nodes", [*GPT, "--nproc-per-node", "4", "--nnodes", "3", "parallel.strategy=hybrid",
-                           "parallel.dp_shard=8"], ["world size 12, not 8"]),
-    ("tp-over-nodes-deeper-than-heads", [*GPT, "--nproc-per-node", "2", "--nnodes", "2", "parallel.strategy=tp",
-                                         "parallel.tp=4"], ["parallel.tp", "attention heads (2)"]),
-    ("fsdp-replicas-not-dividing", [*GPT, "--nproc-per-node", "6", "parallel.strategy=fsdp",
-                                    "parallel.dp_replicate=4"], ["does not divide the world size 6"]),
-    ("none-on-several-ranks", [*GPT, "--nproc-per-node", "8", "parallel.strategy=none"],
-     ["parallel.strategy", "one process", "8 ranks"]),
+    (
+        "pp-deeper-than-blocks",
+        [*GPT, "--nproc-per-node", "8", "parallel.strategy=pp", "parallel.pp=8", "train.grad_accum=8"],
+        ["parallel.pp", "2 blocks", "8 pipeline stages"],
+    ),
+    (
+        "pp-all-ranks-deeper",
+        [*GPT, "--nproc-per-node", "4", "parallel.strategy=pp", "train.grad_accum=4"],
+        ["parallel.pp", "2 blocks", "4 pipeline stages"],
+    ),
+    (
+        "pp-interleaved-doubles-stages",
+        [
+            *GPT,
+            "--nproc-per-node",
+            "2",
+            "parallel.strategy=pp",
+            "parallel.pp_schedule=interleaved_1f1b",
+            "train.grad_accum=2",
+        ],
+        ["parallel.pp", "4 pipeline stages", "interleaved_1f1b"],
+    ),
+    (
+        "pp-mlp-more-stages-than-layers",
+        [*MLP, "model.hidden_sizes=[8]", "--nproc-per-node", "4", "parallel.strategy=pp", "train.grad_accum=4"],
+        ["parallel.pp", "2 layers with parameters", "4 pipeline stages"],
+    ),
+    (
+        "pp-too-few-micro-batches",
+        [*GPT, "--nproc-per-node", "2", "parallel.strategy=pp"],
+        ["train.grad_accum", "1f1b", "at least parallel.pp=2"],
+    ),
+    (
+        "pp-interleaved-not-a-multiple",
+        [
+            *MLP,
+            "model.hidden_sizes=[8, 8, 8, 8]",
+            "--nproc-per-node",
+            "2",
+            "parallel.strategy=pp",
+            "parallel.pp_schedule=interleaved_1f1b",
+            "train.grad_accum=3",
+            "train.batch_size=66",
+        ],
+        ["train.grad_accum", "multiple of parallel.pp=2"],
+    ),
+    (
+        "pp-model-that-cannot-be-cut",
+        [*CNN, "--nproc-per-node", "2", "parallel.strategy=pp", "train.grad_accum=2"],
+        ["parallel.pp", "nn.Sequential", "CNN"],
+    ),
+    (
+        "tp-not-dividing-heads",
+        [*GPT, "--nproc-per-node", "8", "parallel.strategy=tp", "parallel.tp=8"],
+        ["parallel.tp", "attention heads (2)"],
+    ),
+    (
+        "tp-all-ranks-not-dividing-heads",
+        [*GPT, "--nproc-per-node", "3", "parallel.strategy=tp"],
+        ["parallel.tp", "attention heads (2)"],
+    ),
+    (
+        "tp-model-without-a-plan",
+        [*CNN, "--nproc-per-node", "2", "parallel.strategy=tp"],
+        ["parallel.tp", "no plan for CNN"],
+    ),
+    (
+        "hybrid-not-multiplying",
+        [
+            *GPT,
+            "--nproc-per-node",
+            "8",
+            "parallel.strategy=hybrid",
+            "parallel.tp=2",
+            "parallel.pp=2",
+            "parallel.dp_shard=3",
+        ],
+        ["must multiply to the world size 8, not 12"],
+    ),
+    (
+        "hybrid-fill-not-dividing",
+        [*GPT, "--nproc-per-node", "6", "parallel.strategy=hybrid", "parallel.tp=4", "parallel.dp_shard=-1"],
+        ["does not divide the world size 6"],
+    ),
+    (
+        "hybrid-two-fills",
+        [*GPT, "--nproc-per-node", "4", "parallel.strategy=hybrid", "parallel.dp_replicate=-1", "parallel.dp_shard=-1"],
+        ["only one degree may be -1"],
+    ),
+    (
+        "hybrid-over-nodes",
+        [*GPT, "--nproc-per-node", "4", "--nnodes", "3", "parallel.strategy=hybrid", "parallel.dp_shard=8"],
+        ["world size 12, not 8"],
+    ),
+    (
+        "tp-over-nodes-deeper-than-heads",
+        [*GPT, "--nproc-per-node", "2", "--nnodes", "2", "parallel.strategy=tp", "parallel.tp=4"],
+        ["parallel.tp", "attention heads (2)"],
+    ),
+    (
+        "fsdp-replicas-not-dividing",
+        [*GPT, "--nproc-per-node", "6", "parallel.strategy=fsdp", "parallel.dp_replicate=4"],
+        ["does not divide the world size 6"],
+    ),
+    (
+        "none-on-several-ranks",
+        [*GPT, "--nproc-per-node", "8", "parallel.strategy=none"],
+        ["parallel.strategy", "one process", "8 ranks"],
+    ),
     ("tp-zero", [*GPT, "parallel.tp=0"], ["parallel.tp", "1..1048576"]),
     ("pp-minus-two", [*GPT, "parallel.pp=-2"], ["parallel.pp", "1..1048576"]),
     ("tp-over-the-limit", [*GPT, "parallel.tp=2000000"], ["parallel.tp", "1..1048576"]),
@@ -120,9 +191,18 @@ LAYOUTS: list[tuple[str, list[str], list[str]]] = [
 ]
 
 
-BEFORE_BUILD = {"hybrid-not-multiplying", "hybrid-fill-not-dividing", "hybrid-two-fills", "hybrid-over-nodes",
-                "fsdp-replicas-not-dividing", "none-on-several-ranks", "tp-zero", "pp-minus-two", "tp-over-the-limit",
-                "dp-shard-nan"}
+BEFORE_BUILD = {
+    "hybrid-not-multiplying",
+    "hybrid-fill-not-dividing",
+    "hybrid-two-fills",
+    "hybrid-over-nodes",
+    "fsdp-replicas-not-dividing",
+    "none-on-several-ranks",
+    "tp-zero",
+    "pp-minus-two",
+    "tp-over-the-limit",
+    "dp-shard-nan",
+}
 """Refused by the config's numbers alone: before the data is read or the model built."""
 
 
@@ -144,8 +224,11 @@ WORLDS: list[tuple[str, list[str], list[str]]] = [
     ("nnodes-zero", ["--nnodes", "0"], ["--nnodes 0", "1..1048576", "nodes"]),
     ("nnodes-negative", ["--nnodes", "-1"], ["--nnodes -1"]),
     ("nnodes-huge", ["--nnodes", "1" + "0" * 25], ["--nnodes"]),
-    ("product-over-the-limit", ["--nproc-per-node", "1024", "--nnodes", "1025"],
-     ["1024 × --nnodes 1025 = 1049600 ranks", "at most 1048576"]),
+    (
+        "product-over-the-limit",
+        ["--nproc-per-node", "1024", "--nnodes", "1025"],
+        ["1024 × --nnodes 1025 = 1049600 ranks", "at most 1048576"],
+    ),
     ("nproc-not-a-number", ["--nproc-per-node", "8.5"], ["--nproc-per-node"]),
     ("nnodes-not-a-number", ["--nnodes", "two"], ["--nnodes"]),
 ]
@@ -160,8 +243,27 @@ def test_a_world_size_out_of_bounds_is_one_line(
 
 
 # ----------------------------------------------------------------------------- device memory
-MEMORIES = ["1B", "0", "0GiB", "1023KiB", "1048575", "2PiB", "1.0001PiB", "1" + "0" * 400 + "GiB", "1" + "0" * 400,
-            "nan", "inf", "-1GiB", "1e3GiB", "1e400GiB", "80 XB", "", "GiB", "80GiBs", "1 000 GiB"]
+MEMORIES = [
+    "1B",
+    "0",
+    "0GiB",
+    "1023KiB",
+    "1048575",
+    "2PiB",
+    "1.0001PiB",
+    "1" + "0" * 400 + "GiB",
+    "1" + "0" * 400,
+    "nan",
+    "inf",
+    "-1GiB",
+    "1e3GiB",
+    "1e400GiB",
+    "80 XB",
+    "",
+    "GiB",
+    "80GiBs",
+    "1 000 GiB",
+]
 
 
 @pytest.mark.parametrize("value", MEMORIES)
@@ -177,10 +279,16 @@ def _plan(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     return json.loads(out)
 
 
-@pytest.mark.parametrize("ranks", [["--nproc-per-node", "1000"], ["--nproc-per-node", "8", "--nnodes", "125"],
-                                   ["--nproc-per-node", str(RANKS_MAX)], ["--nproc-per-node", "1024",
-                                                                          "--nnodes", "1024"]],
-                         ids=["1000", "8x125", "max", "1024x1024"])
+@pytest.mark.parametrize(
+    "ranks",
+    [
+        ["--nproc-per-node", "1000"],
+        ["--nproc-per-node", "8", "--nnodes", "125"],
+        ["--nproc-per-node", str(RANKS_MAX)],
+        ["--nproc-per-node", "1024", "--nnodes", "1024"],
+    ],
+    ids=["1000", "8x125", "max", "1024x1024"],
+)
 def test_any_number_of_ranks_costs_the_same_fake_steps(
     ranks: list[str], capsys: pytest.CaptureFixture[str], counted: dict[str, int]
 ) -> None:

@@ -26,7 +26,9 @@ GPT = ["model.name=gpt", "model.preset=tiny", "data.name=synthetic", "data.task=
 def test_the_picked_stages_give_the_row_of_every_stage(
     layers: int, stages: int, schedule: str, ac: str, picked: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = load_config(None, [*GPT, f"model.n_layer={layers}", f"train.grad_accum={stages}", f"train.batch_size={4 * stages}"])
+    config = load_config(
+        None, [*GPT, f"model.n_layer={layers}", f"train.grad_accum={stages}", f"train.batch_size={4 * stages}"]
+    )
     target, micro, _ = build_plan_target(config, stages)
     assert pipeline.stages_to_measure(target.model, stages) == picked
 
@@ -52,8 +54,15 @@ def test_a_block_stack_measures_at_most_four_stages_however_deep() -> None:
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("1MiB", 2**20), ("80GiB", 80 * 2**30), ("24GB", 24 * 10**9), ("1PiB", 2**50), ("0.5 TiB", 2**39),
-     ("1048576", 2**20), ("1000TB", 10**15)],
+    [
+        ("1MiB", 2**20),
+        ("80GiB", 80 * 2**30),
+        ("24GB", 24 * 10**9),
+        ("1PiB", 2**50),
+        ("0.5 TiB", 2**39),
+        ("1048576", 2**20),
+        ("1000TB", 10**15),
+    ],
 )
 def test_device_memory_sizes(text: str, size: int) -> None:
     assert parse_size(text) == size
