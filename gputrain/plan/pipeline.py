@@ -51,6 +51,10 @@ MEASURED_STAGES_MAX = 8
 """Stages measured one by one for a pp row, at most: beyond, the row is modelled (layouts.py), so a
 plan's cost does not grow with the number of ranks. A block-stack model needs at most 4 (see
 `stages_to_measure`); an nn.Sequential of different layers needs every stage."""
+MEASURED_MICRO_BATCHES_MAX = 64
+"""Micro-batches per step (train.grad_accum) a stage's schedule is run through, at most: a stage's
+memory grows with them (a receive buffer each, all in flight under GPipe), so each is run; beyond,
+the row is modelled, so a plan's cost does not grow with train.grad_accum."""
 
 
 def _cut(model: nn.Module, stages: int, ids: list[int]) -> tuple[nn.Module, list[nn.Module], str | None]:
@@ -106,11 +110,12 @@ def measure_pipeline(
 ) -> list[StepMemory] | None:
     """The step memory of the stages that can need the most (`stages_to_measure`; stage i on pp
     rank i), on fake tensors; None where the model cannot be cut, the schedule is interleaved, the
-    model does not run on fake tensors, or more than MEASURED_STAGES_MAX stages would be measured."""
+    model does not run on fake tensors, or more than MEASURED_STAGES_MAX stages or
+    MEASURED_MICRO_BATCHES_MAX micro-batches would be run."""
     if schedule not in ("1f1b", "gpipe") or stages < 2:
         return None
     measured = stages_to_measure(model, stages)
-    if len(measured) > MEASURED_STAGES_MAX:
+    if len(measured) > MEASURED_STAGES_MAX or micro_batches > MEASURED_MICRO_BATCHES_MAX:
         return None
     try:
         with fake_mode() as mode:

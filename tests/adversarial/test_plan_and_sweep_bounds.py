@@ -51,13 +51,21 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], words: list[st
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
     """How many times the plan built its target (the data and the model on meta), and how many fake
-    steps (whole model) and pipeline stages it measured."""
-    counts = {"built": 0, "steps": 0, "stages": 0}
+    steps (whole model), pipeline stages and micro-batches (forward passes) it measured."""
+    counts = {"built": 0, "steps": 0, "stages": 0, "micro_batches": 0}
     real_build, real_step, real_stage = plan_cli.build_plan_target, planner.measure_fake, pipeline._measure_stage
 
     def build(*args: Any, **kwargs: Any) -> Any:
         counts["built"] += 1
-        return real_build(*args, **kwargs)
+        target, micro, device = real_build(*args, **kwargs)
+        real_loss = target.loss_of
+
+        def loss_of(*args: Any) -> Any:  # one micro-batch's forward pass, measured
+            counts["micro_batches"] += 1
+            return real_loss(*args)
+
+        target.loss_of = loss_of
+        return target, micro, device
 
     def step(*args: Any, **kwargs: Any) -> Any:
         counts["steps"] += 1
@@ -212,7 +220,7 @@ def test_a_layout_that_cannot_be_is_one_line_before_anything_is_measured(
 ) -> None:
     _refused(capsys, ["plan", *argv], words)
     # refused before any fake step; by the degrees alone, before the target is built
-    assert counted == {"built": 0 if name in BEFORE_BUILD else 1, "steps": 0, "stages": 0}
+    assert counted == {"built": 0 if name in BEFORE_BUILD else 1, "steps": 0, "stages": 0, "micro_batches": 0}
 
 
 # ----------------------------------------------------------------------------- the world size
@@ -239,7 +247,7 @@ def test_a_world_size_out_of_bounds_is_one_line(
     argv: list[str], words: list[str], capsys: pytest.CaptureFixture[str], counted: dict[str, int]
 ) -> None:
     _refused(capsys, ["plan", *GPT, *argv], words)
-    assert counted == {"built": 0, "steps": 0, "stages": 0}
+    assert counted == {"built": 0, "steps": 0, "stages": 0, "micro_batches": 0}
 
 
 # ----------------------------------------------------------------------------- device memory
@@ -299,7 +307,8 @@ def test_any_number_of_ranks_costs_the_same_fake_steps(
     assert [note.split(" on ")[0] for note in plan["left_out"]] == ["tp", "pp"]
     assert f"parallel.pp={world}: the model has 2 blocks" in plan["left_out"][1]
     assert {row["strategy"] for row in plan["rows"]} == {"none", "ddp", "fsdp", "hybrid"}
-    assert counted == {"built": 1, "steps": 3, "stages": 0}  # a fake step per checkpointing mode, whatever the world
+    # a fake step per checkpointing mode, whatever the world
+    assert (counted["built"], counted["steps"], counted["stages"]) == (1, 3, 0)
 
 
 def test_the_left_out_rows_are_said_in_the_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -326,6 +335,23 @@ def test_a_pipeline_of_many_different_layers_is_modelled_not_measured(
     plan = _plan(capsys, *MLP, f"model.hidden_sizes=[{hidden}]", "--nproc-per-node", str(stages))
     assert "pp" in {row["strategy"] for row in plan["rows"]}
     assert counted["stages"] == 0
+
+
+@pytest.mark.parametrize("accum", [100, 1_000_000, 8_388_608])
+def test_any_number_of_micro_batches_costs_the_same_forward_passes(
+    accum: int, capsys: pytest.CaptureFixture[str], counted: dict[str, int]
+) -> None:
+    plan = _plan(capsys, *MLP, f"train.grad_accum={accum}", f"train.batch_size={2 * accum}", "--nproc-per-node", "2")
+    assert plan["micro_batch"] == 1 and "pp" in {row["strategy"] for row in plan["rows"]}
+    # 3 checkpointing modes × 2 steps × 2 micro-batches; the pp row modelled (its schedule would run each)
+    assert (counted["steps"], counted["stages"], counted["micro_batches"]) == (3, 0, 12)
+
+
+def test_a_pipeline_of_a_few_micro_batches_is_measured(
+    capsys: pytest.CaptureFixture[str], counted: dict[str, int]
+) -> None:
+    _plan(capsys, *MLP, "train.grad_accum=8", "--nproc-per-node", "2")
+    assert counted["stages"] == 2 * 3  # both stages, each checkpointing mode
 
 
 @pytest.mark.parametrize("memory", ["1PiB", "1024TiB", "1000TB"])

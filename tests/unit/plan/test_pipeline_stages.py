@@ -4,12 +4,16 @@ at a cost that does not grow with the number of stages."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+import gputrain.plan.measure as measure
 import gputrain.plan.pipeline as pipeline
 from gputrain.cli.plan import build_plan_target, parse_size
 from gputrain.config import load_config
 from gputrain.plan.layouts import layout_bytes
+from gputrain.plan.measure import measure_fake
 
 GPT = ["model.name=gpt", "model.preset=tiny", "data.name=synthetic", "data.task=lm", "data.num_samples=64"]
 
@@ -66,3 +70,29 @@ def test_a_block_stack_measures_at_most_four_stages_however_deep() -> None:
 )
 def test_device_memory_sizes(text: str, size: int) -> None:
     assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("model", [["model.name=mlp"], GPT], ids=["mlp", "gpt"])
+@pytest.mark.parametrize("ac", ["none", "full"])
+def test_two_micro_batches_reach_the_peak_of_eight(model: list[str], ac: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """measure.py runs MEASURED_MICRO_BATCHES of a step's micro-batches: the rest repeat the second."""
+    target, _, _ = build_plan_target(load_config(None, model), 1)
+
+    def step(accum: int) -> object:
+        memory = measure_fake(
+            target.model,
+            target.sample,
+            4,
+            target.loss_of,
+            target.make_optimizer,
+            target.device,
+            ac,
+            target.autocast,
+            accum,
+        )
+        assert memory is not None and memory.accum == accum
+        return replace(memory, accum=0)
+
+    capped = step(8)
+    monkeypatch.setattr(measure, "MEASURED_MICRO_BATCHES", 8)
+    assert capped == step(8) == step(2) != step(1)
