@@ -63,22 +63,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if args.steps < 5:
-        raise UsageError(f"--steps must be at least 5 (the rules need a curve), got {args.steps}")
+    """The sweep's numbers within train/lr_find.py's bounds, before anything is loaded."""
+    from gputrain.train.lr_find import END_LR_MAX, START_LR_MIN, STEPS_MAX, STEPS_MIN
+
+    if args.steps < STEPS_MIN:
+        raise UsageError(f"--steps must be at least {STEPS_MIN} (the rules need a curve), got {args.steps}")
+    if args.steps > STEPS_MAX:
+        raise UsageError(
+            f"--steps must be at most {STEPS_MAX} (a longer sweep is a training run, not a range test), "
+            f"got {args.steps}"
+        )
     for name in ("start_lr", "end_lr"):
-        value = getattr(args, name)
+        value, option = getattr(args, name), f"--{name.replace('_', '-')}"
         if not (math.isfinite(value) and value > 0):
-            raise UsageError(f"--{name.replace('_', '-')} must be a number > 0, got {value}")
+            raise UsageError(f"{option} must be a number > 0, got {value}")
+        if not START_LR_MIN <= value <= END_LR_MAX:
+            raise UsageError(
+                f"{option} must be in [{START_LR_MIN:g}, {END_LR_MAX:g}] (from where a step moves an fp32 weight "
+                f"up to the largest optim.lr), got {value:g}"
+            )
     if args.end_lr <= args.start_lr:
         raise UsageError(f"--end-lr ({args.end_lr:g}) must be larger than --start-lr ({args.start_lr:g})")
 
 
 def run(args: argparse.Namespace) -> int:
     from gputrain.config import load_config
-    from gputrain.run.files import default_run_dir
+    from gputrain.run.files import default_run_dir, run_dir_path
 
     _check(args)
-    given = Path(args.run_dir) if args.run_dir else None
+    given = run_dir_path(args.run_dir) if args.run_dir is not None else None
     if given is not None:
         check_sweep_dir(given)  # before its config is read, the sweep built, or any rank started
     own_config = given / CONFIG if given is not None and args.config is None else None

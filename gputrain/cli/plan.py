@@ -21,26 +21,32 @@ if TYPE_CHECKING:
     from gputrain.distributed.parallel_dims import Strategy
     from gputrain.plan.planner import MemoryPlan, PlanTarget
 
-_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]i?B?|B)?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+DEVICE_MEMORY_MIN = 1 << 20
+"""1 MiB: less holds no model's step (the CUDA context alone is hundreds of MiB)."""
+DEVICE_MEMORY_MAX = 1 << 50
+"""1 PiB: thousands of times any device's memory; beyond, the numbers only overflow."""
 
 
 def parse_size(text: str) -> int:
-    """'80GiB', '80 GB', '512MiB', '4e9'-free plain bytes → bytes; argparse's type for --device-memory."""
+    """'80GiB', '80 GB', '512MiB', '1PiB', '4e9'-free plain bytes → bytes, within DEVICE_MEMORY_MIN
+    and DEVICE_MEMORY_MAX; argparse's type for --device-memory."""
     m = _SIZE.fullmatch(text)
     if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size; use e.g. 80GiB, 24GB or 512MiB")
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a memory size; use e.g. 80GiB, 24GB or 512MiB")
     number, unit = float(m.group(1)), (m.group(2) or "").upper()
-    scale = 1024 ** "KMGT".index(unit[0]) * 1024 if "I" in unit else _UNITS[unit[:1]]
-    size = int(number * scale)
-    if size < 1 << 20 or size > 1 << 50:
-        raise argparse.ArgumentTypeError(f"{text!r}: a device memory is between 1MiB and 1PiB")
-    return size
+    scale = 1024 ** ("KMGTP".index(unit[0]) + 1) if "I" in unit else _UNITS[unit[:1]]
+    size = number * scale  # a float: a number of 400 digits is inf, not an error
+    if not DEVICE_MEMORY_MIN <= size <= DEVICE_MEMORY_MAX:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: a device memory is between 1MiB and 1PiB")
+    return int(size)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.toml", help="TOML config file (overrides still apply on top)")
-    parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N", help="ranks (one device each)")
+    parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N", help="ranks per node (one device each)")
+    parser.add_argument("--nnodes", type=int, default=1, metavar="N", help="nodes (default 1)")
     parser.add_argument(
         "--device-memory", type=parse_size, metavar="SIZE", help="one device's memory, e.g. 80GiB (default: this one's)"
     )
@@ -135,6 +141,7 @@ def render(plan: MemoryPlan, device: str, ideas: list[str], found: int | None) -
         )
     if plan.world == 1:
         lines.append("(ddp, fsdp, tp, pp and hybrid need 2 or more ranks: --nproc-per-node N)")
+    lines += [f"left out: {why}" for why in plan.left_out]
     if plan.auto is not None:
         lay = plan.auto.layout
         lines.append(
@@ -162,19 +169,19 @@ def render(plan: MemoryPlan, device: str, ideas: list[str], found: int | None) -
 
 def run(args: argparse.Namespace) -> int:
     from gputrain.config import load_config
+    from gputrain.plan.feasible import check_degrees, check_model_layout, plan_world
 
+    world = plan_world(args.nproc_per_node, args.nnodes)  # before anything is loaded or measured
     config = load_config(args.config, args.overrides)
+    check_degrees(config, world)
     from gputrain.distributed.auto import device_memory_bytes
     from gputrain.plan.batch import plan_micro_batch
     from gputrain.plan.planner import auto_candidates, make_plan
 
-    if args.nproc_per_node < 1:
-        from gputrain.errors import UsageError
-
-        raise UsageError("--nproc-per-node must be 1 or more")
-    target, micro, device = build_plan_target(config, args.nproc_per_node)
+    target, micro, device = build_plan_target(config, world)
+    check_model_layout(config, target.model, world, target.accum)  # the model on meta: nothing measured yet
     device_bytes = args.device_memory or device_memory_bytes(target.device)
-    plan = make_plan(target, micro, args.nproc_per_node, device_bytes)
+    plan = make_plan(target, micro, world, device_bytes)
     ideas = would_fit(target, plan) if plan.auto is None else []
     found = None
     if args.find_batch or config.train.batch_size == "auto":
@@ -194,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
             "num_params": plan.num_params,
             "activations_measured": plan.measured,
             "rows": [{**asdict(r.layout), "total": r.layout.total, "fits": r.fits} for r in plan.rows],
+            "left_out": list(plan.left_out),
             "auto": None if plan.auto is None else {**asdict(plan.auto.layout), "total": plan.auto.layout.total},
             "would_fit": ideas,
             "largest_micro_batch": found,

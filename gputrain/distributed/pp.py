@@ -228,18 +228,20 @@ class PipelineForward(nn.Module):
         return self.runner.forward(inputs)
 
 
-def apply_pp(
-    model: nn.Module, mesh: DeviceMesh, config: Config, device: torch.device, n_microbatches: int, loss_fn: LossFn
-) -> tuple[nn.Module, PipelineRunner]:
-    """Cut `model` into stages; return this rank's holder module (parameters, state dict) and runner.
+def check_pipeline(model: nn.Module, pp: int, schedule: str, n_microbatches: int | None = None) -> None:
+    """Refuse a pipeline of `pp` ranks that `model` cannot take: a model that cannot be cut, fewer
+    layers (blocks) than stages, or (where `n_microbatches` is given) too few micro-batches for the
+    schedule. What `apply_pp` checks before cutting, and `gputrain plan` before measuring.
 
     Raises:
-        ConfigError: the model cannot be cut (not a Sequential, too few layers) or the schedule needs
-            more micro-batches.
+        ConfigError: naming parallel.pp or train.grad_accum, and what would be right.
     """
-    pp, schedule = mesh.size(), config.parallel.pp_schedule
     cut = pipeline_cut_for(model)
-    if cut is None and not isinstance(model, nn.Sequential):
+    if cut is not None:
+        num_units = cut[0]
+    elif isinstance(model, nn.Sequential):
+        num_units = len(layer_units(model))
+    else:
         raise ConfigError(
             "parallel.pp",
             f"pipeline parallelism cuts nn.Sequential models (the mlp, or a Sequential of your own) between "
@@ -249,8 +251,6 @@ def apply_pp(
         )
     virtual = 2 if schedule == "interleaved_1f1b" else 1
     num_stages = pp * virtual
-    units = layer_units(model) if isinstance(model, nn.Sequential) else []
-    num_units = len(units) if cut is None else cut[0]
     if num_units < num_stages:
         what = "layers with parameters" if cut is None else "blocks"
         raise ConfigError(
@@ -259,6 +259,8 @@ def apply_pp(
             f"{num_stages} pipeline stages ({pp} ranks × {virtual} with {schedule})",
             pp,
         )
+    if n_microbatches is None:
+        return
     if schedule != "gpipe" and n_microbatches < pp:
         raise ConfigError(
             "train.grad_accum",
@@ -272,6 +274,23 @@ def apply_pp(
             f"interleaved_1f1b needs a multiple of parallel.pp={pp} micro-batches per step",
             n_microbatches,
         )
+
+
+def apply_pp(
+    model: nn.Module, mesh: DeviceMesh, config: Config, device: torch.device, n_microbatches: int, loss_fn: LossFn
+) -> tuple[nn.Module, PipelineRunner]:
+    """Cut `model` into stages; return this rank's holder module (parameters, state dict) and runner.
+
+    Raises:
+        ConfigError: the model cannot be cut (not a Sequential, too few layers) or the schedule needs
+            more micro-batches (`check_pipeline`).
+    """
+    pp, schedule = mesh.size(), config.parallel.pp_schedule
+    check_pipeline(model, pp, schedule, n_microbatches)
+    cut = pipeline_cut_for(model)
+    num_stages = pp * (2 if schedule == "interleaved_1f1b" else 1)
+    units = layer_units(model) if isinstance(model, nn.Sequential) else []
+    num_units = len(units) if cut is None else cut[0]
     holder = copy.deepcopy(model)
     ranges = split_units(num_units, num_stages)
     pp_rank = mesh.get_local_rank()

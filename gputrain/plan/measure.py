@@ -34,6 +34,11 @@ from gputrain.distributed.ac import ACMode, apply_ac
 from gputrain.plan.tracker import LiveBytes
 
 LossOf = Callable[[nn.Module, Any], torch.Tensor]
+MEASURED_MICRO_BATCHES = 2
+"""Micro-batches of a step run by the measurement, at most: from the second on each one repeats the
+one before (its gradients added into the sums the first made), so the step's peak is reached by
+then, and a train.grad_accum in the millions costs two (tests/unit/plan/test_pipeline_stages.py
+checks 2 against 8). The step still counts as `accum` micro-batches (the inputs the loop holds)."""
 MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
@@ -146,8 +151,8 @@ def measure_steps(
     micro_batch: int = 0,
     accum: int = 1,
 ) -> StepMemory:
-    """Two training steps of `model`, each of `accum` micro-batches `batch`, the second measured (fake
-    or real tensors alike)."""
+    """Two training steps of `model`, each of `accum` micro-batches `batch` (the first
+    MEASURED_MICRO_BATCHES of them run), the second measured (fake or real tensors alike)."""
     with StepHarness(model, make_optimizer) as harness:
         tracker = harness.tracker
         batch_tensors = [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)]
@@ -159,7 +164,7 @@ def measure_steps(
                 if step == 1:
                     tracker.start_recording()
                 saved = 0
-                for _ in range(max(1, accum)):
+                for _ in range(min(max(1, accum), MEASURED_MICRO_BATCHES)):
                     before = tracker.bytes["other"]
                     with autocast():
                         loss = loss_of(model, batch)

@@ -1,5 +1,5 @@
-"""Pipeline parallelism measured stage by stage: each pp rank's stage, cut from the model as
-distributed/pp.py cuts it, run on fake tensors through its part of the schedule.
+"""Pipeline parallelism measured stage by stage: each pp rank's stage that can need the most, cut
+from the model as distributed/pp.py cuts it, run on fake tensors through its part of the schedule.
 
 A stage's memory is not 1/pp of the model's: the cut is by whole layers (an MLP's widest layer may
 be most of it), the first and last stages both hold a tied embedding/head matrix, and the schedule
@@ -47,21 +47,52 @@ def schedule_order(schedule: str, stage: int, stages: int, micro_batches: int) -
     return order
 
 
-def _cut(model: nn.Module, stages: int, stage: int) -> tuple[nn.Module, nn.Module, str | None]:
-    """(this rank's holder, its stage module, the name of its copy of a tied matrix) as pp.py cuts them."""
+MEASURED_STAGES_MAX = 8
+"""Stages measured one by one for a pp row, at most: beyond, the row is modelled (layouts.py), so a
+plan's cost does not grow with the number of ranks. A block-stack model needs at most 4 (see
+`stages_to_measure`); an nn.Sequential of different layers needs every stage."""
+MEASURED_MICRO_BATCHES_MAX = 64
+"""Micro-batches per step (train.grad_accum) a stage's schedule is run through, at most: a stage's
+memory grows with them (a receive buffer each, all in flight under GPipe), so each is run; beyond,
+the row is modelled, so a plan's cost does not grow with train.grad_accum."""
+
+
+def _cut(model: nn.Module, stages: int, ids: list[int]) -> tuple[nn.Module, list[nn.Module], str | None]:
+    """(this rank's holder, its stage modules `ids`, the name of its copy of a tied matrix) as pp.py cuts them."""
     from gputrain.distributed.pp import _cut_sequential, layer_units, split_units
     from gputrain.models.plans import pipeline_cut_for
 
     cut = pipeline_cut_for(model)
     if cut is not None:
-        chunks, tied = cut[1](model, split_units(cut[0], stages), [stage])
-        return model, chunks[0], tied
+        chunks, tied = cut[1](model, split_units(cut[0], stages), ids)
+        return model, chunks, tied
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"pipeline parallelism does not cut {type(model).__name__}")
     units = layer_units(model)
     if len(units) < stages:
         raise ValueError("fewer layers than stages")
-    return model, _cut_sequential(model, units, split_units(len(units), stages), [stage])[0], None
+    return model, _cut_sequential(model, units, split_units(len(units), stages), ids), None
+
+
+def stages_to_measure(model: nn.Module, stages: int) -> list[int]:
+    """The stages whose memory can be the largest. A block-stack family (models/plans.py's cuts)
+    is cut into stages of identical blocks: the first and last stages differ (embeddings, head,
+    tied matrix), and of the stages between, those of one number of blocks differ only in the
+    micro-batches the schedule keeps in flight, most on the earliest (1F1B: pp - stage; GPipe: all).
+    So the first, the last and the earliest middle stage of each size decide the row. An
+    nn.Sequential's layers differ: every stage."""
+    from gputrain.distributed.pp import split_units
+    from gputrain.models.plans import pipeline_cut_for
+
+    cut = pipeline_cut_for(model)
+    if cut is None:
+        return list(range(stages))
+    picked, sizes = [0, stages - 1], set()
+    for stage, blocks in enumerate(split_units(cut[0], stages)[1:-1], start=1):
+        if len(blocks) not in sizes:
+            sizes.add(len(blocks))
+            picked.append(stage)
+    return sorted(set(picked))
 
 
 def measure_pipeline(
@@ -77,24 +108,34 @@ def measure_pipeline(
     ac: ACMode = "none",
     autocast: Autocast = contextlib.nullcontext,
 ) -> list[StepMemory] | None:
-    """Each stage's step memory (stage i on pp rank i) on fake tensors; None where the model cannot be
-    cut, the schedule is interleaved, or the model does not run on fake tensors."""
+    """The step memory of the stages that can need the most (`stages_to_measure`; stage i on pp
+    rank i), on fake tensors; None where the model cannot be cut, the schedule is interleaved, the
+    model does not run on fake tensors, or more than MEASURED_STAGES_MAX stages or
+    MEASURED_MICRO_BATCHES_MAX micro-batches would be run."""
     if schedule not in ("1f1b", "gpipe") or stages < 2:
+        return None
+    measured = stages_to_measure(model, stages)
+    if len(measured) > MEASURED_STAGES_MAX or micro_batches > MEASURED_MICRO_BATCHES_MAX:
         return None
     try:
         with fake_mode() as mode:
             inputs, targets = fake_batch(mode, sample, micro_batch, device)
-            x = inputs
+            # every stage's input, from one copy cut into all stages: shapes only
+            _, chain, _ = _cut(fake_copy(model, device), stages, list(range(stages)))
+            stage_inputs = [inputs]
+            with torch.no_grad(), autocast():
+                for module in chain[: max(measured)]:
+                    stage_inputs.append(module(stage_inputs[-1]))
             out: list[StepMemory] = []
-            for stage in range(stages):
-                holder, module, tied = _cut(fake_copy(model, device), stages, stage)
-                module = apply_ac(module, ac)
+            for stage in measured:
+                holder, modules, tied = _cut(fake_copy(model, device), stages, [stage])
+                module = apply_ac(modules[0], ac)
                 first, last = stage == 0, stage == stages - 1
                 out.append(
                     _measure_stage(
                         holder,
                         module,
-                        x,
+                        stage_inputs[stage],
                         (inputs, targets),
                         first,
                         last,
@@ -107,9 +148,6 @@ def measure_pipeline(
                         micro_batch,
                     )
                 )
-                if not last:
-                    with torch.no_grad(), autocast():
-                        x = module(x)  # the next stage's input: shapes only
             return out
     except Exception:  # noqa: BLE001 - the model's own code on fake tensors, or a cut it does not allow
         return None

@@ -121,6 +121,8 @@ class MemoryPlan:
     """False where the model could not run on fake tensors: activations left out."""
     auto: Row | None
     """The layout parallel.strategy=auto takes; None when nothing fits."""
+    left_out: tuple[str, ...] = ()
+    """The strategies the model cannot take on these ranks, each with why (feasible.py)."""
 
     @property
     def usable(self) -> int:
@@ -167,11 +169,19 @@ def pick_layout(target: PlanTarget, micro: int, world: int, device_bytes: int) -
 
 
 def make_plan(target: PlanTarget, micro: int, world: int, device_bytes: int) -> MemoryPlan:
-    """Every layout for `world` ranks (one device: `none` only) with and without checkpointing and offload."""
+    """Every layout for `world` ranks (one device: `none` only) with and without checkpointing and
+    offload; a strategy the model cannot take on `world` ranks is left out, and said why."""
+    from gputrain.plan.feasible import row_problem
+
     rows: list[Row] = []
+    left_out: list[str] = []
     measured = True
     strategies = STRATEGIES if world > 1 else ("none",)
     for strategy in strategies:
+        problem = row_problem(target.model, strategy, world, target.pp_schedule)
+        if problem is not None:
+            left_out.append(f"{strategy} on {world} ranks: {problem}")
+            continue
         for ac in AC_MODES:
             for offload in (False, True) if strategy in ("fsdp", "hybrid") else (False,):
                 row, ok = layout_row(target, micro, world, strategy, ac, offload, device_bytes)
@@ -186,4 +196,5 @@ def make_plan(target: PlanTarget, micro: int, world: int, device_bytes: int) -> 
         num_params=sum(p.numel() for p in target.model.parameters()),
         measured=measured,
         auto=auto if auto.fits else None,
+        left_out=tuple(left_out),
     )

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gputrain.config import Config, config_to_dict
+from gputrain.config.limits import LR_MAX
 from gputrain.distributed.context import all_reduce_mean
 from gputrain.observe.own_sync import own_sync
 from gputrain.train.build import TrainingParts, build_model_and_data, build_training
@@ -56,6 +57,18 @@ few losses to mean much, and the rules' centred average sees one side of them on
 MAX_OVERFLOWS = 30
 """fp16 loss-scale overflows in a row before the sweep gives up: GradScaler halves its scale at
 each, so 30 take it from 65536 below 1e-4; more means the gradients are Inf at any scale."""
+
+
+STEPS_MIN = 5
+"""Fewer points make no curve for the rules to read."""
+STEPS_MAX = 10_000
+"""A sweep of more steps is a training run, not a range test (fastai's default is 100): 10,000 points
+over the default 8 decades are 1,250 a decade, far denser than the rules' KERNEL_DECADES can use."""
+START_LR_MIN = 1e-12
+"""Below it no step moves an fp32 weight (their spacing is 1e-7 of the weight), and the sweep's
+ratio end/start stays a finite number."""
+END_LR_MAX = LR_MAX
+"""The largest optim.lr the config takes (config/limits.py): the suggestion is one."""
 
 
 @dataclass(frozen=True, slots=True)

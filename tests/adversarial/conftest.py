@@ -30,6 +30,7 @@ _GROUPS = {
     "test_use_inputs.py": "use inputs",
     "test_outputs.py": "outputs",
     "test_report_injection.py": "report injection",
+    "test_plan_and_sweep_bounds.py": "work bounds",
 }
 _cases: Counter[str] = Counter()
 
