@@ -114,6 +114,17 @@ def test_a_directory_of_the_other_kind_is_refused_naming_both(runs: dict[str, Pa
     assert fingerprint(run_dir) == before
 
 
+def test_the_other_kinds_config_is_not_read_first(runs: dict[str, Path], tmp_path: Path) -> None:
+    """A train run whose data file is gone since: rl is told whose directory it is, not about the data."""
+    run_dir = _copy(runs, "train", tmp_path, "complete")
+    config = run_dir / "config.toml"
+    text = config.read_text().replace('name = "synthetic"', 'name = "csv"', 1)
+    config.write_text(text.replace("# path = (unset)", f'path = "{tmp_path / "gone.csv"}"', 1))
+    line = _refused("rl", "--run-dir", str(run_dir))
+    assert line.startswith(f"gputrain rl: {run_dir} holds a completed run (step "), line
+    assert "made by gputrain train;" in line, line
+
+
 def test_the_python_api_is_refused_in_its_words(runs: dict[str, Path], tmp_path: Path) -> None:
     from gputrain.errors import UsageError
 
