@@ -113,6 +113,11 @@ def _check_config(args: argparse.Namespace) -> None:
         UsageError: the config file or an override is bad (ConfigError names the field).
     """
     if hasattr(args, "config") and hasattr(args, "overrides"):
+        if args.config is None and getattr(args, "run_dir", None):
+            # the overrides may go on top of the run directory's own config.toml, not the defaults
+            # (`gputrain rl --run-dir DIR rl.total_timesteps=N` of a run with a smaller rollout than
+            # the defaults'): the command loads and checks that, before torch loads (run/prior.py)
+            return
         from gputrain.config import load_config
 
         load_config(args.config, args.overrides)

@@ -74,6 +74,7 @@ def prepare_run(
     suffix: str = "",
     default_name: Callable[[Config], tuple[str, str]] | None = None,
     defaults: Defaults | None = None,
+    kind: str = "train",
 ) -> tuple[Config, Path | None]:
     """The config and run directory of a command that trains, checked before torch loads: the
     config (a run directory's own config.toml where it holds a run, with the overrides and `forced`
@@ -82,7 +83,9 @@ def prepare_run(
     is this one). The directory is the default (named by `default_name(config)` (model, data), else
     the config's model and data, plus `suffix`) where none is given and one process or the launcher
     decides it; None in a rank of a job started without one (the ranks agree on one later).
-    `defaults`: the command's own values for shared keys the config leaves unset (config/load.py).
+    `defaults`: the command's own values for shared keys the config leaves unset (config/load.py);
+    `kind`: the kind of run the command trains (run/prior.py's KINDS): a directory holding another
+    kind's run is refused before its config is read.
 
     Raises:
         UsageError: naming the field, file or directory.
@@ -90,9 +93,11 @@ def prepare_run(
     from gputrain.config.paths import check_config_paths
     from gputrain.config.validate import check_registry_layout
     from gputrain.run.files import check_run_dir, default_run_dir, run_dir_path
-    from gputrain.run.prior import check_resume_never, check_same_run, load_run_config, prior_run
+    from gputrain.run.prior import check_resume_never, check_run_kind, check_same_run, load_run_config, prior_run
 
     run_dir = run_dir_path(args.run_dir) if args.run_dir is not None else None
+    if run_dir is not None:
+        check_run_kind(run_dir, prior_run(run_dir), kind)  # its config is another command's
     config = load_run_config(run_dir, args.config, [*args.overrides, *forced], defaults)
     check_config_paths(config)
     ranks = _job_ranks(args)
@@ -104,7 +109,7 @@ def prepare_run(
     if run_dir is not None:
         check_run_dir(run_dir)
         prior = prior_run(run_dir)
-        check_same_run(run_dir, config, prior, defaults)
+        check_same_run(run_dir, config, prior, defaults, kind)
         check_resume_never(run_dir, prior, config.checkpoint.resume)
     return config, run_dir
 

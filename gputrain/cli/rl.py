@@ -38,11 +38,14 @@ def run(args: argparse.Namespace) -> int:
     from gputrain.config.schema import ppo_defaults
 
     config, run_dir = prepare_run(
-        args, registry_model=False, default_name=lambda c: ("ppo", c.rl.env), defaults=ppo_defaults
+        args, registry_model=False, default_name=lambda c: ("ppo", c.rl.env), defaults=ppo_defaults, kind="rl"
     )
-    if is_launcher(args):
-        from gputrain.rl.run_config import check_layout
+    from gputrain.rl.run_config import check_fields_read, check_layout
+    from gputrain.run.prior import continued_config
 
+    # a field rl leaves out, set, is refused before any rank starts (a continued run's own are kept)
+    check_fields_read(config, continued_config(run_dir, ppo_defaults))
+    if is_launcher(args):
         check_layout(config, args.nproc_per_node * args.nnodes)
         return launch_ranks(args, "rl", str(run_dir))
 

@@ -82,6 +82,8 @@ VOCAB_MAX = 1 << 22
 SEED_MAX = 2**32 - 1
 """numpy's seeding takes 0..2**32-1 (torch.manual_seed takes more, and derives per-epoch seeds from it)."""
 RANKS_MAX = 1 << 20
+ENVS_MAX = 1 << 20
+"""RL environments stepped together (1M): far beyond what PPO runs use, and each holds its rollout."""
 LR_MAX = 1e3
 CLIP_MAX = 1e6
 TIMEOUT_MAX_S = 7 * 24 * 3600.0
@@ -155,7 +157,7 @@ LIMITS: dict[str, Range] = {
     "parallel.pp": RANK_DEGREE,
     "parallel.timeout_s": _positive(TIMEOUT_MAX_S, "a week"),
     # rl
-    "rl.num_envs": _positive(BATCH_MAX),
+    "rl.num_envs": _positive(ENVS_MAX, "environments stepped together; GPU simulators step thousands"),
     "rl.num_steps": _positive(CONTEXT_MAX),
     "rl.total_timesteps": _positive(1 << 40, "a trillion environment steps"),
     "rl.hidden_sizes": _WIDTH,

@@ -408,6 +408,8 @@ class RLConfig:
 
     def __post_init__(self) -> None:
         check_values("rl", self)
+        if not self.hidden_sizes:
+            raise ConfigError("rl.hidden_sizes", "needs at least one hidden layer, e.g. [64, 64]", self.hidden_sizes)
         if self.env not in ENV_ACTIONS:
             by_case = {name.lower(): name for name in ENV_ACTIONS}
             close = difflib.get_close_matches(self.env.lower(), list(by_case), n=1, cutoff=0.5)

@@ -11,12 +11,13 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from gputrain.config import Config, OptimConfig
 from gputrain.config.schema import RLConfig, ppo_defaults
+from gputrain.config.sizes import state_memory
 from gputrain.distributed.context import agree_on_path, env_world
 from gputrain.distributed.parallelize import parallelize
 from gputrain.env.threads import explicit_threads
@@ -34,9 +35,9 @@ from gputrain.rl.normalize import ObsNormalizer, RewardNormalizer
 from gputrain.rl.pipeline import TrainingEnvs
 from gputrain.rl.policy import ActorCritic, build_policy
 from gputrain.rl.rollout import Rollout
-from gputrain.rl.run_config import check_layout, describe
+from gputrain.rl.run_config import ROLLOUT_NOISE_BYTES, check_fields_read, check_layout, check_rollout_fits, describe
 from gputrain.run.files import default_run_dir, run_dir_path
-from gputrain.run.prior import claim_run_dir
+from gputrain.run.prior import claim_run_dir, continued_config
 from gputrain.train.build import Placement, place_run
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
 from gputrain.train.guard import build_guard
@@ -76,14 +77,22 @@ class RLParts:
     """Iterations between checkpoints."""
 
 
-def _placement_config(config: Config, world: int) -> Config:
-    """The config `place_run` and `parallelize` see: data parallelism by DDP (none on one process),
-    and a train.batch_size of one sample per rank, the smallest batch whose split over the ranks
-    it checks: RL's batch is the rollout, checked against the ranks as rl.num_envs (above)."""
+def placed_fields(world: int) -> dict[str, dict[str, Any]]:
+    """The fields of the config `place_run` and `parallelize` see that RL decides itself, by
+    section: data parallelism by DDP (none on one process), and a train.batch_size of one sample
+    per rank, the smallest batch whose split over the ranks it checks: RL's batch is the rollout,
+    checked against the ranks as rl.num_envs (run_config.py). The user's values of these are not read."""
     strategy: Literal["ddp", "none"] = "ddp" if world > 1 else "none"
-    train = dataclasses.replace(config.train, batch_size=world, grad_accum=1, micro_batch_size=None, cuda_graphs=False)
-    parallel = dataclasses.replace(config.parallel, strategy=strategy, activation_checkpointing="none")
-    return dataclasses.replace(config, train=train, parallel=parallel)
+    return {
+        "train": {"batch_size": world, "grad_accum": 1, "micro_batch_size": None, "cuda_graphs": False},
+        "parallel": {"strategy": strategy, "activation_checkpointing": "none"},
+    }
+
+
+def _placement_config(config: Config, world: int) -> Config:
+    """The config `place_run` and `parallelize` see: the user's, with `placed_fields`."""
+    placed = placed_fields(world).items()
+    return dataclasses.replace(config, **{name: dataclasses.replace(getattr(config, name), **f) for name, f in placed})
 
 
 def _env_dtype(requested: str, device: torch.device) -> torch.dtype:
@@ -125,8 +134,15 @@ def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
     for line in (*lines, describe(s, cfg.optim.lr)):
         console.info(line)
     run_path = agree_on_path(run_dir_path(run_dir) if run_dir is not None else default_run_dir("ppo", s.env), dist)
-    # the last check before anything heavy: the directory, and a run it holds
-    claim_run_dir(run_path, cfg, ppo_defaults)
+    # the last checks before anything heavy: the directory and a run it holds, the fields this run
+    # leaves out (a continued run's own kept), the rollout's memory
+    claim_run_dir(run_path, cfg, ppo_defaults, kind="rl")
+    check_fields_read(cfg, continued_config(run_path, ppo_defaults))
+    space = dynamics.action_space
+    action_shape = () if isinstance(space, Discrete) else (space.size,)
+    per_transition = Rollout.bytes_per_transition(dynamics.obs_size, action_shape, space.kind == "discrete")
+    memory, where = state_memory(device)
+    check_rollout_fits(s, dist.world_size, per_transition + ROLLOUT_NOISE_BYTES * policy.draws, memory, where)
 
     num_envs, num_steps = int(s.num_envs), int(s.num_steps)
     local_envs = num_envs // dist.world_size
@@ -155,8 +171,6 @@ def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
     # CleanRL's annealing: lr · (1 - (iteration - 1) / num_iterations), stepped once per iteration
     schedule = OptimConfig(schedule="linear" if s.anneal_lr else "constant", min_lr=0.0)
     scheduler = build_schedule(optimizer, schedule, s.num_iterations)
-    space = dynamics.action_space
-    action_shape = () if isinstance(space, Discrete) else (space.size,)
     precision = Precision(place.precision, device)
     step = StepParts(
         model=par.step_model,
@@ -171,9 +185,7 @@ def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
         # in the optimizer's order (matrices, then vectors): the gradient norm sums them in this order
         params=[p for group in optimizer.param_groups for p in group["params"]],
     )
-    rollout = Rollout.empty(
-        num_steps, local_envs, dynamics.obs_size, action_shape, dynamics.action_space.kind == "discrete", device
-    )
+    rollout = Rollout.empty(num_steps, local_envs, dynamics.obs_size, action_shape, space.kind == "discrete", device)
     speed = SpeedMeter(policy, device, place.precision, dist.world_size, s.batch_size, None, breakdown_every=0)
     every = cfg.checkpoint.every_steps or max(1, math.ceil(s.num_iterations / CHECKPOINTS_PER_RUN))
     return RLParts(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,29 @@ class Rollout:
     """The observation each step reached before any reset (its value is owed where truncated_only)."""
     truncated_only: torch.Tensor
 
+    @staticmethod
+    def layout(
+        obs_size: int, action_shape: tuple[int, ...], discrete: bool
+    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Each field's (shape of one transition, dtype)."""
+        f32 = torch.float32
+        return {
+            "obs": ((obs_size,), f32),
+            "actions": (action_shape, torch.int64 if discrete else f32),
+            "logprobs": ((), f32),
+            "rewards": ((), f32),
+            "dones": ((), torch.bool),
+            "values": ((), f32),
+            "final_obs": ((obs_size,), f32),
+            "truncated_only": ((), torch.bool),
+        }
+
+    @classmethod
+    def bytes_per_transition(cls, obs_size: int, action_shape: tuple[int, ...], discrete: bool) -> int:
+        """What one transition takes in the rollout's tensors."""
+        fields = cls.layout(obs_size, action_shape, discrete).values()
+        return sum(math.prod(shape) * dtype.itemsize for shape, dtype in fields)
+
     @classmethod
     def empty(
         cls,
@@ -37,18 +61,11 @@ class Rollout:
         discrete: bool,
         device: torch.device,
     ) -> Rollout:
-        def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-            return torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=device)
-
         return cls(
-            obs=zeros(obs_size),
-            actions=zeros(*action_shape, dtype=torch.int64 if discrete else torch.float32),
-            logprobs=zeros(),
-            rewards=zeros(),
-            dones=zeros(dtype=torch.bool),
-            values=zeros(),
-            final_obs=zeros(obs_size),
-            truncated_only=zeros(dtype=torch.bool),
+            **{
+                name: torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=device)
+                for name, (shape, dtype) in cls.layout(obs_size, action_shape, discrete).items()
+            }
         )
 
 

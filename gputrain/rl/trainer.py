@@ -77,6 +77,7 @@ class PPOTrainer:
             longer="rl.total_timesteps",
             meta={"task": None, "num_classes": None},
             complete=self._already_solved,
+            kind="rl",
         )
         check_envs = functools.partial(check_env_state, envs=self.envs, total_envs=int(self.settings.num_envs))
         self.shell = RunShell(

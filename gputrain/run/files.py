@@ -90,16 +90,16 @@ class Started(Protocol):
         ...
 
 
-def write_run_files(run_dir: Path, config: Config, place: Started | None = None) -> None:
+def write_run_files(run_dir: Path, config: Config, place: Started | None = None, kind: str = "train") -> None:
     """The files a run directory holds from its start: the resolved config (loadable with
-    --config) and the doctor's facts about this machine, with `place`'s `start_facts` as "run"."""
+    --config) and the doctor's facts about this machine, with the run's `kind` (the loop that
+    trains it: prior.py's KINDS) and `place`'s `start_facts` as "run"."""
     from gputrain.env import collect_env  # the doctor's modules: only needed once a run starts
 
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text(run_dir / CONFIG, config_to_toml(config))
     facts = collect_env().to_dict()
-    if place is not None:
-        facts["run"] = place.start_facts()
+    facts["run"] = {"kind": kind, **(place.start_facts() if place is not None else {})}
     write_json(run_dir / ENV, facts)
 
 

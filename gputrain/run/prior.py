@@ -3,13 +3,16 @@
 A run directory belongs to one run: its config.toml is that run's config. A command that names a
 directory holding a run continues it with that config (`load_run_config`) and refuses a config that
 differs in anything but training longer (`check_same_run`); a complete run stays as it is unless
-asked to train longer (`continue_run`).
+asked to train longer (`continue_run`). A run is of one kind, the loop that trains it ("train": the
+Trainer, `gputrain train`; "rl": `gputrain rl`), recorded in env.json at its start (`run_kind`): one
+kind's directory is never continued by the other (`check_run_kind`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,9 +26,13 @@ from gputrain.run.files import (
     continue_advice,
     run_dir_option,
 )
-from gputrain.run.layout import CHECKPOINT_GLOB, CHECKPOINTS, CONFIG, METRICS, RUN_DIRS, RUN_FILES, SUMMARY
+from gputrain.run.layout import CHECKPOINT_GLOB, CHECKPOINTS, CONFIG, ENV, METRICS, RUN_DIRS, RUN_FILES, SUMMARY
 
 COMPLETE = ("completed", "stopped_early")
+KINDS = ("train", "rl")
+"""The kinds of run, each named as the command that trains it (`gputrain train`, `gputrain rl`)."""
+KIND_KEY = "kind"
+"""The key of env.json's "run" block that records the run's kind (run/files.py writes it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +43,8 @@ class PriorRun:
     """Its summary.json, where it left a readable one."""
     checkpoints: bool
     """It holds checkpoints (checkpoints/step-N)."""
+    kind: str | None = None
+    """Which loop trained it (KINDS), where the directory tells (`run_kind`)."""
 
     @property
     def complete(self) -> bool:
@@ -65,7 +74,72 @@ def prior_run(run_dir: Path) -> PriorRun | None:
         checkpoints = False
     if summary is None and not checkpoints and not os.path.lexists(run_dir / METRICS):
         return None
-    return PriorRun(summary if isinstance(summary, dict) else None, checkpoints)
+    summary = summary if isinstance(summary, dict) else None
+    return PriorRun(summary, checkpoints, run_kind(run_dir, summary))
+
+
+_SMALL_FILE = 1 << 20
+"""Bytes read at most of env.json, or of metrics.jsonl's first line, to tell a run's kind."""
+
+
+def _regular_file(path: Path) -> bool:
+    """A regular file (a FIFO's read would block, a device's never end)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def run_kind(run_dir: Path, summary: dict[str, Any] | None) -> str | None:
+    """The kind of run `run_dir` holds (KINDS), or None where nothing tells: env.json's "run" block
+    records it from the start of a run; a directory written before it did is told by what only one
+    kind writes (`summary`: its summary.json): summary.json's "rl" block, which every summary of an
+    rl run has, or the first row of metrics.jsonl (an rl row counts env_steps, a train row does not)."""
+    env = None
+    if _regular_file(run_dir / ENV):
+        try:
+            with open(run_dir / ENV, encoding="utf-8") as file:
+                env = json.loads(file.read(_SMALL_FILE))
+        except (OSError, ValueError):
+            env = None
+    started = env.get("run") if isinstance(env, dict) else None
+    recorded = started.get(KIND_KEY) if isinstance(started, dict) else None
+    if recorded in KINDS:
+        return str(recorded)
+    if summary is not None and isinstance(summary.get("rl"), dict):
+        return "rl"
+    if summary is not None and summary.get("device") is not None:
+        return "train"  # a run's own summary (one that failed before it was placed names no device)
+    return _kind_of_rows(run_dir / METRICS)
+
+
+def _kind_of_rows(path: Path) -> str | None:
+    if not _regular_file(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            row = json.loads(file.readline(_SMALL_FILE))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(row, dict) or "step" not in row:
+        return None
+    return "rl" if "env_steps" in row else "train"
+
+
+def check_run_kind(run_dir: Path, prior: PriorRun | None, kind: str) -> None:
+    """A directory that holds a run of another kind is not this command's: `gputrain rl` never
+    continues (nor writes beside) a `gputrain train` run, nor the reverse.
+
+    Raises:
+        UsageError: naming the directory, the kind it holds and the command that made it.
+    """
+    if prior is None or prior.kind is None or prior.kind == kind:
+        return
+    option = run_dir_option()
+    raise UsageError(
+        f"{run_dir} holds {prior.describe()} made by gputrain {prior.kind}; gputrain {kind} does not continue "
+        f"another command's run (a run directory holds one run): choose another {option} for a new run"
+    )
 
 
 STATUSES = (*COMPLETE, "interrupted", "failed")
@@ -122,6 +196,16 @@ def saved_config(run_dir: Path, defaults: Defaults | None = None) -> Config | No
             f"{path}: the config of the run in {run_dir} cannot be read ({reason}); restore it, or remove it "
             "to continue that run with the config given"
         ) from None
+
+
+def continued_config(run_dir: Path | None, defaults: Defaults | None = None) -> Config | None:
+    """The config of the run `run_dir` holds to continue (or a complete one), None where it holds none.
+
+    Raises:
+        UsageError: its config.toml is there but cannot be read as a config.
+    """
+    prior = prior_run(run_dir) if run_dir is not None else None
+    return saved_config(run_dir, defaults) if run_dir is not None and prior is not None and prior.owns else None
 
 
 def load_run_config(
@@ -184,13 +268,17 @@ def _show(value: Any) -> str:
     return "(unset)" if value is None else json.dumps(value) if isinstance(value, str) else str(value)
 
 
-def check_same_run(run_dir: Path, config: Config, prior: PriorRun | None, defaults: Defaults | None = None) -> None:
+def check_same_run(
+    run_dir: Path, config: Config, prior: PriorRun | None, defaults: Defaults | None = None, kind: str = "train"
+) -> None:
     """A config given for a directory that holds a run (one to continue or a complete one) is that
-    run's, but for training longer and the keys free to change.
+    run's, of this command's `kind` (`check_run_kind`), but for training longer and the keys free to
+    change.
 
     Raises:
         UsageError: naming the differing keys (saved vs given) and the choices.
     """
+    check_run_kind(run_dir, prior, kind)
     if prior is None or not prior.owns or config.checkpoint.resume == "never":
         # a new run there (resume=never) is refused as mixing two runs (`check_resume_never`), or
         # writes nothing of a run (an LR sweep beside it)
@@ -231,15 +319,15 @@ def _raised(old: float | None, new: float | None) -> bool:
     return old is not None and (new is None or new > old)
 
 
-def claim_run_dir(run_dir: Path, config: Config, defaults: Defaults | None = None) -> None:
+def claim_run_dir(run_dir: Path, config: Config, defaults: Defaults | None = None, kind: str = "train") -> None:
     """The last check before anything heavy: the directory is not in the data it reads, holds no
     one else's files under a run's names, takes files, its entries are right, and a run it holds is
-    this one (`check_same_run`; `defaults`: the command's own, config/load.py)."""
+    this one, of this `kind` (`check_same_run`; `defaults`: the command's own, config/load.py)."""
     check_not_in_data(run_dir, (config.data.path, config.data.val_path))
     check_run_dir(run_dir, keep=True)  # first: its entries are of their kinds (a FIFO would block a read)
     prior = prior_run(run_dir)
     check_no_foreign_files(run_dir, prior)
-    check_same_run(run_dir, config, prior, defaults)
+    check_same_run(run_dir, config, prior, defaults, kind)
 
 
 def continue_run(

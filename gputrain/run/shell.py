@@ -68,6 +68,9 @@ class LoopShape:
     rl.stop_at_return)."""
     before_save: Callable[[], None] | None = None
     """Called before a checkpoint's state is taken (the Trainer reads its guard's pending verdicts)."""
+    kind: str = "train"
+    """The kind of run (run/prior.py's KINDS): recorded in env.json, and a directory holding another
+    kind's run is refused."""
 
 
 class RunShell:
@@ -142,6 +145,7 @@ class RunShell:
             longer=shape.longer,
             unit=shape.unit,
             complete=shape.complete,
+            kind=shape.kind,
         )
 
     def _restore(self, path: Path, saved: dict[str, Any]) -> LoopState:

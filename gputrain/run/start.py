@@ -10,7 +10,15 @@ from typing import Any
 
 from gputrain.config import Config
 from gputrain.run.files import write_run_files
-from gputrain.run.prior import PriorRun, asks_longer, continue_run, kept_message, prior_run, saved_config
+from gputrain.run.prior import (
+    PriorRun,
+    asks_longer,
+    check_run_kind,
+    continue_run,
+    kept_message,
+    prior_run,
+    saved_config,
+)
 from gputrain.run.record import RecordedParts, RunEnding
 from gputrain.run.signals import StopRequest
 from gputrain.train.state import LoopState
@@ -33,6 +41,7 @@ def start_run(
     longer: str,
     unit: str = "step",
     complete: Complete | None = None,
+    kind: str = "train",
 ) -> bool:
     """Resume from the checkpoint the config points at (`restore` loads it), write config.toml, open
     the metrics from the resumed state (`state` where there is none) and arm the signals.
@@ -42,6 +51,8 @@ def start_run(
         longer: the fields a user raises to train a complete run longer, for the message.
         unit: what the loop counts, for the console.
         complete: after a resume, whether the earlier run was complete at this checkpoint already.
+        kind: the kind of run (prior.py's KINDS), recorded in env.json; a directory that holds
+            another kind's run is refused.
 
     Returns:
         False where the directory holds a complete run with nothing left to train: its summary is
@@ -53,6 +64,9 @@ def start_run(
     stop.install()
     path, verified = checkpointer.resume_point()
     prior = prior_run(run_dir)
+    # again now the directory is held (lock.py): a run of the other kind may have begun there since
+    # the build claimed it
+    check_run_kind(run_dir, prior, kind)
     longer_asked = asks_longer(saved_config(run_dir), config) if prior is not None and prior.owns else None
     if not continue_run(run_dir, prior, config.checkpoint.resume, path, total, longer_asked):
         return _keep(ending, prior, parts, longer)
@@ -63,7 +77,7 @@ def start_run(
             return _keep(ending, prior, parts, longer)
     ending.started = True
     if parts.place.dist.is_main:
-        write_run_files(run_dir, config, parts.place)  # env.json: the start's device, precision, ranks
+        write_run_files(run_dir, config, parts.place, kind)  # env.json: the kind, the start's device, precision, ranks
     parts.metrics.open(state, resumed=path is not None)
     console.start(total, state.global_step)
     return True

@@ -31,6 +31,7 @@ _GROUPS = {
     "test_outputs.py": "outputs",
     "test_report_injection.py": "report injection",
     "test_plan_and_sweep_bounds.py": "work bounds",
+    "test_rl_run_dirs.py": "run directories",
 }
 _cases: Counter[str] = Counter()
 

@@ -229,8 +229,8 @@ def test_a_second_run_into_a_directory_in_use_is_refused_and_the_first_goes_on(t
         _, err = first.communicate(timeout=300)
     assert second.returncode == 2, second.stderr
     assert second.stderr.strip().splitlines()[-1] == (
-        f"gputrain train: {run_dir} is in use: another run is training in it now; wait for it to end, or choose "
-        "another --run-dir for a new run")
+        f"gputrain train: {run_dir} is in use: another run is training in it now (process {first.pid}, gputrain "
+        "train); wait for it to end, or choose another --run-dir for a new run")
     assert first.returncode == 0, err
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [row["step"] for row in rows if "split" not in row]
@@ -244,8 +244,8 @@ def test_the_python_api_is_refused_in_its_own_words_and_writes_nothing(tmp_path:
     held = tmp_path / "held"
     with run_dir_locked(held, DistContext()):  # another run training there (flock: per open file, even here)
         before = fingerprint(held)
-        with pytest.raises(UsageError, match=r"is in use: another run is training in it now; wait for it to end, or "
-                                             r"choose another run_dir for a new run$"):
+        with pytest.raises(UsageError, match=rf"is in use: another run is training in it now \(process {os.getpid()}\); "
+                                             r"wait for it to end, or choose another run_dir for a new run$"):
             linear_trainer(held).fit()
         assert fingerprint(held) == before
     assert linear_trainer(held).fit()["status"] == "completed"  # free again once the other run ended
