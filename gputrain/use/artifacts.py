@@ -18,6 +18,7 @@ import importlib
 import io
 import json
 import logging
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,6 +45,17 @@ ONNX_OPSET = 18
 Runtime 1.16 and newer run."""
 Runner = Callable[[torch.Tensor], torch.Tensor]
 """Runs an artifact: raw samples in (any device), the model's outputs out, on the host."""
+SAFETENSORS_FILES = (FINAL_WEIGHTS, CONFIG, "spec.json", "preprocess.json")
+AOTI_PACKAGE = "model-aoti.pt2"
+ONNX_DATA = "model.onnx.data"
+"""The weights of an ONNX graph over 2 GB, which the exporter saves beside it and ONNX Runtime reads."""
+
+
+def files_read(fmt: str, out: Path) -> list[str]:
+    """The files of the export folder `out` that loading format `fmt` reads (its AOTInductor package apart)."""
+    if fmt == "onnx":
+        return ["model.onnx", *([ONNX_DATA] if os.path.lexists(out / ONNX_DATA) else [])]
+    return ["model.pt2"] if fmt == "pt2" else list(SAFETENSORS_FILES)
 
 
 def dynamic_shapes(pre: Preprocessing) -> dict[str, dict[int, Any]]:
@@ -74,7 +86,7 @@ def write_safetensors(run_dir: Path, served: ServedModel, spec: DataSpec, out: P
     save_weights(served.model, out / FINAL_WEIGHTS)
     write_text(out / CONFIG, (run_dir / CONFIG).read_text())
     write_json(out / "spec.json", _spec_dict(spec))
-    return [FINAL_WEIGHTS, CONFIG, "spec.json", "preprocess.json"]
+    return list(SAFETENSORS_FILES)
 
 
 def load_safetensors(out: Path, device: torch.device) -> Runner:
@@ -108,13 +120,15 @@ def compile_aoti(program: torch.export.ExportedProgram, out: Path) -> str:
 
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")  # torch's own deprecations, nothing the user can act on
-        with atomic(out / "model-aoti.pt2") as tmp:
+        with atomic(out / AOTI_PACKAGE) as tmp:
             torch._inductor.aoti_compile_and_package(program, package_path=str(tmp))
-    return "model-aoti.pt2"
+    return AOTI_PACKAGE
 
 
-def load_aoti(out: Path, device: torch.device) -> Runner:
-    return _module_runner(load_aoti_package(out / "model-aoti.pt2"), device)
+def load_aoti(package: Path, device: torch.device) -> Runner:
+    """The AOTInductor package at `package`: native code, so only a file this process compiled or one
+    checked against its export's checksums (use/export_files.py's `native_copy`)."""
+    return _module_runner(load_aoti_package(package), device)
 
 
 def write_onnx(served: ServedModel, example: torch.Tensor, pre: Preprocessing, out: Path) -> list[str]:
@@ -140,9 +154,8 @@ def write_onnx(served: ServedModel, example: torch.Tensor, pre: Preprocessing, o
             "--format pt2 or safetensors can"
         ) from None
     assert program is not None
-    with atomic(out / "model.onnx") as tmp:
-        program.save(str(tmp))
-    return ["model.onnx", "preprocess.json"]
+    program.save(str(out / "model.onnx"))
+    return [*files_read("onnx", out), "preprocess.json"]
 
 
 def load_onnx(out: Path, device: torch.device, threads: int | None = None) -> tuple[Runner, str]:

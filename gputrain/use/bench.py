@@ -195,10 +195,10 @@ def _prepare(
         if mode == "export":
             return _no_grad(program.module()), "torch.export ExportedProgram.module()", False
         try:
-            artifacts.compile_aoti(program, work)
+            package = artifacts.compile_aoti(program, work)
         except Exception as err:  # noqa: BLE001 - no compiler here: the row says so
             raise _Skip(f"AOTInductor cannot compile here ({str(err).strip()[:120]})") from None
-        run = artifacts.load_aoti(work, device)
+        run = artifacts.load_aoti(work / package, device)  # compiled just now into this process's private folder
         return run, "AOTInductor", False
     missing = missing_export_extra()
     if missing:

@@ -12,12 +12,16 @@ passes when max|artifact − eager| <= atol + rtol · max|eager|; the figures go
 
 A failed verification is a RunError (exit 1); export.json says by how much, and the artifact stays
 for inspection.
+
+export.json records every written file's checksum, and each file is checked against it before it is
+loaded, here and wherever an export folder is read (use/export_files.py: only what this export wrote
+is loaded; its AOTInductor package, native code, from a private copy of the checked bytes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import json
 import logging
 import math
 from collections.abc import Callable
@@ -32,7 +36,8 @@ from gputrain.run.files import write_json
 from gputrain.run.layout import EXPORT, EXPORT_RECORD
 from gputrain.run.output import Owner, check_output_folder, json_record, make_folder, marked, read_json
 from gputrain.use import artifacts
-from gputrain.use.artifacts import FORMATS, ONNX_OPSET, Runner
+from gputrain.use.artifacts import AOTI_PACKAGE, FORMATS, ONNX_OPSET, Runner, files_read
+from gputrain.use.export_files import check_files, native_copy, read_record, record_checksums
 from gputrain.use.extras import EXPORT_EXTRA, require_export_extra
 from gputrain.use.held_out import HeldOut, example_pair, held_out_batch
 from gputrain.use.loaded import LoadedRun, load_run
@@ -128,6 +133,7 @@ def export_run(run_dir: str | Path, options: ExportOptions) -> dict[str, Any]:
         "versions": _versions(fmt),
         **extra,
         **marked("export"),
+        "checksums": record_checksums(out, files),
     }
     return _verified(out, record, loaded, held, options)
 
@@ -140,17 +146,18 @@ def verify_export(out: str | Path, options: ExportOptions) -> dict[str, Any]:
         RunError: it no longer reproduces the model.
     """
     path = Path(out)
-    try:
-        record = json.loads((path / EXPORT_RECORD).read_text())
-    except (OSError, ValueError):
-        raise UsageError(f"{path}: no export.json; give the folder gputrain export wrote") from None
+    record = read_record(path)
     if record.get("format") not in FORMATS:
-        raise UsageError(f"{path}/export.json: no export format recorded; export again")
+        raise UsageError(f"{path / EXPORT_RECORD}: no export format recorded; export again")
+    weights, device = record.get("weights"), record.get("device", "cpu")
+    weights_path = weights.get("path") if isinstance(weights, dict) else None
+    if not all(isinstance(text, str) for text in (record.get("run_dir"), weights_path, device)):
+        raise UsageError(f"{path / EXPORT_RECORD}: no run_dir, weights.path or device recorded as text; export again")
     if record["format"] == "onnx":
         require_export_extra("verifying an ONNX export")
     # export.json is rewritten with the new figures: only in an export folder of gputrain's own
     _out_folder(path, Path(str(record.get("run_dir"))), record["format"], [])
-    loaded = load_run(record["run_dir"], checkpoint=record["weights"]["path"], device=record.get("device", "cpu"))
+    loaded = load_run(record["run_dir"], checkpoint=weights_path, device=device)
     held = held_out_batch(loaded, options.samples)
     return _verified(path, record, loaded, held, options)
 
@@ -158,18 +165,26 @@ def verify_export(out: str | Path, options: ExportOptions) -> dict[str, Any]:
 def _verified(
     out: Path, record: dict[str, Any], loaded: LoadedRun, held: HeldOut, options: ExportOptions
 ) -> dict[str, Any]:
-    """Run every artifact of the export against the eager model; write export.json; raise if one fails."""
+    """Run every artifact of the export against the eager model; write export.json; raise if one fails.
+
+    Raises:
+        UntrustedFile: a file to load is not the one this export wrote (checked before anything loads).
+    """
     fmt = record["format"]
-    loaders: dict[str, Callable[[], tuple[Runner, str]]] = {}
-    if fmt == "safetensors":
-        loaders["safetensors"] = lambda: (artifacts.load_safetensors(out, loaded.device), "gputrain (eager)")
-    elif fmt == "pt2":
-        loaders["pt2"] = lambda: (artifacts.load_pt2(out, loaded.device), "torch.export ExportedProgram.module()")
-        if (record.get("aoti") or {}).get("file"):
-            loaders["pt2-aoti"] = lambda: (artifacts.load_aoti(out, loaded.device), "AOTInductor")
-    else:
-        loaders["onnx"] = lambda: artifacts.load_onnx(out, loaded.device)
-    checks = {name: _check(name, load, loaded, held, options) for name, load in loaders.items()}
+    check_files(out, record, files_read(fmt, out))
+    aoti = record.get("aoti")
+    with contextlib.ExitStack() as stack:
+        loaders: dict[str, Callable[[], tuple[Runner, str]]] = {}
+        if fmt == "safetensors":
+            loaders["safetensors"] = lambda: (artifacts.load_safetensors(out, loaded.device), "gputrain (eager)")
+        elif fmt == "pt2":
+            loaders["pt2"] = lambda: (artifacts.load_pt2(out, loaded.device), "torch.export ExportedProgram.module()")
+            if isinstance(aoti, dict) and aoti.get("file"):
+                package = stack.enter_context(native_copy(out, record, AOTI_PACKAGE))
+                loaders["pt2-aoti"] = lambda: (artifacts.load_aoti(package, loaded.device), "AOTInductor")
+        else:
+            loaders["onnx"] = lambda: artifacts.load_onnx(out, loaded.device)
+        checks = {name: _check(name, load, loaded, held, options) for name, load in loaders.items()}
     record["verification"] = {
         "split": held.split,
         "samples": len(held.raw),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -26,12 +27,25 @@ from gputrain.checkpoint.io import (
     scan_verified,
     verify_checkpoint,
 )
+from gputrain.checkpoint.matching import CheckpointMismatch, kind_of_value
 from gputrain.errors import UsageError
-from gputrain.run.layout import CHECKPOINT_MARKER, CHECKPOINTS, CONFIG, FINAL_WEIGHTS, SUMMARY, checkpoint_name
+from gputrain.run.layout import (
+    CHECKPOINT_MARKER,
+    CHECKPOINT_STATE,
+    CHECKPOINTS,
+    CONFIG,
+    FINAL_WEIGHTS,
+    SUMMARY,
+    step_of_name,
+)
+from gputrain.use.export_files import EXPORT_RECORD, check_files, read_record
 
 log = logging.getLogger("gputrain")
 
 CHOICES = ("final", "best", "last")
+_STEP_LIMIT = 2**63 - 1
+"""No run reaches a larger step (a step count is an int64 in torch); nor can Python print an int of
+thousands of digits that a hand-made state.pt may hold."""
 WeightsKind = Literal["final", "best", "last", "path"]
 
 
@@ -72,6 +86,8 @@ def open_run(path: str | Path) -> Path:
         raise UsageError(
             f"{run_dir}: not a run directory (no config.toml); give the directory gputrain train wrote with --run-dir"
         )
+    if os.path.lexists(run_dir / EXPORT_RECORD):  # a safetensors export, given as the run
+        check_files(run_dir, read_record(run_dir), [CONFIG])
     return run_dir
 
 
@@ -86,7 +102,7 @@ def choose_weights(run_dir: Path, choice: str = "final") -> WeightsSource:
         return _weights_at(Path(choice))
     final = run_dir / FINAL_WEIGHTS
     if choice == "final" and final.is_file():
-        return WeightsSource("final", final, _final_step(run_dir))
+        return WeightsSource("final", _as_exported(final), _final_step(run_dir))
     scan = _scan(run_dir)
     if choice == "final":
         if scan.last is None:
@@ -108,13 +124,37 @@ def _best(run_dir: Path, scan: _Scan) -> WeightsSource:
         raise UsageError(
             f"{run_dir}: --checkpoint best: no usable checkpoint to read the best step from; {_listing(run_dir, scan)}"
         )
-    best_step = read_state(scan.last[0]).get("loop", {}).get("best_step")
-    if not isinstance(best_step, int):
+    newest = scan.last[0]
+    try:  # verified against its manifest by the scan; read weights-only: tensors and plain values alone
+        loop = read_state(newest).get("loop")
+    except CheckpointMismatch as err:
+        raise UsageError(f"{run_dir}: --checkpoint best: {newest}: {err.problem}") from None
+    except CorruptCheckpoint as err:
+        raise UsageError(f"{run_dir}: --checkpoint best: {err}") from None
+    if loop is not None and not isinstance(loop, dict):
+        raise UsageError(
+            f"{run_dir}: --checkpoint best: {newest / CHECKPOINT_STATE}: loop is {kind_of_value(loop)}, "
+            "not the loop's state; use --checkpoint final or last"
+        )
+    best_step = loop.get("best_step") if loop is not None else None
+    if best_step is None:
         raise UsageError(
             f"{run_dir}: --checkpoint best: the run tracked no best step (it had no validation split or "
             f"metric); use --checkpoint final or last ({_listing(run_dir, scan)})"
         )
-    path = run_dir / CHECKPOINTS / checkpoint_name(best_step)
+    if type(best_step) is not int or not 0 <= best_step <= _STEP_LIMIT:  # a bool is an int too
+        what = "out of range" if type(best_step) is int else kind_of_value(best_step)
+        raise UsageError(
+            f"{run_dir}: --checkpoint best: {newest / CHECKPOINT_STATE}: loop.best_step is {what}, "
+            "not a step number; use --checkpoint final or last"
+        )
+    # looked up among the run's checkpoints: the file's number never becomes a path of its own
+    path = next((p for p in list_checkpoints(run_dir / CHECKPOINTS) if step_of_name(p.name) == best_step), None)
+    if path is None:
+        raise UsageError(
+            f"{run_dir}: --checkpoint best: step {best_step}'s checkpoint is not in {run_dir / CHECKPOINTS} "
+            f"({_listing(run_dir, scan)}); use --checkpoint final or last"
+        )
     try:
         verify_checkpoint(path)
     except CorruptCheckpoint as err:
@@ -126,16 +166,29 @@ def _weights_at(path: Path) -> WeightsSource:
     if path.is_file():
         if path.suffix != ".safetensors":
             raise UsageError(f"--checkpoint {path}: not a .safetensors file or a checkpoint directory")
-        return WeightsSource("path", path, None)
+        return WeightsSource("path", _as_exported(path), None)
     if not path.is_dir():
         raise UsageError(f"--checkpoint {path}: no such file or directory; or use one of {', '.join(CHOICES)}")
     if not (path / CHECKPOINT_MARKER).exists() and (path / FINAL_WEIGHTS).is_file():
-        return WeightsSource("path", path / FINAL_WEIGHTS, None)  # e.g. an export's safetensors folder
+        return WeightsSource("path", _as_exported(path / FINAL_WEIGHTS), None)  # e.g. an export's safetensors folder
     try:
         verify_checkpoint(path)
     except CorruptCheckpoint as err:
         raise UsageError(f"--checkpoint {path}: not a usable checkpoint ({err})") from None
     return WeightsSource("path", path, checkpoint_step(path))
+
+
+def _as_exported(weights: Path) -> Path:
+    """`weights`, checked against its export's checksums where it is an export's (its folder holds
+    export.json): only what that export wrote is loaded from an export folder (use/export_files.py).
+
+    Raises:
+        UntrustedFile: it is not the file the export wrote.
+    """
+    folder = weights.parent
+    if weights.name == FINAL_WEIGHTS and os.path.lexists(folder / EXPORT_RECORD):
+        check_files(folder, read_record(folder), [FINAL_WEIGHTS])
+    return weights
 
 
 @dataclass(frozen=True, slots=True)

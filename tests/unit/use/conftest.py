@@ -94,11 +94,16 @@ def _runs(root: Path) -> dict[str, list[str]]:
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """tiny_run(name) -> the run directory of that tiny run, trained on first use."""
+    return tiny_runs(tmp_path_factory.mktemp("use-runs"))
+
+
+def tiny_runs(root: Path) -> Callable[[str], Path]:
+    """get(name) -> the run directory of that tiny run under `root`, trained on first use (tests
+    elsewhere share these runs through their own fixtures)."""
     import torch
 
     from gputrain.train.trainer import Trainer
 
-    root = tmp_path_factory.mktemp("use-runs")
     specs = _runs(root)
     done: dict[str, Path] = {}
 

@@ -21,6 +21,16 @@ def _export(run_dir: Path, fmt: str, out: Path, *extra: str) -> dict:
     return json.loads((out / "export.json").read_text())
 
 
+def _reseal(out: Path) -> None:
+    """Record the files' checksums again, as after a re-export: the damage must then fail the numeric
+    verification (an unsealed change is refused before loading: tests/adversarial/test_artifact_trust.py)."""
+    from gputrain.use.export_files import record_checksums
+
+    record = json.loads((out / "export.json").read_text())
+    record["checksums"] = record_checksums(out, record["checksums"])
+    (out / "export.json").write_text(json.dumps(record))
+
+
 def _checks(record: dict) -> dict:
     assert record["verification"]["passed"] is True
     return record["verification"]["checks"]
@@ -46,6 +56,7 @@ def test_safetensors_is_verified_bitwise_and_fails_once_a_weight_changes(tiny_ru
     start = 8 + struct.unpack("<Q", data[:8])[0]  # the tensors follow the JSON header
     data[start : start + 4] = struct.pack("<f", damage(struct.unpack("<f", data[start : start + 4])[0]))
     weights.write_bytes(bytes(data))
+    _reseal(out)
     with pytest.raises(RunError, match="safetensors: max abs diff"):
         verify_export(out, ExportOptions("safetensors"))
     assert json.loads((out / "export.json").read_text())["verification"]["passed"] is False
@@ -63,6 +74,7 @@ def test_pt2_takes_any_batch_and_sequence_length_and_fails_once_a_weight_changes
     with torch.no_grad():
         program.state_dict[name].mul_(1.5)
     torch.export.save(program, out / "model.pt2")
+    _reseal(out)
     with pytest.raises(RunError, match="pt2: max abs diff"):
         verify_export(out, ExportOptions("pt2"))
 
@@ -74,6 +86,7 @@ def test_pt2_is_aot_compiled_and_the_package_verified_too(tiny_run, tmp_path) ->
     assert set(checks) == {"pt2", "pt2-aoti"} and record["files"][:2] == ["model.pt2", "model-aoti.pt2"]
     assert checks["pt2-aoti"]["runtime"] == "AOTInductor" and checks["pt2-aoti"]["passed"]
     (tmp_path / "aoti" / "model-aoti.pt2").write_bytes(b"not a package")
+    _reseal(tmp_path / "aoti")
     with pytest.raises(RunError, match="pt2-aoti: it does not run"):
         verify_export(tmp_path / "aoti", ExportOptions("pt2"))
 
@@ -100,6 +113,7 @@ def test_onnx_takes_uint8_images_with_the_normalisation_inside_and_is_checked_by
     weight = max(model.graph.initializer, key=lambda t: len(numpy_helper.to_array(t).ravel()))
     weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.5, weight.name))
     onnx.save(model, out / "model.onnx")
+    _reseal(out)
     with pytest.raises(RunError, match="onnx: max abs diff"):
         verify_export(out, ExportOptions("onnx"))
 
