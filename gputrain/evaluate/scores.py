@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -84,7 +85,7 @@ def save_scores(path: Path, scores: Scores) -> None:
     tmp.replace(path)
 
 
-def load_scores(path: Path) -> Scores:
-    """Read a `scores-<split>.npz` (plain arrays only: no pickled objects are allowed in)."""
+def load_scores(path: Path | BinaryIO) -> Scores:
+    """Read a `scores-<split>.npz`, or its bytes (plain arrays only: no pickled objects are allowed in)."""
     with np.load(path, allow_pickle=False) as data:
         return Scores(str(data["task"]), data["scores"], data["targets"], int(data["total"]))
