@@ -18,6 +18,7 @@ field left out (`Notes`).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import os
@@ -28,18 +29,28 @@ from pathlib import Path
 from typing import Any
 
 from gputrain.errors import DataError
+from gputrain.run.layout import (
+    CHECKPOINT_MANIFEST,
+    CONFIG,
+    ENV,
+    LR_FIND,
+    SUMMARY,
+    eval_record_name,
+    profile_name,
+    scores_name,
+)
 
 KB, MB = 1 << 10, 1 << 20
 
 LIMITS = {
-    "config.toml": 1 * MB,
-    "env.json": 1 * MB,
-    "summary.json": 4 * MB,
-    "lr_find.json": 64 * MB,
+    CONFIG: 1 * MB,
+    ENV: 1 * MB,
+    SUMMARY: 4 * MB,
+    LR_FIND: 64 * MB,
+    CHECKPOINT_MANIFEST: 4 * MB,
     "profile": 64 * MB,
     "eval": 4 * MB,
     "scores": 512 * MB,
-    "manifest.json": 4 * MB,
 }
 """The most each kind of run file may hold (gputrain writes a few KB to a few MB of each: a sweep
 of a million steps is ~60 MB, scores are at most 20,000 rows). `limit_for` maps a name to its kind."""
@@ -55,8 +66,9 @@ def limit_for(name: str) -> int:
     """The size bound of the run file `name` (LIMITS by its kind)."""
     if name in LIMITS:
         return LIMITS[name]
-    for prefix, kind in (("profile", "profile"), ("eval-", "eval"), ("scores-", "scores")):
-        if name.startswith(prefix):
+    kinds = ((profile_name(None), "profile"), (eval_record_name("*"), "eval"), (scores_name("*"), "scores"))
+    for pattern, kind in kinds:
+        if fnmatch.fnmatchcase(name, pattern.replace(".", "*.", 1) if kind == "profile" else pattern):
             return LIMITS[kind]
     return DEFAULT_LIMIT
 
@@ -227,7 +239,7 @@ def parse_json(data: bytes | str, where: str) -> Any:
             number too long for Python.
     """
     try:
-        return json.loads(data)
+        return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)  # not json's guess of UTF-16
     except RecursionError:
         raise RunFileError(f"{where}: nested too deeply to be a run's file") from None
     except UnicodeDecodeError:

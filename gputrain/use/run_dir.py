@@ -12,8 +12,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -26,8 +26,11 @@ from gputrain.checkpoint.io import (
     scan_verified,
     verify_checkpoint,
 )
+from gputrain.config import Config, load_config
 from gputrain.errors import UsageError
+from gputrain.run import shapes
 from gputrain.run.layout import CHECKPOINT_MARKER, CHECKPOINTS, CONFIG, FINAL_WEIGHTS, SUMMARY, checkpoint_name
+from gputrain.run.reader import INT, RunFileError, read_bytes, read_json, run_entry
 
 log = logging.getLogger("gputrain")
 
@@ -68,11 +71,31 @@ def open_run(path: str | Path) -> Path:
     run_dir = Path(path)
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir}: no such directory; give the run directory that gputrain train wrote")
-    if not (run_dir / CONFIG).is_file():
+    # what the use commands read of it, by run/reader.py's rules: no link out, the right kind, a bounded size
+    for name, directory in ((CHECKPOINTS, True), (SUMMARY, False), (FINAL_WEIGHTS, False)):
+        run_entry(run_dir, name, directory=directory)
+    if read_bytes(run_dir, CONFIG) is None:
         raise UsageError(
             f"{run_dir}: not a run directory (no config.toml); give the directory gputrain train wrote with --run-dir"
         )
     return run_dir
+
+
+def run_config(run_dir: Path, overrides: Iterable[str] | Mapping[str, Any] = ()) -> Config:
+    """The run's config.toml (`open_run` checked the file) with `overrides` on top.
+
+    Raises:
+        UsageError: the file is not a config, naming it (a bad override names the override).
+    """
+    path = run_dir / CONFIG
+    try:
+        load_config(path)
+    except UsageError as err:
+        reason = " ".join(str(err).split())
+        if str(path) in reason:
+            raise
+        raise UsageError(f"{path}: the run's config cannot be used ({reason})") from None
+    return load_config(path, overrides)
 
 
 def choose_weights(run_dir: Path, choice: str = "final") -> WeightsSource:
@@ -108,8 +131,12 @@ def _best(run_dir: Path, scan: _Scan) -> WeightsSource:
         raise UsageError(
             f"{run_dir}: --checkpoint best: no usable checkpoint to read the best step from; {_listing(run_dir, scan)}"
         )
-    best_step = read_state(scan.last[0]).get("loop", {}).get("best_step")
-    if not isinstance(best_step, int):
+    try:
+        loop = read_state(scan.last[0]).get("loop")
+    except (CorruptCheckpoint, UsageError) as err:
+        raise UsageError(f"{run_dir}: --checkpoint best: the best step cannot be read ({err})") from None
+    best_step = loop.get("best_step") if isinstance(loop, dict) else None
+    if not (isinstance(best_step, int) and INT(best_step) and best_step >= 0):
         raise UsageError(
             f"{run_dir}: --checkpoint best: the run tracked no best step (it had no validation split or "
             f"metric); use --checkpoint final or last ({_listing(run_dir, scan)})"
@@ -184,8 +211,10 @@ def _listing(run_dir: Path, scan: _Scan) -> str:
 
 
 def _final_step(run_dir: Path) -> int | None:
+    """The step the final weights are from, as summary.json says; None where it cannot say."""
     try:
-        step = json.loads((run_dir / SUMMARY).read_text()).get("global_step")
-    except (OSError, ValueError, AttributeError):
+        summary = read_json(run_dir, SUMMARY, shapes.SUMMARY, notes=[])  # a field of a wrong kind: left out
+    except RunFileError:
         return None
+    step = (summary or {}).get("global_step")
     return step if isinstance(step, int) else None

@@ -410,3 +410,125 @@ def test_a_link_out_of_the_run_is_a_note_naming_it(base: Path, tmp_path: Path, c
     assert code == 0, err
     assert _is_refused(name, out), out
     assert "leading out of the run directory" in out
+
+
+# ----------------------------------------------------------------- the use commands: `gputrain evaluate`
+
+USE_RUN = ["model.name=mlp", "model.hidden_sizes=[8]", "data.name=synthetic", "data.shape=[4]",
+           "data.num_samples=128", "train.batch_size=32", "train.device=cpu", "log.progress=none",
+           "log.tensorboard=false", "train.epochs=2"]
+
+
+@pytest.fixture(scope="module")
+def use_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run trained from a config (so evaluate can rebuild its data), with a checkpoint per epoch and
+    the best step tracked on its validation split."""
+    import contextlib
+    import io
+
+    from gputrain.train.trainer import Trainer
+
+    run_dir = tmp_path_factory.mktemp("use") / "run"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        Trainer.from_config(None, run_dir=run_dir, overrides=USE_RUN).fit()
+    return run_dir
+
+
+def _state(edit_loop: Callable[[dict[str, Any]], None] | None = None, whole: Any = None) -> Edit:
+    """The last checkpoint's state.pt with its loop state edited (or replaced by `whole`), sealed again
+    as someone who controls the files would."""
+
+    def edit(run_dir: Path) -> None:
+        import torch
+
+        from tests.unit.checkpoint.helpers import reseal
+
+        ckpt = sorted((run_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name[5:]))[-1]
+        state = torch.load(ckpt / "state.pt", weights_only=True)
+        if edit_loop is not None:
+            edit_loop(state)
+        torch.save(state if whole is None else whole, ckpt / "state.pt")
+        reseal(ckpt)
+
+    return edit
+
+
+def _loop(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(state: dict[str, Any]) -> None:
+        if key == "loop":
+            state["loop"] = value
+        else:
+            state["loop"][key] = value
+
+    return edit
+
+
+class _Hostile:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("touch PWNED",))
+
+
+USE_CASES: dict[str, tuple[str, Edit, tuple[str, ...]]] = {
+    # (the file named, the edit, the --checkpoint used)
+    "config-link-passwd": ("config.toml", _link("config.toml", "/etc/passwd"), ()),
+    "config-link-secret": ("config.toml", _link("config.toml", "secret"), ()),
+    "config-fifo": ("config.toml", _fifo("config.toml"), ()),
+    "config-oversize": ("config.toml", _oversize("config.toml"), ()),
+    "config-garbage": ("config.toml", _write("config.toml", bytes(range(256))), ()),
+    "config-deep": ("config.toml", _write("config.toml", "[train]\nx = " + "[" * 100_000 + "]" * 100_000), ()),
+    "config-huge-int": ("config.toml", _write("config.toml", "[train]\nepochs = " + "9" * 5000), ()),
+    "config-section-not-table": ("config.toml", _write("config.toml", "train = 5\n"), ()),
+    "config-dev-null": ("config.toml", _link("config.toml", "/dev/null"), ()),
+    "summary-link-secret": ("summary.json", _link("summary.json", "secret"), ()),
+    "summary-fifo": ("summary.json", _fifo("summary.json"), ()),
+    "summary-deep": ("summary.json", _write("summary.json", DEEP), ()),
+    "summary-huge-int": ("summary.json", _write("summary.json", HUGE * 20), ()),
+    "summary-garbage": ("summary.json", _write("summary.json", bytes(range(256))), ()),
+    "summary-oversize": ("summary.json", _oversize("summary.json"), ()),
+    "summary-step-text": ("summary.json", _set_field("summary.json", "global_step", '"8"'), ()),
+    "summary-step-huge": ("summary.json", _set_field("summary.json", "global_step", HUGE), ()),
+    "summary-step-nan": ("summary.json", _set_field("summary.json", "global_step", "NaN"), ()),
+    "summary-a-list": ("summary.json", _write("summary.json", "[]"), ()),
+    "weights-link-secret": ("model.safetensors", _link("model.safetensors", "secret"), ()),
+    "weights-fifo": ("model.safetensors", _fifo("model.safetensors"), ()),
+    "checkpoints-link-out": ("checkpoints", lambda d: _move_out(d, "checkpoints"), ("--checkpoint", "last")),
+    "best-loop-text": ("best", _state(_loop("loop", "x")), ("--checkpoint", "best")),
+    "best-step-text": ("best", _state(_loop("best_step", "4")), ("--checkpoint", "best")),
+    "best-step-bool": ("best", _state(_loop("best_step", True)), ("--checkpoint", "best")),
+    "best-step-negative": ("best", _state(_loop("best_step", -4)), ("--checkpoint", "best")),
+    "best-step-huge": ("best", _state(_loop("best_step", 10**400)), ("--checkpoint", "best")),
+    "best-step-float": ("best", _state(_loop("best_step", 4.0)), ("--checkpoint", "best")),
+    "best-step-missing-checkpoint": ("best", _state(_loop("best_step", 3)), ("--checkpoint", "best")),
+    "best-state-a-list": ("best", _state(whole=[1, 2]), ("--checkpoint", "best")),
+    "best-state-pickled": ("best", _state(whole={"loop": _Hostile()}), ("--checkpoint", "best")),
+}
+
+
+def _move_out(run_dir: Path, name: str) -> None:
+    outside = run_dir.parent / f"outside-{name}"
+    shutil.move(run_dir / name, outside)
+    os.symlink(outside, run_dir / name)
+
+
+@pytest.mark.parametrize(("name", "edit", "options"), [pytest.param(*v, id=k) for k, v in USE_CASES.items()])
+def test_evaluate_on_a_hand_edited_run(use_base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch, name: str, edit: Edit,
+                                       options: tuple[str, ...]) -> None:
+    """`gputrain evaluate` reads config.toml, summary.json, the weights and a checkpoint's state by the
+    run's rules: a file it needs, refused, is one line naming it (exit 2); summary.json only says
+    which step the final weights are from, so a damaged one leaves the step unknown."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(use_base, run_dir, symlinks=True)
+    edit(run_dir)
+    monkeypatch.chdir(tmp_path)
+    code = main(["evaluate", str(run_dir), *options, "--output-dir", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    assert not (tmp_path / "PWNED").exists()
+    assert SECRET not in captured.out + captured.err
+    if name == "summary.json" and "link" not in edit.__qualname__ and "fifo" not in edit.__qualname__:
+        assert code == 0, captured.err  # the final weights, their step unknown
+        return
+    assert code == 2, captured.out + captured.err
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0], captured.err
