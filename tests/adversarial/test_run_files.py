@@ -159,13 +159,32 @@ def _write(name: str, data: bytes | str) -> Edit:
     return edit
 
 
+def _secret_file(path: Path, name: str) -> None:
+    """A file outside the run holding SECRET where the report would show it, were the link followed."""
+    if name == "scores-test.npz":
+        np.savez(path, task=np.array(SECRET), scores=_probs(), targets=np.zeros(10), total=np.array(10))
+        return
+    texts = {
+        "summary.json": json.dumps({"status": "failed", "global_step": 10**6, "error": SECRET}),
+        "env.json": json.dumps({"secret": SECRET}),
+        "lr_find.json": json.dumps({**LR_FIND, "rule_text": SECRET}),
+        "profile.json": json.dumps({"facts": {"secret": SECRET}}),
+        "metrics.jsonl": json.dumps({"step": 1, "split": SECRET, "accuracy": 0.5}),
+        "config.toml": f'[data]\nname = "{SECRET}"\n',
+        "model.safetensors": SECRET,
+    }
+    path.write_text(texts.get(name, f"{SECRET}\n"))
+
+
 def _link(name: str, target: str) -> Edit:
     def edit(run_dir: Path) -> None:
         (run_dir / name).unlink(missing_ok=True)
         if target == "secret":
             secret = run_dir.parent / f"secret-{name}"
-            secret.write_text(f"{SECRET}\n" + (json.dumps({"status": SECRET}) if name.endswith(".json") else ""))
+            _secret_file(secret, name)
             os.symlink(secret, run_dir / name)
+            if name == "error.log":  # a report shows the log of a failed run
+                _set_field("summary.json", "status", '"failed"')(run_dir)
         else:
             os.symlink(target, run_dir / name)
 
@@ -532,3 +551,23 @@ def test_evaluate_on_a_hand_edited_run(use_base: Path, tmp_path: Path, capsys: p
     assert code == 2, captured.out + captured.err
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and name in lines[0], captured.err
+
+
+@pytest.mark.parametrize(("name", "edit"), ALL)
+def test_a_hand_edited_run_compared_with_a_whole_one(base: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str], name: str,
+                                                     edit: Edit) -> None:
+    """The comparison page reads the same files and draws them side by side: the same promise."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(base, run_dir, symlinks=True)
+    edit(run_dir)
+    out_file = tmp_path / "compare.html"
+    code = main(["report", str(base), str(run_dir), "-o", str(out_file)])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    if code == 2:
+        assert len(captured.err.strip().splitlines()) == 1 and name in captured.err, captured.err
+        return
+    assert code == 0, captured.err
+    html = out_file.read_text()
+    assert SECRET not in html and "root:x:0:0" not in html
