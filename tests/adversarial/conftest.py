@@ -26,6 +26,7 @@ _GROUPS = {
     "test_data_meaning.py": "data files",
     "test_memory_limits.py": "config values",
     "test_disk_full.py": "run directories",
+    "test_run_files.py": "run files read",
 }
 _cases: Counter[str] = Counter()
 

@@ -571,3 +571,14 @@ def test_a_hand_edited_run_compared_with_a_whole_one(base: Path, tmp_path: Path,
     assert code == 0, captured.err
     html = out_file.read_text()
     assert SECRET not in html and "root:x:0:0" not in html
+
+
+@pytest.mark.parametrize("row", ["step-huge", "step-nan", "row-deep", "row-list", "garbage", "split-list"])
+def test_a_continued_run_reads_its_hand_edited_metrics(base: Path, tmp_path: Path, warned: list[str],
+                                                       row: str) -> None:
+    """Resuming cuts metrics.jsonl back to the checkpoint's step, passing over damaged lines (said once)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(base, run_dir, symlinks=True)
+    _metrics_row(METRICS_ROWS[row])(run_dir)
+    summary = linear_trainer(run_dir, **{"train.epochs": 3}).fit()
+    assert summary["status"] == "completed" and summary["global_step"] == 12
