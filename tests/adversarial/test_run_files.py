@@ -524,7 +524,7 @@ USE_CASES: dict[str, tuple[str, Edit, tuple[str, ...]]] = {
 
 
 def _move_out(run_dir: Path, name: str) -> None:
-    outside = run_dir.parent / f"outside-{name}"
+    outside = run_dir.parent / f"outside-{name.replace('/', '-')}"
     shutil.move(run_dir / name, outside)
     os.symlink(outside, run_dir / name)
 
@@ -582,3 +582,24 @@ def test_a_continued_run_reads_its_hand_edited_metrics(base: Path, tmp_path: Pat
     _metrics_row(METRICS_ROWS[row])(run_dir)
     summary = linear_trainer(run_dir, **{"train.epochs": 3}).fit()
     assert summary["status"] == "completed" and summary["global_step"] == 12
+
+
+@pytest.mark.parametrize("choice", ["last", "best"])
+def test_a_checkpoint_linked_from_outside_is_passed_over(use_base: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str], warned: list[str],
+                                                         choice: str) -> None:
+    """checkpoints/step-4 a link to a checkpoint outside the run (a whole one: it verifies): not this
+    run's weights, so passed over as damaged, and said."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(use_base, run_dir, symlinks=True)
+    _move_out(run_dir, "checkpoints/step-4")
+    code = main(["evaluate", str(run_dir), "--checkpoint", choice, "--output-dir", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    said = " ".join([*warned, captured.err])
+    assert "step-4" in said and "leading out of the run directory" in said, said
+    if code == 0:
+        said = captured.out + captured.err  # the weights used are said on stderr
+        assert "weights (step 2)" in said and "(step 4)" not in said, said
+    else:
+        assert code == 2 and len(captured.err.strip().splitlines()) == 1
