@@ -75,12 +75,13 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from gputrain.config import load_config
     from gputrain.run.files import default_run_dir
-    from gputrain.run.reader import run_entry
+    from gputrain.run.reader import read_bytes
 
     _check(args)
     given = Path(args.run_dir) if args.run_dir else None
     own_config = given / CONFIG if given is not None and args.config is None else None
-    if own_config is not None and run_entry(own_config.parent, CONFIG) is not None:  # no link out, nor a FIFO
+    # the run's rules (run/reader.py): no link out, a regular file, a bounded size
+    if own_config is not None and read_bytes(own_config.parent, CONFIG) is not None:
         args.config = str(own_config)  # the run's own config: the sweep that run starts with
     config = load_config(args.config, [*args.overrides, *_FORCED])
     run_dir = given or Path(f"{default_run_dir(config.model.name, config.data.name)}-lr-find")

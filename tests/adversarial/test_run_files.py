@@ -603,3 +603,26 @@ def test_a_checkpoint_linked_from_outside_is_passed_over(use_base: Path, tmp_pat
         assert "weights (step 2)" in said and "(step 4)" not in said, said
     else:
         assert code == 2 and len(captured.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("what", ["link-passwd", "link-secret", "fifo", "oversize", "folder"])
+def test_lr_find_reads_a_runs_config_by_the_runs_rules(base: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str], what: str) -> None:
+    """`lr-find --run-dir RUN` starts from RUN's config.toml: one leading out of the run, or not a
+    regular file, is one line naming it, before any work."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(base, run_dir, symlinks=True)
+    sweep = (run_dir / "lr_find.json").read_bytes()
+    if what == "folder":
+        (run_dir / "config.toml").unlink()
+        (run_dir / "config.toml").mkdir()
+    else:
+        edits = {"link-passwd": _link("config.toml", "/etc/passwd"), "link-secret": _link("config.toml", "secret"),
+                 "fifo": _fifo("config.toml"), "oversize": _oversize("config.toml")}
+        edits[what](run_dir)
+    code = main(["lr-find", "--run-dir", str(run_dir), "--steps", "5"])
+    captured = capsys.readouterr()
+    assert code == 2, captured.out + captured.err
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "config.toml" in lines[0] and SECRET not in captured.err, captured.err
+    assert (run_dir / "lr_find.json").read_bytes() == sweep
