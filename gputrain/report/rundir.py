@@ -73,9 +73,9 @@ _TASK_OF_DATA = {
 """The task of the data sources that have only one (csv and synthetic can be either)."""
 
 
-MAX_FIELDS = 512
-"""Fields of metrics.jsonl's rows kept (a run logs a few dozen): a row of a million made-up keys
-would otherwise make a column of every row for each."""
+MAX_FIELDS = 128
+"""Fields of metrics.jsonl's rows kept (a run logs a few dozen): rows of made-up keys would
+otherwise make a column as long as the file for each key."""
 
 
 class Columns:

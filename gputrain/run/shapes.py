@@ -1,7 +1,7 @@
 """The shapes of a run's JSON files as their readers use them (run/reader.py's `Shape`): each field a
 reader takes, with the kind gputrain writes there. Where each is written: run/summary.py and
 rl/trainer.py (summary.json), train/lr_find.py (lr_find.json), observe/profiler.py (profile.json),
-use/evaluate.py (eval-NAME.json), run/files.py (env.json).
+run/files.py (env.json).
 """
 
 from __future__ import annotations
@@ -117,6 +117,3 @@ PROFILE = Shape(
     each={"findings": FINDING, "top_device_ops": OP, "top_host_ops": OP},
 )
 """profile.json: the advisor's findings, the facts they rest on, the top ops."""
-
-EVAL_RECORD = Shape({"metrics": mapping_of(_METRIC)})
-"""eval-NAME.json: `gputrain evaluate`'s record."""

@@ -199,6 +199,15 @@ def _fifo(name: str) -> Edit:
     return edit
 
 
+def _folder(name: str) -> Edit:
+    def edit(run_dir: Path) -> None:
+        (run_dir / name).unlink(missing_ok=True)
+        (run_dir / name).mkdir()
+        (run_dir / name / "inside").write_text(SECRET)
+
+    return edit
+
+
 def _oversize(name: str) -> Edit:
     def edit(run_dir: Path) -> None:
         with open(run_dir / name, "r+b") as f:  # sparse: large without taking the disk
@@ -225,6 +234,7 @@ def _whole_file_cases() -> list[Any]:
             "link-dev-null": _link(name, "/dev/null"),
             "link-to-nothing": _link(name, "/nonexistent/file"),
             "fifo": _fifo(name),
+            "folder": _folder(name),
         }
         if name != "error.log":  # a log's tail is read, whatever its size
             edits["oversize"] = _oversize(name)
@@ -257,6 +267,7 @@ METRICS_ROWS = {
     "row-text": '"abc"',
     "long-line": '{"step": 100, "loss": 1.0, "pad": "' + "x" * (2 << 20) + '"}',
     "many-keys": json.dumps({"step": 100, **{f"k{i}": 1.0 for i in range(5000)}}),
+    "distinct-keys": "\n".join(json.dumps({"step": 100 + i, f"k{i}": 1.0}) for i in range(2000)),
     "many-splits": "\n".join(json.dumps({"step": 100, "split": f"s{i}", "accuracy": 0.5}) for i in range(50)),
     "garbage": "\x00\xff\xfe garbage",
 }

@@ -223,3 +223,4 @@ def test_the_summary_gputrain_writes_passes_its_shape(tmp_path: Path) -> None:
     assert read_json(run, "summary.json", shapes.SUMMARY, notes) == json.loads((run / "summary.json").read_text())
     assert read_json(run, "env.json", shapes.ENV, notes) is not None
     assert notes == []
+
