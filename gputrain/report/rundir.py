@@ -3,7 +3,10 @@
 Every file is optional (a run in progress has no summary.json yet, a failed one may have no test
 scores, a profile or an LR sweep adds its own file), and none is trusted to be whole: a line of
 metrics.jsonl torn by a kill is counted and skipped, an unreadable file becomes a note on the page.
-What a report needs and cannot find is a `DataError` naming the directory and the missing file.
+Each file is read by run/reader.py's rules (no link out of the directory, the right kind, a bounded
+size, JSON and TOML parsed without trust, fields checked by run/shapes.py): a file or a field that
+breaks them is left out with a note naming it, so what the drawing modules get has the kinds they
+expect. What a report needs and cannot find is a `DataError` naming the directory and the missing file.
 """
 
 from __future__ import annotations
@@ -298,12 +301,11 @@ def _read_config(run: Run) -> None:
 
 def _tables(config: dict[str, Any], where: str, run: Run) -> dict[str, dict[str, Any]]:
     """`config`'s sections that are tables (`[train]`); another value is a note."""
-    kept = {}
-    for section, values in config.items():
-        if isinstance(values, dict):
-            kept[section] = values
-        else:
-            run.notes.append(f"{where}: {section} is not a table of keys ([{section}]); left out")
+    kept = {section: values for section, values in config.items() if isinstance(values, dict)}
+    others = [section[:40] for section in config if section not in kept]
+    if others:
+        them = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        run.notes.append(f"{where}: {them} not a table of keys ([section] key = value); left out")
     return kept
 
 
@@ -311,11 +313,9 @@ def _read_scores(run: Run) -> None:
     """scores-test.npz: plain arrays only, of the shapes one task's scores have (evaluate/scores.py)."""
     name = scores_name("test")
     try:
-        path = run_entry(run.path, name)
-        if path is None:
-            return
         data = read_bytes(run.path, name)
-        assert data is not None
+        if data is None:
+            return
         _check_unpacked_size(data, name)
         run.scores = check_scores(load_scores(io.BytesIO(data)), name)
     except RunFileError as err:
