@@ -89,13 +89,15 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from gputrain.config import load_config
     from gputrain.run.files import default_run_dir, run_dir_path
+    from gputrain.run.reader import read_bytes
 
     _check(args)
     given = run_dir_path(args.run_dir) if args.run_dir is not None else None
     if given is not None:
         check_sweep_dir(given)  # before its config is read, the sweep built, or any rank started
     own_config = given / CONFIG if given is not None and args.config is None else None
-    if own_config is not None and own_config.is_file():
+    # the run's rules (run/reader.py): no link out, a regular file, a bounded size
+    if own_config is not None and read_bytes(own_config.parent, CONFIG) is not None:
         args.config = str(own_config)  # the run's own config: the sweep that run starts with
     config = load_config(args.config, [*args.overrides, *_FORCED])
     run_dir = given or Path(f"{default_run_dir(config.model.name, config.data.name)}-lr-find")

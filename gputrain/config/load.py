@@ -166,14 +166,24 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UsageError(f"config file not found: {path}")
     try:
-        text = path.read_text(encoding="utf-8").removeprefix("\ufeff")  # a byte-order mark is no TOML
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"config file {path} is not valid TOML: {err}") from None
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise UsageError(f"config file {path} is not UTF-8 text") from None
     except OSError as err:
         raise UsageError(f"config file {path} cannot be read: {err.strerror or err}") from None
+    return parse_toml(text, path)
+
+
+def parse_toml(text: str, path: str | Path) -> dict[str, Any]:
+    """A config file's text (read from `path`, named in the messages) as TOML.
+
+    Raises:
+        UsageError: naming the file, and the line where it is not TOML.
+    """
+    try:
+        return tomllib.loads(text.removeprefix("\ufeff"))  # a byte-order mark is no TOML
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"config file {path} is not valid TOML: {err}") from None
     except RecursionError:
         raise UsageError(f"config file {path} cannot be read: lists nested too deeply") from None
     except ValueError:  # valid TOML that Python cannot hold: an integer of more than 4300 digits

@@ -11,6 +11,7 @@ from __future__ import annotations
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -97,7 +98,7 @@ def is_scores_file(path: Path) -> bool:
         return False
 
 
-def load_scores(path: Path) -> Scores:
-    """Read a `scores-<split>.npz` (plain arrays only: no pickled objects are allowed in)."""
+def load_scores(path: Path | BinaryIO) -> Scores:
+    """Read a `scores-<split>.npz`, or its bytes (plain arrays only: no pickled objects are allowed in)."""
     with np.load(path, allow_pickle=False) as data:
         return Scores(str(data["task"]), data["scores"], data["targets"], int(data["total"]))

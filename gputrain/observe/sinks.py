@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gputrain.errors import ConfigError, first_line
+from gputrain.run.reader import FINITE
 
 log = logging.getLogger("gputrain")
 
@@ -32,9 +33,7 @@ def _record_step(raw: bytes) -> int | float | None:
     if not isinstance(record, dict):
         return None
     step = record.get("step")
-    if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
-        return None
-    return step
+    return step if FINITE(step) else None  # an integer of 400 digits is no step (math.isfinite overflows)
 
 
 def cut_back(path: Path, resume_step: int) -> None:

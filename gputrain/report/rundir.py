@@ -3,14 +3,19 @@
 Every file is optional (a run in progress has no summary.json yet, a failed one may have no test
 scores, a profile or an LR sweep adds its own file), and none is trusted to be whole: a line of
 metrics.jsonl torn by a kill is counted and skipped, an unreadable file becomes a note on the page.
-What a report needs and cannot find is a `DataError` naming the directory and the missing file.
+Each file is read by run/reader.py's rules (no link out of the directory, the right kind, a bounded
+size, JSON and TOML parsed without trust, fields checked by run/shapes.py): a file or a field that
+breaks them is left out with a note naming it, so what the drawing modules get has the kinds they
+expect. What a report needs and cannot find is a `DataError` naming the directory and the missing file.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
+import io
 import math
+import os
+import zipfile
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from gputrain.errors import DataError
-from gputrain.evaluate.scores import Scores, load_scores
+from gputrain.evaluate.scores import KEEPS_SCORES, Scores, load_scores
+from gputrain.run import shapes
 from gputrain.run.layout import (
     CONFIG,
     ENV,
@@ -32,6 +38,20 @@ from gputrain.run.layout import (
     scores_name,
 )
 from gputrain.run.prior import COMPLETE
+from gputrain.run.reader import (
+    FINITE,
+    INT_BOUND,
+    RunFileError,
+    Shape,
+    is_number,
+    iter_lines,
+    parse_json,
+    read_bytes,
+    read_json,
+    read_tail,
+    read_text,
+    run_entry,
+)
 
 ERROR_LOG_LINES = 40
 _TASK_OF_METRIC = {
@@ -56,6 +76,11 @@ _TASK_OF_DATA = {
 """The task of the data sources that have only one (csv and synthetic can be either)."""
 
 
+MAX_FIELDS = 128
+"""Fields of metrics.jsonl's rows kept (a run logs a few dozen): rows of made-up keys would
+otherwise make a column as long as the file for each key."""
+
+
 class Columns:
     """metrics.jsonl's step rows as one float array per field (NaN where a row lacks it), built
     row by row: a million rows take ~8 MB per field, not a million dicts."""
@@ -66,9 +91,11 @@ class Columns:
 
     def add(self, row: dict[str, Any]) -> None:
         for key, value in row.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if not is_number(value):  # an int too large for a float included
                 continue
             column = self._data.get(key)
+            if column is None and len(self._data) >= MAX_FIELDS:
+                continue
             if column is None:  # a field that first appears now (the time split, after its first sample)
                 column = self._data[key] = array("d", [math.nan]) * self.count
             column.append(float(value))
@@ -201,63 +228,149 @@ class Run:
         return f"no summary.json yet: the run is still going, or was killed before it could write one{when}"
 
 
-def _read_json(path: Path, run: Run) -> Any:
-    if not path.is_file():
-        return None
+def _left_out(run: Run, err: Exception, what: str = "left out") -> None:
+    """The reader's line as a note, the file named within the run (the page names the run)."""
+    run.notes.append(f"{_within(run, str(err))}; {what}")
+
+
+def _within(run: Run, text: str) -> str:
+    return text.replace(f"{run.path}{os.sep}", "")
+
+
+def _read_json(run: Run, name: str, shape: Shape) -> dict[str, Any] | None:
+    """The run file `name` checked by `shape` (run/shapes.py); what it holds wrongly is a note."""
+    said: list[str] = []
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        run.notes.append(f"{path.name} could not be read ({type(err).__name__}); left out")
+        return read_json(run.path, name, shape, said)
+    except RunFileError as err:
+        _left_out(run, err)
         return None
+    finally:
+        run.notes.extend(_within(run, line) for line in said)
 
 
-def _read_metrics(path: Path, run: Run) -> None:
+def _read_metrics(run: Run) -> None:
     """Step rows into `run.steps`, evaluation rows into `run.evals`; damaged lines are counted."""
     damaged = 0
-    with path.open("rb") as lines:
-        for raw in lines:
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw)
-            except (UnicodeDecodeError, ValueError, RecursionError):
-                damaged += 1
-                continue
-            step = row.get("step") if isinstance(row, dict) else None
-            if isinstance(step, bool) or not isinstance(step, (int, float)):
-                damaged += 1
-                continue
-            split = row.get("split")
-            if split is None:
-                run.steps.add(row)
-                continue
-            metrics = run.evals.setdefault(str(split), {})
-            for key, value in row.items():
-                if key not in ("step", "epoch", "split") and isinstance(value, (int, float)):
-                    steps, values = metrics.setdefault(key, ([], []))
-                    steps.append(float(step))
-                    values.append(float(value))
+    for raw in iter_lines(run.path, METRICS):
+        if raw is not None and not raw.strip():
+            continue
+        try:
+            row = parse_json(raw, METRICS) if raw is not None else None
+        except RunFileError:
+            row = None
+        step = row.get("step") if isinstance(row, dict) else None
+        if not isinstance(row, dict) or not FINITE(step):
+            damaged += 1
+            continue
+        at = float(row["step"])
+        numbers = {k: v for k, v in row.items() if is_number(v)}  # a value too large for a float: not one
+        split = row.get("split")
+        if split is None:
+            run.steps.add(numbers)
+            continue
+        metrics = run.evals.setdefault(str(split)[:100], {})
+        for key, value in numbers.items():
+            if key not in ("step", "epoch") and (key in metrics or len(metrics) < MAX_FIELDS):
+                steps, values = metrics.setdefault(key, ([], []))
+                steps.append(at)
+                values.append(float(value))
     if damaged:
-        run.notes.append(f"metrics.jsonl: {damaged} damaged line(s) skipped (a write cut short by a kill)")
+        run.notes.append(
+            f"metrics.jsonl: {damaged} damaged line(s) skipped (a write cut short by a kill, or a line that "
+            "is not a JSON object with a numeric step)"
+        )
 
 
-def _read_config(path: Path, run: Run) -> None:
+def _read_config(run: Run) -> None:
     """The resolved config, read as TOML only: a config of an older gputrain (a key since renamed)
-    still shows as it was written."""
-    from gputrain.config.load import read_toml
+    still shows as it was written. Its sections are tables; anything else in it is left out."""
+    from gputrain.config.load import parse_toml
     from gputrain.errors import UsageError
 
-    if not path.is_file():
-        return
     try:
-        run.config_text = path.read_text(encoding="utf-8")
-        run.config = read_toml(path)
-    except (OSError, UnicodeDecodeError, UsageError) as err:
-        run.notes.append(f"config.toml could not be read ({err}); left out")
+        text = read_text(run.path, CONFIG)
+        if text is None:
+            return
+        parsed = parse_toml(text, CONFIG)
+    except (RunFileError, UsageError) as err:
+        _left_out(run, err)
+        return
+    run.config_text = text
+    run.config = _tables(parsed, CONFIG, run)
+
+
+def _tables(config: dict[str, Any], where: str, run: Run) -> dict[str, dict[str, Any]]:
+    """`config`'s sections that are tables (`[train]`); another value is a note."""
+    kept = {section: values for section, values in config.items() if isinstance(values, dict)}
+    others = [section[:40] for section in config if section not in kept]
+    if others:
+        them = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        run.notes.append(f"{where}: {them} not a table of keys ([section] key = value); left out")
+    return kept
+
+
+def _read_scores(run: Run) -> None:
+    """scores-test.npz: plain arrays only, of the shapes one task's scores have (evaluate/scores.py)."""
+    name = scores_name("test")
+    try:
+        data = read_bytes(run.path, name)
+        if data is None:
+            return
+        _check_unpacked_size(data, name)
+        run.scores = check_scores(load_scores(io.BytesIO(data)), name)
+    except RunFileError as err:
+        _left_out(run, err, "the test curves are left out")
+    except (OSError, ValueError, TypeError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        run.notes.append(f"{name} could not be read ({type(err).__name__}); the test curves are left out")
+
+
+UNPACKED_SCORES = 2 << 30
+"""The most scores-test.npz may unpack to (20,000 rows of 10,000 classes is 800 MB): a small file
+that unpacks to far more is not one a run wrote."""
+
+
+def _check_unpacked_size(data: bytes, where: str) -> None:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        unpacked = sum(member.file_size for member in archive.infolist())
+    if unpacked > UNPACKED_SCORES:
+        raise RunFileError(f"{where}: unpacks to {unpacked >> 20} MB, over the {UNPACKED_SCORES >> 20} MB scores hold")
+
+
+def check_scores(scores: Scores, where: str) -> Scores:
+    """`scores` where its arrays agree with its task and each other.
+
+    Raises:
+        RunFileError: naming the file and what does not agree.
+    """
+    probs, targets = scores.scores, scores.targets
+    if scores.task not in KEEPS_SCORES:
+        raise RunFileError(f"{where}: task {scores.task[:40]!r}; {' or '.join(KEEPS_SCORES)} is right")
+    for key, array_ in (("scores", probs), ("targets", targets)):
+        if array_.dtype.kind not in "biuf":
+            raise RunFileError(f"{where}: {key} are of dtype {array_.dtype}; numbers are right")
+    rows = len(probs) if probs.ndim else -1
+    if probs.ndim != 2 or rows == 0 or probs.shape[1] == 0:
+        raise RunFileError(f"{where}: scores of shape {probs.shape}; [samples, classes or outputs] is right")
+    if targets.ndim == 0 or len(targets) != rows:
+        raise RunFileError(f"{where}: targets of shape {targets.shape} for {rows} rows of scores; one per row is right")
+    if not (np.isfinite(probs).all() and np.isfinite(targets.astype(float)).all()):
+        raise RunFileError(f"{where}: holds NaN or infinite values; finite scores and targets are right")
+    if scores.task == "classification":
+        if targets.ndim != 1 or not (targets == np.round(targets)).all():
+            raise RunFileError(f"{where}: targets of shape {targets.shape}; one class index per row is right")
+        if targets.size and (targets.min() < 0 or targets.max() >= probs.shape[1]):
+            raise RunFileError(f"{where}: a target outside the {probs.shape[1]} classes of the scores")
+    elif targets.reshape(rows, -1).shape[1] != probs.shape[1]:
+        raise RunFileError(f"{where}: targets of shape {targets.shape} for scores of shape {probs.shape}")
+    if not (0 <= scores.total < INT_BOUND) or scores.total < rows:
+        raise RunFileError(f"{where}: total {scores.total} for {rows} rows kept; at least the rows kept is right")
+    return scores
 
 
 def read_run(path: Path, name: str | None = None) -> Run:
-    """Everything a report shows of the run in `path`.
+    """Everything a report shows of the run in `path`: each file read by run/reader.py's rules (no
+    link out, the right kind, a bounded size, a checked shape); one that breaks them is a note.
 
     Raises:
         DataError: `path` is not a directory, holds none of REPORTED_FILES (it names them), or is a run
@@ -267,46 +380,55 @@ def read_run(path: Path, name: str | None = None) -> Run:
         raise DataError(f"{path}: no such directory")
     if not path.is_dir():
         raise DataError(f"{path}: not a directory; give a run directory (runs/<name>/)")
-    present = [f for f in REPORTED_FILES if (path / f).is_file()]
+    present = [f for f in REPORTED_FILES if os.path.lexists(path / f)]
     if not present:
         raise DataError(
             f"{path}: not a run directory: it has no {', '.join(REPORTED_FILES[:-1])} or {REPORTED_FILES[-1]} "
             "(gputrain train writes them into its --run-dir)"
         )
     run = Run(path=path, name=name or path.name)
-    _read_config(path / CONFIG, run)
-    summary = _read_json(path / SUMMARY, run)
-    run.summary = summary if isinstance(summary, dict) else None
+    _read_config(run)
+    run.summary = _read_json(run, SUMMARY, shapes.SUMMARY)
     metrics = path / METRICS
-    if metrics.is_file():
-        run.metrics_written = metrics.stat().st_mtime
-        _read_metrics(metrics, run)
-    if run.steps.count == 0 and not run.evals and run.summary is None and LR_FIND not in present:
+    try:
+        if run_entry(path, METRICS) is not None:
+            run.metrics_written = metrics.stat().st_mtime
+            _read_metrics(run)
+    except RunFileError as err:
+        _left_out(run, err)
+    lr_find = _read_json(run, LR_FIND, shapes.LR_FIND)
+    run.lr_find = _checked_curve(lr_find, run) if lr_find is not None else None
+    if run.steps.count == 0 and not run.evals and run.summary is None and run.lr_find is None:
         state = "is empty" if metrics.is_file() else "does not exist yet"
         every = (run.config or {}).get("log", {}).get("every_steps", 10)
+        every = every if is_number(every) else 10
+        notes = f" ({'; '.join(run.notes)})" if run.notes else ""
         raise DataError(
             f"{path}: no metrics yet: metrics.jsonl {state}; the run logs its first row after "
-            f"log.every_steps={every} steps, so run gputrain report again then"
+            f"log.every_steps={every} steps, so run gputrain report again then{notes}"
         )
-    env = _read_json(path / ENV, run)
-    run.env = env if isinstance(env, dict) else None
-    profile = _read_json(path / profile_name(None), run)
-    run.profile = profile if isinstance(profile, dict) else None
-    lr_find = _read_json(path / LR_FIND, run)
-    run.lr_find = lr_find if isinstance(lr_find, dict) else None
+    run.env = _read_json(run, ENV, shapes.ENV)
+    run.profile = _read_json(run, profile_name(None), shapes.PROFILE)
     if run.config is None and run.lr_find is not None and isinstance(run.lr_find.get("config"), dict):
-        run.config = run.lr_find["config"]  # a sweep's own directory: the config the sweep ran
-    scores = path / scores_name("test")
-    if scores.is_file():
-        try:
-            run.scores = load_scores(scores)
-        except (OSError, ValueError, KeyError) as err:
-            run.notes.append(f"{scores.name} could not be read ({type(err).__name__}); the test curves are left out")
-    error_log = path / ERROR_LOG
-    if error_log.is_file():
-        with_errors = error_log.read_text(encoding="utf-8", errors="replace").splitlines()
-        run.error_log = "\n".join(with_errors[-ERROR_LOG_LINES:])
+        run.config = _tables(run.lr_find["config"], f"{LR_FIND}: config", run)  # the sweep's own config
+    _read_scores(run)
+    try:
+        tail = read_tail(path, ERROR_LOG)
+    except RunFileError as err:
+        _left_out(run, err)
+        tail = None
+    if tail is not None:
+        run.error_log = "\n".join(tail.splitlines()[-ERROR_LOG_LINES:])
     return run
+
+
+def _checked_curve(record: dict[str, Any], run: Run) -> dict[str, Any] | None:
+    """lr_find.json whose three curves are of one length (the figure draws them against each other)."""
+    lengths = {len(record[key]) for key in ("lrs", "losses", "smoothed")}
+    if len(lengths) > 1:
+        run.notes.append(f"{LR_FIND}: lrs, losses and smoothed differ in length; the sweep is left out")
+        return None
+    return record
 
 
 def read_runs(paths: list[Path]) -> list[Run]:

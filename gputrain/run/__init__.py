@@ -1,5 +1,6 @@
 """The run directory, shared by every loop and every command: where a run's files are and what they
-are called (`layout`), writing them (`files`), the run a directory already holds (`prior`), one run
+are called (`layout`), writing them (`files`), reading them without trusting them (`reader`, with
+the fields each file holds: `shapes`), the run a directory already holds (`prior`), one run
 at a time (`lock`), how a loop begins there (`start`), and the record every ending leaves
 (`record`, `summary`), signals included (`signals`).
 

@@ -6,7 +6,8 @@ one place and a rename is one line (tests/unit/run/test_layout.py keeps the name
 of the package). This module imports nothing of gputrain and no torch: config/paths.py checks
 `checkpoint.resume` (with `checkpoints_folder`, below), and the CLI answers, before torch loads.
 
-What reads a run directory stays with its reader, by these names: use/run_dir.py chooses the
+Reading a run's file goes through run/reader.py (no link out, the right kind, a bounded size, a
+checked shape: run/shapes.py). What is read stays with its reader, by these names: use/run_dir.py chooses the
 weights `--checkpoint` means (the use commands' policy; verifying a checkpoint needs
 checkpoint/io.py, and so torch), report/rundir.py reads what a report shows, and config/paths.py
 judges `checkpoint.resume` as a config field, in messages naming it.

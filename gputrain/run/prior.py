@@ -20,6 +20,7 @@ from typing import Any
 from gputrain.config import Config, config_to_dict, load_config, parse_override
 from gputrain.config.load import Defaults
 from gputrain.errors import GputrainError, UsageError
+from gputrain.run import shapes
 from gputrain.run.files import (
     check_not_in_data,
     check_run_dir,
@@ -27,6 +28,7 @@ from gputrain.run.files import (
     run_dir_option,
 )
 from gputrain.run.layout import CHECKPOINT_GLOB, CHECKPOINTS, CONFIG, ENV, METRICS, RUN_DIRS, RUN_FILES, SUMMARY
+from gputrain.run.reader import RunFileError, read_bytes, read_json
 
 COMPLETE = ("completed", "stopped_early")
 KINDS = ("train", "rl")
@@ -64,9 +66,9 @@ class PriorRun:
 
 def prior_run(run_dir: Path) -> PriorRun | None:
     """The earlier run `run_dir` holds, or None for a new or empty directory."""
-    try:
-        summary = json.loads((run_dir / SUMMARY).read_text())
-    except (OSError, ValueError):
+    try:  # run/reader.py's rules: a summary out of the directory, too large or too deep is none
+        summary = read_json(run_dir, SUMMARY, shapes.SUMMARY, notes=[])  # a field of a wrong kind: left out
+    except RunFileError:
         summary = None
     try:
         checkpoints = any((run_dir / CHECKPOINTS).glob(CHECKPOINT_GLOB))
@@ -188,6 +190,7 @@ def saved_config(run_dir: Path, defaults: Defaults | None = None) -> Config | No
     path = run_dir / CONFIG
     if not os.path.lexists(path):
         return None
+    read_bytes(run_dir, CONFIG)  # no link out, a regular file, a bounded size (RunFileError, naming it)
     try:
         return load_config(path, defaults=defaults)
     except GputrainError as err:

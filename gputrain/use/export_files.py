@@ -36,8 +36,8 @@ from typing import Any
 
 from gputrain.checkpoint.io import file_digest
 from gputrain.errors import RunError, UsageError
+from gputrain.run.layout import EXPORT_RECORD
 
-EXPORT_RECORD = "export.json"
 RECORD_LIMIT = 1 << 20
 """export.json's largest size: gputrain writes a few kilobytes."""
 _REEXPORT = "re-export"

@@ -15,17 +15,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gputrain.config import Config, load_config
+from gputrain.config import Config
 from gputrain.config.schema import ModelConfig
 from gputrain.data import DataBundle, build_data
 from gputrain.data.spec import DataSpec
 from gputrain.errors import ConfigError, UsageError
 from gputrain.models import build_model
 from gputrain.precision import resolve_precision
-from gputrain.run.layout import CONFIG
 from gputrain.use.options import use_device
 from gputrain.use.preprocess import Preprocessing, ServedModel, build_preprocessing
-from gputrain.use.run_dir import WeightsSource, choose_weights, open_run
+from gputrain.use.run_dir import WeightsSource, choose_weights, open_run, run_config
 from gputrain.use.weights import load_weights
 
 
@@ -83,7 +82,7 @@ def load_run(
             longer be read.
     """
     path = open_run(run_dir)
-    config = load_config(path / CONFIG, data_overrides(overrides))
+    config = run_config(path, data_overrides(overrides))
     weights = choose_weights(path, checkpoint)  # before the data is read: the cheap checks first
     where = use_device(device)
     bundle = build_data(config.data, config.train.seed)

@@ -12,9 +12,9 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +28,9 @@ from gputrain.checkpoint.io import (
     verify_checkpoint,
 )
 from gputrain.checkpoint.matching import CheckpointMismatch, kind_of_value
+from gputrain.config import Config, load_config
 from gputrain.errors import UsageError
+from gputrain.run import shapes
 from gputrain.run.layout import (
     CHECKPOINT_MARKER,
     CHECKPOINT_STATE,
@@ -38,6 +40,7 @@ from gputrain.run.layout import (
     SUMMARY,
     step_of_name,
 )
+from gputrain.run.reader import RunFileError, read_bytes, read_json, run_entry
 from gputrain.use.export_files import EXPORT_RECORD, check_files, read_record
 
 log = logging.getLogger("gputrain")
@@ -82,13 +85,33 @@ def open_run(path: str | Path) -> Path:
     run_dir = Path(path)
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir}: no such directory; give the run directory that gputrain train wrote")
-    if not (run_dir / CONFIG).is_file():
+    # what the use commands read of it, by run/reader.py's rules: no link out, the right kind, a bounded size
+    for name, directory in ((CHECKPOINTS, True), (SUMMARY, False), (FINAL_WEIGHTS, False)):
+        run_entry(run_dir, name, directory=directory)
+    if read_bytes(run_dir, CONFIG) is None:
         raise UsageError(
             f"{run_dir}: not a run directory (no config.toml); give the directory gputrain train wrote with --run-dir"
         )
     if os.path.lexists(run_dir / EXPORT_RECORD):  # a safetensors export, given as the run
         check_files(run_dir, read_record(run_dir), [CONFIG])
     return run_dir
+
+
+def run_config(run_dir: Path, overrides: Iterable[str] | Mapping[str, Any] = ()) -> Config:
+    """The run's config.toml (`open_run` checked the file) with `overrides` on top.
+
+    Raises:
+        UsageError: the file is not a config, naming it (a bad override names the override).
+    """
+    path = run_dir / CONFIG
+    try:
+        load_config(path)
+    except UsageError as err:
+        reason = " ".join(str(err).split())
+        if str(path) in reason:
+            raise
+        raise UsageError(f"{path}: the run's config cannot be used ({reason})") from None
+    return load_config(path, overrides)
 
 
 def choose_weights(run_dir: Path, choice: str = "final") -> WeightsSource:
@@ -237,8 +260,10 @@ def _listing(run_dir: Path, scan: _Scan) -> str:
 
 
 def _final_step(run_dir: Path) -> int | None:
+    """The step the final weights are from, as summary.json says; None where it cannot say."""
     try:
-        step = json.loads((run_dir / SUMMARY).read_text()).get("global_step")
-    except (OSError, ValueError, AttributeError):
+        summary = read_json(run_dir, SUMMARY, shapes.SUMMARY, notes=[])  # a field of a wrong kind: left out
+    except RunFileError:
         return None
+    step = (summary or {}).get("global_step")
     return step if isinstance(step, int) else None

@@ -32,6 +32,7 @@ _GROUPS = {
     "test_report_injection.py": "report injection",
     "test_plan_and_sweep_bounds.py": "work bounds",
     "test_rl_run_dirs.py": "run directories",
+    "test_run_files.py": "run files read",
 }
 _cases: Counter[str] = Counter()
 

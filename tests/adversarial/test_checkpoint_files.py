@@ -37,8 +37,8 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from gputrain.checkpoint.matching import CheckpointMismatch
 from gputrain.checkpoint.io import commit_checkpoint_dir, read_weights
+from gputrain.checkpoint.matching import CheckpointMismatch
 from gputrain.cli import main
 from gputrain.errors import RunError, UsageError
 from gputrain.train.trainer import Trainer

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gputrain.disk_full import DiskFull, removed_if_failed
 from gputrain.cli import main
+from gputrain.disk_full import DiskFull, removed_if_failed
 
 QUICK = ["log.progress=none", "log.tensorboard=false", "train.epochs=2"]
 

@@ -61,5 +61,16 @@ def test_an_unreadable_file_is_a_note_not_a_failure(completed_run, tmp_path, cap
     (run_dir / "env.json").write_text("{not json")
     assert main(["report", str(run_dir)]) == 0
     out = capsys.readouterr().out
-    assert "note: run: env.json could not be read (JSONDecodeError); left out" in out
-    assert "env.json could not be read" in (run_dir / "report.html").read_text()
+    assert "note: run: env.json: not valid JSON (Expecting property name enclosed in double quotes at line 1); " \
+        "left out" in out
+    assert "env.json: not valid JSON" in (run_dir / "report.html").read_text()
+
+
+def test_the_reports_columns_keep_a_bounded_number_of_fields() -> None:
+    from gputrain.report.rundir import MAX_FIELDS, Columns
+
+    columns = Columns()
+    for i in range(3 * MAX_FIELDS):
+        columns.add({"step": i, f"made-up-{i}": 1.0})
+    assert len(columns.keys()) == MAX_FIELDS and columns.count == 3 * MAX_FIELDS
+    assert columns.last("step") == 3 * MAX_FIELDS - 1

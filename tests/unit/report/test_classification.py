@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score, confusion_matrix, roc_auc_score, roc_curve
 
+from gputrain.evaluate.scores import Scores, load_scores
 from gputrain.report.build import write_report
 from gputrain.report.classify import classification_report
-from gputrain.evaluate.scores import Scores, load_scores
 
 
 def _drawn_curves(page: str, title: str) -> dict[str, np.ndarray]:

@@ -10,8 +10,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from gputrain.checkpoint.io import commit_checkpoint_dir, list_checkpoints, read_state
-from gputrain.run.layout import CHECKPOINT_STATE
 from gputrain.cli import main
+from gputrain.run.layout import CHECKPOINT_STATE
 from gputrain.use.loaded import load_run
 from gputrain.use.run_dir import choose_weights
 from tests.conftest import run_cli
