@@ -157,7 +157,7 @@ def verify_export(out: str | Path, options: ExportOptions) -> dict[str, Any]:
         require_export_extra("verifying an ONNX export")
     # export.json is rewritten with the new figures: only in an export folder of gputrain's own
     _out_folder(path, Path(str(record.get("run_dir"))), record["format"], [])
-    loaded = load_run(record["run_dir"], checkpoint=weights_path, device=device)
+    loaded = load_run(record["run_dir"], checkpoint=str(weights_path), device=device)
     held = held_out_batch(loaded, options.samples)
     return _verified(path, record, loaded, held, options)
 
