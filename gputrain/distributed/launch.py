@@ -25,6 +25,49 @@ LAUNCHER_SHARE_ENV = "GPUTRAIN_LAUNCHER_OMP_NUM_THREADS"
 rank still chooses its thread count (env/threads.py)."""
 
 
+RANK_START_BYTES = 512 << 20
+"""What one rank takes before it holds any model: the interpreter, torch and its libraries (about
+300-500 MiB resident on CPU builds). A launch of more ranks than the node's available memory holds
+at this size cannot start them all: it would thrash the machine (1,000 ranks of a mistyped
+--nproc-per-node did), so it is refused before any process starts."""
+
+
+def _available_bytes() -> int:
+    """Memory the node can still give (Linux's MemAvailable; else free pages), or 0 where unknown."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def ranks_this_node_holds() -> int | None:
+    """The most ranks this node's available memory can start (at least 1), or None where unknown."""
+    available = _available_bytes()
+    return max(1, available // RANK_START_BYTES) if available > 0 else None
+
+
+def check_ranks_per_node(count: int) -> None:
+    """`count` ranks fit this node's available memory (RANK_START_BYTES each).
+
+    Raises:
+        UsageError: naming --nproc-per-node, the most the node holds, and why.
+    """
+    most = ranks_this_node_holds()
+    if most is not None and count > most:
+        raise UsageError(
+            f"--nproc-per-node {count}: this node holds at most {most} processes (each needs about "
+            f"{RANK_START_BYTES >> 20} MiB of memory just to start, and {_available_bytes() >> 20} MiB are "
+            "available); one process per GPU, or a few on a CPU"
+        )
+
+
 @dataclass(slots=True)
 class LaunchOptions:
     nproc_per_node: int
@@ -37,6 +80,7 @@ class LaunchOptions:
     def check(self) -> None:
         if self.nproc_per_node < 1:
             raise UsageError(f"--nproc-per-node must be >= 1, not {self.nproc_per_node}")
+        check_ranks_per_node(self.nproc_per_node)
         if self.nnodes < 1:
             raise UsageError(f"--nnodes must be >= 1, not {self.nnodes}")
         if not 0 <= self.node_rank < self.nnodes:
