@@ -25,6 +25,7 @@ from typing import NoReturn
 from gputrain import __version__
 from gputrain.errors import GputrainError, Interrupted, UsageError
 from gputrain.interrupts import RUN_COMMANDS, end_of_the_start, guard_the_start, job_rank
+from gputrain.terminal import printable
 
 # name -> (module, one-line help). Modules are imported lazily so `gputrain doctor` does not pay
 # for the training stack, and a broken optional piece cannot break the other subcommands.
@@ -74,7 +75,7 @@ def _say(text: str, exit_code: int = 2) -> None:
     if rank != 0:
         _wait_for_rank_0(exit_code)
         text = f"[rank {rank}] {text}"
-    print(text, file=sys.stderr)
+    print(printable(text), file=sys.stderr)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -157,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(err, UsageError):  # one line: a hint on its own line joins the message
             _say(f"gputrain {name}: " + "; ".join(filter(None, map(str.strip, str(err).splitlines()))), err.exit_code)
         elif job_rank() == 0 or not isinstance(err, Interrupted):
-            print(f"gputrain {name}: {err}", file=sys.stderr)
+            print(printable(f"gputrain {name}: {err}"), file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print(f"gputrain {name}: interrupted", file=sys.stderr)

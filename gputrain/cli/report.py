@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from gputrain.errors import RunError, UsageError
+from gputrain.terminal import printable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,12 +44,14 @@ def run(args: argparse.Namespace) -> int:
     said = sys.stderr if to_stdout else sys.stdout  # the page itself is standard output's
     for run_ in written.runs:
         for note in run_.notes:
-            print(f"note: {run_.name}: {note}", file=said)
+            print(printable(f"note: {run_.name}: {note}"), file=said)
     if to_stdout:
         print(f"wrote the report to standard output ({written.size_bytes / 1e6:.2f} MB)", file=said)
         return 0
     print(
-        f"wrote {written.path} ({written.size_bytes / 1e6:.2f} MB, {written.plots} plots, {seconds:.1f} s); "
-        f"open it in a browser: {written.path.resolve().as_uri()}"
+        printable(
+            f"wrote {written.path} ({written.size_bytes / 1e6:.2f} MB, {written.plots} plots, {seconds:.1f} s); "
+            f"open it in a browser: {written.path.resolve().as_uri()}"
+        )
     )
     return 0

@@ -6,7 +6,17 @@ import logging
 import os
 import sys
 
+from gputrain.terminal import printable
+
 _CONFIGURED = False
+
+
+class _Printable(logging.Formatter):
+    """Log lines as characters: a name or value from a file never reaches the terminal as a control
+    sequence (gputrain/terminal.py)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
 
 
 def setup_logging(rank: int = 0, world_size: int = 1, all_ranks: bool = False) -> logging.Logger:
@@ -15,7 +25,7 @@ def setup_logging(rank: int = 0, world_size: int = 1, all_ranks: bool = False) -
     if not _CONFIGURED:
         handler = logging.StreamHandler(sys.stderr)
         prefix = f"[rank{rank}] " if world_size > 1 else ""
-        handler.setFormatter(logging.Formatter(f"{prefix}%(levelname)s: %(message)s"))
+        handler.setFormatter(_Printable(f"{prefix}%(levelname)s: %(message)s"))
         log.addHandler(handler)
         log.propagate = False
         _CONFIGURED = True

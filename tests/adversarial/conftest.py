@@ -25,6 +25,7 @@ _GROUPS = {
     "test_start_and_launch.py": "signals and launches",
     "test_launch_and_signals.py": "signals and launches",
     "test_launch_options.py": "signals and launches",
+    "test_terminal_text.py": "report injection",
     "test_data_meaning.py": "data files",
     "test_memory_limits.py": "config values",
     "test_disk_full.py": "run directories",
