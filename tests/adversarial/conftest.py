@@ -26,6 +26,7 @@ _GROUPS = {
     "test_launch_and_signals.py": "signals and launches",
     "test_launch_options.py": "signals and launches",
     "test_terminal_text.py": "report injection",
+    "test_artifact_trust.py": "artifacts executed",
     "test_data_meaning.py": "data files",
     "test_memory_limits.py": "config values",
     "test_disk_full.py": "run directories",
