@@ -37,7 +37,7 @@ from gputrain.run.layout import EXPORT, EXPORT_RECORD
 from gputrain.run.output import Owner, check_output_folder, json_record, make_folder, marked, read_json
 from gputrain.use import artifacts
 from gputrain.use.artifacts import AOTI_PACKAGE, FORMATS, ONNX_OPSET, Runner, files_read
-from gputrain.use.export_files import check_files, native_copy, read_record, record_checksums
+from gputrain.use.export_files import check_files, check_native_owners, native_copy, read_record, record_checksums
 from gputrain.use.extras import EXPORT_EXTRA, require_export_extra
 from gputrain.use.held_out import HeldOut, example_pair, held_out_batch
 from gputrain.use.loaded import LoadedRun, load_run
@@ -155,6 +155,12 @@ def verify_export(out: str | Path, options: ExportOptions) -> dict[str, Any]:
         raise UsageError(f"{path / EXPORT_RECORD}: no run_dir, weights.path or device recorded as text; export again")
     if record["format"] == "onnx":
         require_export_extra("verifying an ONNX export")
+    # what would be loaded and run is this export's, checked first (use/export_files.py)
+    aoti = record.get("aoti")
+    native = [AOTI_PACKAGE] if isinstance(aoti, dict) and aoti.get("file") else []
+    check_files(path, record, [*files_read(record["format"], path), *native])
+    for name in native:
+        check_native_owners(path, name)
     # export.json is rewritten with the new figures: only in an export folder of gputrain's own
     _out_folder(path, Path(str(record.get("run_dir"))), record["format"], [])
     loaded = load_run(record["run_dir"], checkpoint=str(weights_path), device=device)

@@ -101,11 +101,7 @@ def native_copy(out: Path, record: dict[str, Any], name: str) -> Iterator[Path]:
     """
     file = out / name
     expected = _expected(out, record, name)
-    checked = [out, file]
-    if os.path.lexists(out / EXPORT_RECORD):  # an export being made holds its record in memory alone
-        checked.insert(1, out / EXPORT_RECORD)
-    for path in checked:
-        _check_owner(path, file)
+    check_native_owners(out, name)
     private = Path(tempfile.mkdtemp(prefix="gputrain-export-"))  # mode 0700: no one else can swap it
     try:
         copy = private / name
@@ -113,6 +109,21 @@ def native_copy(out: Path, record: dict[str, Any], name: str) -> Iterator[Path]:
         yield copy
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+def check_native_owners(out: Path, name: str) -> None:
+    """`out`, its export.json and the native-code file `out/name` are the user's own: no other user
+    could have replaced them (module docstring).
+
+    Raises:
+        UntrustedFile: naming the path others could change.
+    """
+    file = out / name
+    checked = [out, file]
+    if os.path.lexists(out / EXPORT_RECORD):  # an export being made holds its record in memory alone
+        checked.insert(1, out / EXPORT_RECORD)
+    for path in checked:
+        _check_owner(path, file)
 
 
 def _expected(out: Path, record: dict[str, Any], name: str) -> dict[str, Any]:

@@ -185,9 +185,9 @@ def test_every_use_command_refuses_a_device_that_is_not_here_in_one_line(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["export", "{run}", "--format", "safetensors", "-o", "{file}"], "-o {file}: a file, not a folder"),
-        (["evaluate", "{run}", "--output-dir", "{file}"], "--output-dir {file}: a file, not a folder"),
-        (["predict", "{run}", "{file}", "-o", "{dir}"], "-o {dir}: a folder; give the CSV file to write"),
+        (["export", "{run}", "--format", "safetensors", "-o", "{file}"], "-o {file}: is a regular file, not a folder"),
+        (["evaluate", "{run}", "--output-dir", "{file}"], "--output-dir {file}: is a regular file, not a folder"),
+        (["predict", "{run}", "{file}", "-o", "{dir}"], "-o {dir}: is a directory; give a file name"),
     ],
 )
 def test_an_output_path_that_cannot_be_written_is_one_line(tiny_run, tmp_path, capsys, argv, message) -> None:
@@ -211,8 +211,11 @@ def test_resume_and_use_read_both_formats_through_the_one_reader(run_copy, tmp_p
     expected = {k: v.clone() for k, v in loaded.model.state_dict().items()}
     tmp = run_copy / "checkpoints" / ".step-999.tmp"
     tmp.mkdir()
-    dcp.save({"model": expected, "optim": {"state": {}, "param_groups": [{"lr": 0.1, "params": list(expected)}]}},
-             checkpoint_id=str(tmp), no_dist=True)
+    dcp.save(
+        {"model": expected, "optim": {"state": {}, "param_groups": [{"lr": 0.1, "params": list(expected)}]}},
+        checkpoint_id=str(tmp),
+        no_dist=True,
+    )
     torch.save(read_state(one_process), tmp / CHECKPOINT_STATE)
     sharded = commit_checkpoint_dir(tmp, run_copy / "checkpoints" / "step-999", 999, fmt="dcp")
     read: list[Path] = []
@@ -222,6 +225,7 @@ def test_resume_and_use_read_both_formats_through_the_one_reader(run_copy, tmp_p
     load_run(run_copy, checkpoint=str(one_process), device="cpu")
     assert read == [sharded, one_process]
     # a resume of the finished run's last one-process checkpoint: read, nothing left to train
-    Trainer.from_config(run_copy / "config.toml", run_dir=tmp_path / "resumed",
-                        overrides=[f"checkpoint.resume={one_process}"]).fit()
+    Trainer.from_config(
+        run_copy / "config.toml", run_dir=tmp_path / "resumed", overrides=[f"checkpoint.resume={one_process}"]
+    ).fit()
     assert read == [sharded, one_process, one_process]
