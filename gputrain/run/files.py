@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import json
 import os
+import secrets
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
@@ -71,7 +72,7 @@ def run_dir_path(value: str | Path) -> Path:
 
 def write_text(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}")  # not guessable (output.atomic)
     with removed_if_failed(tmp, path.name):  # a full disk: no empty temporary left, and said as such
         tmp.write_text(text)
         tmp.replace(path)

@@ -28,6 +28,7 @@ import contextlib
 import fnmatch
 import json
 import os
+import secrets
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -391,8 +392,10 @@ def _run_name(name: str) -> bool:
 @contextlib.contextmanager
 def atomic(path: Path) -> Iterator[Path]:
     """A temporary path beside `path` (its suffix kept: savers that add one see it) to write to; on
-    leaving, it is renamed over `path`; on an error, removed, and `path` is as it was."""
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    leaving, it is renamed over `path`; on an error, removed, and `path` is as it was. Its name
+    carries a random part: a link planted under a name one could guess (the process id alone) in a
+    folder others write would be written through."""
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}-{secrets.token_hex(8)}{path.suffix}")
     with removed_if_failed(tmp, path.name):  # a full disk: no temporary left, and said as such
         yield tmp
         tmp.replace(path)

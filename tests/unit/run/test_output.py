@@ -173,3 +173,26 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Pat
     with atomic(path) as tmp:
         tmp.write_text("new")
     assert path.read_text() == "new" and os.listdir(tmp_path) == ["out.npz"]
+
+
+@pytest.mark.parametrize("writer", ["atomic", "write_text"])
+def test_a_link_planted_under_a_guessable_temporary_name_is_not_written_through(tmp_path: Path, writer: str) -> None:
+    """Another user of a shared folder plants links under the names a writer could pick from its
+    process id; the writer's temporary name is not among them, so the target stays as it was."""
+    from gputrain.run.files import write_text
+    from gputrain.run.output import atomic
+
+    target = tmp_path / "victim.txt"
+    target.write_text("theirs")
+    out = tmp_path / "shared" / "out.csv"
+    out.parent.mkdir()
+    pid = os.getpid()
+    for guess in (f".out.tmp-{pid}.csv", f".out.csv.tmp-{pid}", f".out.tmp-{pid}", f".out.csv.tmp-{pid}.csv"):
+        (out.parent / guess).symlink_to(target)
+    if writer == "atomic":
+        with atomic(out) as tmp:
+            tmp.write_text("ours")
+    else:
+        write_text(out, "ours")
+    assert out.read_text() == "ours" and not out.is_symlink()
+    assert target.read_text() == "theirs"
