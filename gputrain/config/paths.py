@@ -29,6 +29,11 @@ def kind_of(path: Path) -> str | None:
         mode = path.stat().st_mode
     except (OSError, ValueError):  # missing, a name too long, a NUL byte
         return None
+    return kind_of_mode(mode)
+
+
+def kind_of_mode(mode: int) -> str:
+    """What a file of stat mode `mode` is, in kind_of's words."""
     for test, name in (
         (stat.S_ISDIR, "a directory"),
         (stat.S_ISREG, "a regular file"),

@@ -59,7 +59,8 @@ _FIRST_ROW_BYTES = 1 << 23
 Row = tuple[int, list[str]]  # (line number in the file, cells)
 
 
-def _is_number(text: str) -> bool:
+def is_number(text: str) -> bool:
+    """Whether Python reads `text` as a number (float's rules: '1e3', ' 2 ', 'nan')."""
     try:
         float(text)
     except ValueError:
@@ -131,7 +132,7 @@ def _header(path: Path, rows: list[Row]) -> tuple[list[str], bool]:
     line, cells = rows[0]
     _check_count(path, len(cells))  # check_width's count, where its prefix held less than the first row
     names = [c.strip() for c in cells]
-    if any(_is_number(name) for name in names):
+    if any(is_number(name) for name in names):
         return [f"column_{i}" for i in range(len(names))], False
     for i, name in enumerate(names):
         if not name and i > 0:
@@ -206,7 +207,7 @@ def _feature(path: Path, line: int, column: str, cell: str, hint: str) -> float:
     except ValueError:
         if not text:
             raise DataError(f"{where}: empty (a missing value); feature cells must be numbers{hint}") from None
-        comma = " (a decimal comma? write 1.5, not 1,5)" if "," in text and _is_number(text.replace(",", ".")) else ""
+        comma = " (a decimal comma? write 1.5, not 1,5)" if "," in text and is_number(text.replace(",", ".")) else ""
         raise DataError(
             f"{where}: {text!r} is not a number{comma}; feature columns must be numeric (data.label_column names "
             f"the label){hint}"

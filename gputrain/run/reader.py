@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gputrain.config.paths import kind_of_mode
 from gputrain.errors import DataError
 from gputrain.run.layout import (
     CHECKPOINT_MANIFEST,
@@ -84,20 +85,6 @@ def _size(n: int) -> str:
 # ----------------------------------------------------------------- the entry: its kind, and where it leads
 
 
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISREG, "a regular file"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "neither a file nor a directory"
-
-
 def run_entry(run_dir: Path, name: str, *, directory: bool = False) -> Path | None:
     """`run_dir / name` resolved, where it is there and may be read: the right kind (`directory` or a
     regular file), inside the run directory once every link is followed (a parent folder that is a
@@ -131,8 +118,8 @@ def run_entry(run_dir: Path, name: str, *, directory: bool = False) -> Path | No
     except OSError as err:
         raise RunFileError(f"{shown}: cannot be read ({err.strerror or err})") from None
     want = "a directory" if directory else "a regular file"
-    if _kind(mode) != want:
-        raise RunFileError(f"{shown}: is {_kind(mode)}, where a run keeps {want}; remove or replace it")
+    if kind_of_mode(mode) != want:
+        raise RunFileError(f"{shown}: is {kind_of_mode(mode)}, where a run keeps {want}; remove or replace it")
     return target
 
 
@@ -152,7 +139,7 @@ def _open(run_dir: Path, name: str) -> tuple[int, os.stat_result, Path] | None:
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        raise RunFileError(f"{shown}: is {_kind(info.st_mode)}, where a run keeps a regular file; remove it")
+        raise RunFileError(f"{shown}: is {kind_of_mode(info.st_mode)}, where a run keeps a regular file; remove it")
     return fd, info, shown
 
 

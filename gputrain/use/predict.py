@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from gputrain.data.csv_table import is_number
 from gputrain.precision import Precision
 from gputrain.run.output import head
 from gputrain.switches import apply_process_switches
@@ -103,12 +104,4 @@ def written_by_predict(path: Path) -> bool:
         return all(c.startswith("p_") for c in columns[1:])
     if columns == [f"{what}{i // 2 + 1}" for i, what in zip(range(len(columns)), itertools.cycle(("class", "p")))]:
         return True
-    return len(rows) > 1 and len(rows[1]) == len(rows[0]) and all(_is_number(cell) for cell in rows[1][1:])
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+    return len(rows) > 1 and len(rows[1]) == len(rows[0]) and all(is_number(cell) for cell in rows[1][1:])
