@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from gputrain.distributed.allocator import apply_allocator
 from gputrain.distributed.orphans import die_with_launcher
 
 if TYPE_CHECKING:
@@ -79,6 +80,8 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0, cpu_collect
     `timeout_s` bounds every collective: a rank whose peer died fails after it instead of hanging.
     """
     rank, world, local_rank = env_world()
+    # before the model is materialised: shards freed from here on go back to the OS (allocator.py)
+    apply_allocator(world)
     if world > 1:
         die_with_launcher()
     if world > 1 and not dist.is_initialized():

@@ -14,12 +14,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from gputrain.distributed.allocator import ALLOCATOR_ENV, CUDA_ALLOC_SETTING, choose_allocator, launched_rank_choice
 from gputrain.env.facts import EnvReport, GpuFacts
+from gputrain.errors import UsageError
 
 __all__ = [
     "CHECKS",
     "Check",
     "Status",
+    "check_allocator",
     "check_cuda_available",
     "check_cuda_visible_devices",
     "check_cudnn",
@@ -386,6 +389,24 @@ def check_dist(f: EnvReport) -> Check | None:
     )
 
 
+def check_allocator(f: EnvReport) -> Check | None:
+    """Which C allocator setting the ranks of a job will run with, and one process (informational;
+    a GPUTRAIN_ALLOCATOR that cannot be honoured fails, as the launch would)."""
+    a = f.allocator
+    if a is None:
+        return None
+    try:
+        ranks = launched_rank_choice(a, world_size=2).describe()
+        alone = "same" if a.setting in ("jemalloc", "tcmalloc") else choose_allocator(a, world_size=1).describe()
+    except UsageError as err:
+        return Check("allocator", "fail", str(err), f"unset {ALLOCATOR_ENV}, or set it to one that works here")
+    detail = f"ranks of a job: {ranks}; one process: {alone}"
+    if f.torch_build == "cuda":
+        conf = f"{a.cuda_alloc_conf} (yours)" if a.cuda_alloc_conf is not None else f"{CUDA_ALLOC_SETTING} (gputrain's)"
+        detail += f"; CUDA caching allocator: {conf}"
+    return Check("allocator", "ok", detail)
+
+
 CheckFn = Callable[[EnvReport], "Check | list[Check] | None"]
 CHECKS: tuple[CheckFn, ...] = (
     check_python,
@@ -400,6 +421,7 @@ CHECKS: tuple[CheckFn, ...] = (
     check_nccl,
     check_torch_installs,
     check_shm,
+    check_allocator,
     check_dist,
 )
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import torch
 
+from gputrain.distributed.allocator import AllocatorFacts, collect_allocator_facts
 from gputrain.env.driver import DriverFacts, GpuFacts, collect_driver
 
 __all__ = [
@@ -92,6 +93,8 @@ class EnvReport:
     torch_installs: list[TorchInstall] = field(default_factory=list)
     shm: ShmFacts | None = None
     dist: DistFacts | None = None
+    allocator: AllocatorFacts | None = None
+    """What decides the C allocator of the ranks gputrain starts (distributed/allocator.py)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable dict (what `env.json` and `doctor --json` hold under "facts")."""
@@ -108,6 +111,7 @@ class EnvReport:
         data["torch_installs"] = [TorchInstall(**t) for t in data.get("torch_installs", [])]
         data["shm"] = ShmFacts(**data["shm"]) if data.get("shm") else None
         data["dist"] = DistFacts(**data["dist"]) if data.get("dist") else None
+        data["allocator"] = AllocatorFacts(**data["allocator"]) if data.get("allocator") else None
         return cls(**data)
 
 
@@ -211,6 +215,7 @@ def collect_env() -> EnvReport:
         gpus=nvml_gpus or _torch_gpus(cuda_available),
         torch_installs=collect_torch_installs(),
         shm=collect_shm(),
+        allocator=collect_allocator_facts(),
     )
 
 

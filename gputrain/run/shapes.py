@@ -75,6 +75,7 @@ ENV_RUN = Shape(
         "precision": optional(TEXT),
         "world_size": optional(INT),
         "layout": optional(TEXT),
+        "allocator": optional(TEXT),
     }
 )
 ENV = Shape({"run": OBJECT}, nested={"run": ENV_RUN})

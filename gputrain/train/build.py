@@ -28,6 +28,7 @@ from gputrain.data.feed import BatchFeed
 from gputrain.data.pixels import as_model_sees_it, pixel_scaler_for
 from gputrain.data.spec import DataSpec, example_input
 from gputrain.data.tensors import as_tensor_data
+from gputrain.distributed.allocator import applied_allocator
 from gputrain.distributed.auto import StrategyChoice, choose_strategy
 from gputrain.distributed.context import DistContext, agree_on_path, init_distributed, rank_device
 from gputrain.distributed.faults import install_test_fault
@@ -85,6 +86,8 @@ class Placement:
     """Micro-batches per optimizer step on each rank."""
     lines: tuple[str, ...]
     """What the console says about it first: the device line, the layout line."""
+    allocator: str | None = None
+    """The C allocator setting in force in this process (distributed/allocator.py), described."""
 
     def start_facts(self) -> dict[str, Any]:
         """What the run resolved at its start (config.toml keeps `auto`): device, precision, world
@@ -92,7 +95,13 @@ class Placement:
         ends; a report of a run still going reads them there."""
         world = self.dist.world_size
         layout = f"{self.choice.strategy} on {world} ranks ({self.dims.describe()})" if world > 1 else "one process"
-        return {"device": str(self.device), "precision": self.precision, "world_size": world, "layout": layout}
+        return {
+            "device": str(self.device),
+            "precision": self.precision,
+            "world_size": world,
+            "layout": layout,
+            "allocator": self.allocator,
+        }
 
 
 def place_run(
@@ -140,6 +149,7 @@ def place_run(
         choice=choice,
         grad_accum=resolve_grad_accum(cfg, dist.dp_size),
         lines=(device_line, describe_choice(choice, dist)),
+        allocator=allocator.describe() if (allocator := applied_allocator()) is not None else None,
     )
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gputrain.env.checks import (check_cuda_available, check_cuda_visible_devices, check_cudnn,
+from gputrain.env.checks import (check_allocator, check_cuda_available, check_cuda_visible_devices, check_cudnn,
                                   check_dist, check_driver, check_driver_cuda_version, check_gpus,
                                   check_nccl, check_shm, check_torch_build, check_torch_installs,
                                   gpu_present, passed, run_checks)
@@ -244,3 +244,31 @@ def test_unknown_keys_from_a_newer_env_json_are_ignored(facts):
     del data["mps_available"]  # and ones an older version did not write get their default
     del data["driver"]["pci_gpus"]
     assert passed(run_checks(data))
+
+
+GLIBC = {"libc": "glibc 2.35", "setting": "auto", "user_setting": None, "by_launcher": False, "found": None,
+         "cuda_alloc_conf": None}
+
+
+@pytest.mark.parametrize(("allocator", "status", "words"), [
+    (GLIBC, "ok", ["ranks of a job: glibc mmap threshold 128 KiB (a job of several processes: freed shards go back",
+                   "one process: the C library's malloc, untouched by gputrain (one process;",
+                   "CUDA caching allocator: expandable_segments:True (gputrain's)"]),
+    (GLIBC | {"cuda_alloc_conf": "backend:cudaMallocAsync"}, "ok",
+     ["CUDA caching allocator: backend:cudaMallocAsync (yours)"]),
+    (GLIBC | {"setting": "off"}, "ok", ["ranks of a job: the C library's malloc, untouched by gputrain "
+                                        "(GPUTRAIN_ALLOCATOR=off)"]),
+    (GLIBC | {"user_setting": "MALLOC_MMAP_THRESHOLD_=65536"}, "ok", ["(your own setting: MALLOC_MMAP_THRESHOLD_=65536)"]),
+    (GLIBC | {"libc": None}, "ok", ["ranks of a job: the C library's malloc, untouched by gputrain (not glibc"]),
+    (GLIBC | {"setting": "jemalloc", "found": "/usr/lib/libjemalloc.so.2"}, "ok",
+     ["ranks of a job: jemalloc (GPUTRAIN_ALLOCATOR=jemalloc: preloaded into the ranks (/usr/lib/libjemalloc.so.2))"]),
+    (GLIBC | {"setting": "jemalloc"}, "fail", ["GPUTRAIN_ALLOCATOR=jemalloc: no libjemalloc.so on this machine"]),
+    (GLIBC | {"setting": "big"}, "fail", ["GPUTRAIN_ALLOCATOR='big': must be one of auto, off, glibc, jemalloc"]),
+])
+def test_the_allocator_line_says_what_the_ranks_and_one_process_run_with(facts, allocator, status, words):
+    check = check_allocator(facts("h100_healthy", allocator=allocator))
+    assert check.status == status and all(w in check.detail for w in words), check.detail
+    assert (check.fix is None) == (status == "ok")
+    cpu = check_allocator(facts("cpu_only_no_driver", allocator=GLIBC))
+    assert "CUDA" not in cpu.detail  # a CPU build has no caching allocator to set
+    assert check_allocator(facts("h100_healthy", allocator=None)) is None  # an env.json from before

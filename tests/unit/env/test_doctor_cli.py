@@ -35,7 +35,7 @@ def test_machine_without_a_gpu_passes_and_trains_on_the_cpu():
     assert "ok cpu training no GPU on this machine" in text and "gputrain trains on the CPU" in text
     assert "FAIL" not in text and "CUDA build" not in text.replace("CPU-only build", "")
     assert "fix:" not in text
-    assert text.endswith("CPU training works; this machine has no GPU (0 fail, 0 warn, 6 ok)")
+    assert text.endswith("CPU training works; this machine has no GPU (0 fail, 0 warn, 7 ok)")
 
 
 @pytest.mark.skipif(not NO_GPU, reason="asserts what a machine without any GPU must be told")
@@ -80,3 +80,20 @@ def test_bad_timeout_is_a_usage_error(capsys):
     assert main(["doctor", "--timeout", "0"]) == 2
     err = capsys.readouterr().err
     assert "--timeout must be > 0" in err and "Traceback" not in err
+
+
+def test_the_allocator_line_names_the_setting_of_the_ranks_and_fails_on_one_that_cannot_be():
+    from gputrain.distributed.allocator import libc_name
+
+    out = doctor()
+    text = " ".join(out.stdout.split())
+    if libc_name() is not None:
+        assert "ok allocator ranks of a job: glibc mmap threshold 128 KiB" in text, text
+    bad = doctor(env={"GPUTRAIN_ALLOCATOR": "jemalloc", "LD_PRELOAD": ""})
+    text = " ".join(bad.stdout.split())
+    from gputrain.distributed.allocator import find_malloc
+
+    if find_malloc("jemalloc") is None:
+        assert bad.returncode == 1 and "FAIL allocator GPUTRAIN_ALLOCATOR=jemalloc: no libjemalloc.so" in text, text
+    else:
+        assert bad.returncode == 0 and "allocator ranks of a job: jemalloc" in text, text

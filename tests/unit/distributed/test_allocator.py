@@ -1,0 +1,196 @@
+"""The C allocator of the ranks (distributed/allocator.py): the choice on recorded facts, what the
+launcher gives the ranks, and for real, in fresh processes on this machine's glibc: with the setting
+a process that churns 8 MiB blocks among small ones (FSDP's unshard/reshard) gives its memory back,
+and without it (GPUTRAIN_ALLOCATOR=off) it keeps hundreds of MiB."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gputrain.distributed import allocator
+from gputrain.distributed.allocator import (
+    CUDA_ALLOC_ENV,
+    LAUNCHER_TUNABLE_ENV,
+    MMAP_THRESHOLD,
+    AllocatorFacts,
+    choose_allocator,
+    find_malloc,
+    launched_rank_choice,
+    rank_environment,
+    set_cuda_alloc_conf,
+    users_setting,
+)
+from gputrain.errors import UsageError
+from tests.unit.distributed.malloc_probe import has_mallinfo2
+
+ROOT = Path(__file__).resolve().parents[3]
+GLIBC = "glibc 2.36"
+needs_glibc = pytest.mark.skipif(allocator.libc_name() is None, reason="glibc's malloc only")
+
+# ----------------------------------------------------------------- the judgement, on recorded facts
+FIXED = "glibc-mmap-threshold"
+
+
+@pytest.mark.parametrize(
+    ("facts", "world", "name", "said"),
+    [
+        (AllocatorFacts(GLIBC), 2, FIXED, "several processes"),  # the ranks of a job
+        (AllocatorFacts(GLIBC), 1, "system", "one process"),  # one process: left as it is
+        (AllocatorFacts(GLIBC, "glibc"), 1, FIXED, "GPUTRAIN_ALLOCATOR=glibc"),  # asked for in one process
+        (AllocatorFacts(GLIBC, "off"), 8, "system", "GPUTRAIN_ALLOCATOR=off"),  # the switch
+        (AllocatorFacts(GLIBC, "glibc", "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=65536"), 2, "system", "your own"),
+        (AllocatorFacts(GLIBC, "auto", "MALLOC_MMAP_THRESHOLD_=1"), 2, "system", "MALLOC_MMAP_THRESHOLD_=1"),
+        (AllocatorFacts(GLIBC, "auto", "LD_PRELOAD=/x/libjemalloc.so.2"), 2, "jemalloc", "LD_PRELOAD"),
+        (AllocatorFacts(GLIBC, "jemalloc", "LD_PRELOAD=libtcmalloc.so.4"), 2, "tcmalloc", "LD_PRELOAD"),
+        (AllocatorFacts(None), 2, "system", "not glibc"),  # musl, macOS: quietly nothing
+        (AllocatorFacts(None, "glibc"), 2, "system", "not glibc"),
+        (AllocatorFacts(GLIBC, by_launcher=True), 2, FIXED, "launcher's GLIBC_TUNABLES"),
+    ],
+)
+def test_the_choice_on_recorded_facts(facts: AllocatorFacts, world: int, name: str, said: str) -> None:
+    choice = choose_allocator(facts, world)
+    assert (choice.name, said in choice.describe()) == (name, True), choice.describe()
+    assert (choice.mmap_threshold == MMAP_THRESHOLD) == (name == FIXED)
+
+
+@pytest.mark.parametrize("setting", ["bogus", "jemalloc", "tcmalloc"])
+def test_a_setting_that_cannot_be_honoured_in_this_process_is_one_line(setting: str) -> None:
+    with pytest.raises(UsageError, match=rf"GPUTRAIN_ALLOCATOR={setting!r}|GPUTRAIN_ALLOCATOR={setting}: "):
+        choose_allocator(AllocatorFacts(GLIBC, setting), 2)
+
+
+@pytest.mark.parametrize(
+    ("env", "mine"),
+    [
+        ({}, None),
+        ({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2"}, None),  # another tunable is not a malloc setting
+        ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, "GLIBC_TUNABLES=glibc.malloc.trim_threshold=0"),
+        ({"GLIBC_TUNABLES": "a=1:glibc.malloc.mmap_threshold=4096"}, "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4096"),
+        ({"GLIBC_TUNABLES": "x", LAUNCHER_TUNABLE_ENV: "x"}, None),  # gputrain's launcher's, not the user's
+        ({"MALLOC_TRIM_THRESHOLD_": " 0 "}, "MALLOC_TRIM_THRESHOLD_=0"),
+        ({"LD_PRELOAD": "/opt/libfoo.so /usr/lib/libmimalloc.so"}, "LD_PRELOAD=/usr/lib/libmimalloc.so"),
+        ({"LD_PRELOAD": "/opt/libfoo.so"}, None),
+    ],
+)
+def test_the_users_own_setting_is_found(env: dict[str, str], mine: str | None) -> None:
+    assert users_setting(env) == mine
+
+
+# ----------------------------------------------------------------- what the launcher gives the ranks
+@needs_glibc
+def test_the_launcher_gives_the_ranks_the_thresholds_and_marks_them_as_its_own() -> None:
+    added = rank_environment({"GLIBC_TUNABLES": "glibc.cpu.x=1"}, world_size=2, cuda_build=False)
+    assert added["GLIBC_TUNABLES"] == (
+        f"glibc.cpu.x=1:glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:glibc.malloc.trim_threshold=131072"
+    )
+    assert added[LAUNCHER_TUNABLE_ENV] == added["GLIBC_TUNABLES"]
+    # a rank reads them as gputrain's, so it still reports (and applies) gputrain's setting
+    rank = allocator.collect_allocator_facts(added)
+    assert rank.user_setting is None and rank.by_launcher
+    # a launcher started inside such a rank adds nothing twice
+    assert "GLIBC_TUNABLES" not in rank_environment(added, world_size=2, cuda_build=False)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"GPUTRAIN_ALLOCATOR": "off"},
+        {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1048576"},
+        {"MALLOC_MMAP_THRESHOLD_": "65536"},
+    ],
+)
+def test_the_launcher_leaves_the_users_choice(env: dict[str, str]) -> None:
+    added = rank_environment(env, world_size=4, cuda_build=False)
+    assert "GLIBC_TUNABLES" not in added and "LD_PRELOAD" not in added
+
+
+def test_the_launcher_leaves_one_process_alone_and_sets_cuda_only_where_unset() -> None:
+    assert rank_environment({}, world_size=1, cuda_build=False) == {}
+    assert rank_environment({}, world_size=1, cuda_build=True) == {CUDA_ALLOC_ENV: "expandable_segments:True"}
+    assert CUDA_ALLOC_ENV not in rank_environment({CUDA_ALLOC_ENV: "backend:native"}, world_size=2, cuda_build=True)
+
+
+def test_a_malloc_this_machine_lacks_stops_the_launch_before_any_rank_starts(tmp_path: Path) -> None:
+    facts = AllocatorFacts(GLIBC, "jemalloc", found=None)
+    with pytest.raises(UsageError, match=r"GPUTRAIN_ALLOCATOR=jemalloc: no libjemalloc.so .*apt install libjemalloc2"):
+        launched_rank_choice(facts, 2)
+    with pytest.raises(UsageError, match="GPUTRAIN_ALLOCATOR='nope'"):
+        rank_environment({"GPUTRAIN_ALLOCATOR": "NOPE"}, world_size=2, cuda_build=False)
+
+
+def test_a_malloc_that_is_installed_is_preloaded(tmp_path: Path) -> None:
+    (tmp_path / "libtcmalloc.so.4").write_bytes(b"")
+    assert find_malloc("tcmalloc", [tmp_path / "missing", tmp_path]) == str(tmp_path / "libtcmalloc.so.4")
+    facts = AllocatorFacts(GLIBC, "tcmalloc", found=str(tmp_path / "libtcmalloc.so.4"))
+    assert launched_rank_choice(facts, 2).describe().startswith("tcmalloc (GPUTRAIN_ALLOCATOR=tcmalloc: preloaded")
+
+
+def test_cuda_alloc_conf_is_set_only_on_a_cuda_build_and_never_over_the_users() -> None:
+    import torch
+
+    env: dict[str, str] = {}
+    assert set_cuda_alloc_conf(env) == bool(torch.version.cuda and not torch.cuda.is_initialized())
+    assert set_cuda_alloc_conf({CUDA_ALLOC_ENV: "mine"}) is False
+
+
+# ----------------------------------------------------------------- for real, in fresh processes
+CHURN = """
+import ctypes, json, torch
+from gputrain.distributed.allocator import apply_allocator
+from tests.unit.distributed.malloc_probe import mmapped
+def rss_mib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) >> 10 for line in f if line.startswith("VmRSS:"))
+choice = apply_allocator(world_size=2)  # as a rank of a job of 2 does when it joins
+below_ours = mmapped(96 << 10)  # only under a threshold below gputrain's 128 KiB
+start = rss_mib()
+small, big = [], []
+for i in range(240):  # FSDP's pattern: blocks gathered and freed, small tensors kept between them
+    big.append(torch.ones(2 << 20))  # 8 MiB
+    small.append(torch.ones(1000))
+    if len(big) == 64:
+        del big[:32]
+big.clear()
+end = rss_mib()
+print(json.dumps({"choice": choice.name, "start": start, "end": end, "96k": below_ours, "1m": mmapped(1 << 20)}))
+"""
+
+
+def _churn(env: dict[str, str]) -> dict[str, int | str | bool]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "LD_PRELOAD")}
+    run = subprocess.run(
+        [sys.executable, "-c", CHURN],
+        env={**clean, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return json.loads(run.stdout.splitlines()[-1])  # type: ignore[no-any-return]  # the script's one line
+
+
+@needs_glibc
+def test_a_rank_gives_freed_blocks_back_and_the_switch_turns_it_off() -> None:
+    on = _churn({})
+    off = _churn({"GPUTRAIN_ALLOCATOR": "off"})
+    assert on["choice"] == FIXED and off["choice"] == "system"
+    kept_on, kept_off = int(on["end"]) - int(on["start"]), int(off["end"]) - int(off["start"])
+    assert kept_on < 40, f"with the setting, the process kept {kept_on} MiB after freeing its blocks"
+    assert kept_off >= 300, f"without it glibc keeps the freed blocks in its heap; kept only {kept_off} MiB"
+    # the threshold stayed where it was set; without the setting the frees raised it above 1 MiB
+    assert (on["1m"], off["1m"]) == (True, False)
+
+
+@needs_glibc
+@pytest.mark.skipif(not has_mallinfo2(), reason="glibc >= 2.33")
+def test_the_users_own_threshold_wins() -> None:
+    mine = _churn({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"})
+    ours = _churn({})
+    assert mine["choice"] == "system"
+    assert (mine["96k"], ours["96k"]) == (True, False), "the user's 64 KiB threshold must stay in force"
