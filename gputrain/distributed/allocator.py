@@ -8,7 +8,8 @@ freed chunk below a live one is never returned: a GPT-2 350M rank held 1.2-1.8 G
 chunks, its resident size 1.11-1.17x that of one process training the whole model while its live
 bytes were 0.59x. A fixed threshold (128 KiB, glibc's own starting value; setting it turns the rise
 off) and a fixed trim threshold keep those blocks in mmap, returned at each free: the ranks peaked
-at 1,657 MiB and trained within 2.75 GiB, where one process cannot.
+at 1,657 MiB and trained within 2.75 GiB, where one process cannot. (The measurements on a small
+GPT, and what the threshold costs: docs/distributed.md, "Memory"; benchmarks/rank_allocator.py.)
 
 What the ranks get, in order:
     GPUTRAIN_ALLOCATOR=off              nothing: the C library as it is
@@ -19,9 +20,9 @@ What the ranks get, in order:
     auto (the default)                  glibc: the fixed threshold in every rank of a job of several
                                         processes (mallopt, at its start) and GLIBC_TUNABLES for the
                                         ranks the launcher starts (from their first allocation);
-                                        one process is left as it is (no shard traffic to return, and
-                                        an mmap per large tensor costs page faults); not glibc (musl,
-                                        macOS): nothing
+                                        one process is left as it is (an mmap per large tensor costs
+                                        page faults: 17-34% more CPU time measured, for a lower peak
+                                        only where memory binds); not glibc (musl, macOS): nothing
     GPUTRAIN_ALLOCATOR=glibc            the fixed threshold, also in one process
 
 On CUDA the caching allocator is told `expandable_segments:True` (PYTORCH_CUDA_ALLOC_CONF, where
@@ -276,7 +277,8 @@ def find_malloc(name: str, dirs: list[Path] | None = None) -> str | None:
         dirs = [Path(p) for p in _LIB_DIRS]
     for folder in dirs:
         for candidate in sorted(folder.glob(f"lib{name}.so*")) if folder.is_dir() else []:
-            return str(candidate)
+            if candidate.is_file():  # a folder of that name is no library
+                return str(candidate)
     return None
 
 
@@ -293,6 +295,18 @@ def preload_path(facts: AllocatorFacts) -> str:
             f"e.g. apt install {package}), or unset {ALLOCATOR_ENV}"
         )
     return facts.found
+
+
+def check_launch_setting(env: Mapping[str, str]) -> None:
+    """GPUTRAIN_ALLOCATOR can be honoured in the ranks a launcher starts: a choice, and a malloc
+    this machine has where it names one (checked with the launch options, before any rank starts).
+
+    Raises:
+        UsageError: naming GPUTRAIN_ALLOCATOR and what would be right.
+    """
+    facts = collect_allocator_facts(env)
+    if check_setting(facts.setting) in ("jemalloc", "tcmalloc") and facts.user_setting is None:
+        preload_path(facts)
 
 
 def launched_rank_choice(facts: AllocatorFacts, world_size: int) -> AllocatorChoice:
@@ -330,6 +344,6 @@ def rank_environment(env: Mapping[str, str], world_size: int, cuda_build: bool) 
     if choose_allocator(facts, world_size).name != "glibc-mmap-threshold":
         return added
     mine = f"{_TUNABLES[0]}={MMAP_THRESHOLD}:{_TUNABLES[1]}={TRIM_THRESHOLD}"
-    tunables = ":".join(filter(None, [env.get("GLIBC_TUNABLES", ""), mine]))
+    tunables = ":".join(filter(None, [env.get("GLIBC_TUNABLES", "").strip(":"), mine]))
     added["GLIBC_TUNABLES"] = added[LAUNCHER_TUNABLE_ENV] = tunables
     return added

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gputrain.distributed.allocator import check_launch_setting
 from gputrain.distributed.endpoint import DEFAULT_WAIT_S, RendezvousFailed, check_rendezvous, check_wait, parse_endpoint
 from gputrain.distributed.orphans import LAUNCHER_ENV
 from gputrain.errors import Interrupted, RunError, UsageError
@@ -95,6 +96,7 @@ class LaunchOptions:
         check_wait(self.rdzv_timeout_s)
         if self.max_restarts < 0:
             raise UsageError(f"--max-restarts must be >= 0, not {self.max_restarts}")
+        check_launch_setting(os.environ)  # GPUTRAIN_ALLOCATOR, as the ranks will read it
 
     def check_rendezvous(self) -> None:
         """The endpoint resolves and can serve the rendezvous, within --rdzv-timeout (distributed/endpoint.py).

@@ -1,6 +1,6 @@
 """The C allocator setting in real ranks (distributed/allocator.py): 2 gloo ranks started without
 gputrain's launcher (so only the setting each rank makes for itself as it joins) train a tiny GPT
-under FSDP; each rank's glibc then still mmaps a 1 MiB block after a 16 MiB one was freed (the
+under FSDP; each rank's glibc then still mmaps a 24 MiB block after a 30 MiB one was freed (the
 threshold stays fixed: freed shards go back to the OS), and env.json records the setting."""
 
 from __future__ import annotations
@@ -44,15 +44,15 @@ def _rank(rank: int, run_dir: str) -> dict[str, Any]:
 
     Trainer.from_config(None, run_dir=run_dir, overrides=GPT).fit()
     choice = applied_allocator()
-    free_a_block(16 << 20)  # glibc's dynamic threshold would rise to 16 MiB here
-    return {"choice": choice.name if choice else None, "mmaps_1m": mmapped(1 << 20)}
+    free_a_block(30 << 20)  # glibc's dynamic threshold would rise to 30 MiB here
+    return {"choice": choice.name if choice else None, "mmaps_24m": mmapped(24 << 20)}
 
 
 @pytest.mark.skipif(libc_name() is None or not has_mallinfo2(), reason="glibc >= 2.33's malloc only")
 def test_each_fsdp_rank_runs_with_the_fixed_threshold_and_the_run_records_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     ranks = run_ranks(_rank, str(run_dir), world=2, timeout_s=120)
-    assert ranks == [{"choice": "glibc-mmap-threshold", "mmaps_1m": True}] * 2
+    assert ranks == [{"choice": "glibc-mmap-threshold", "mmaps_24m": True}] * 2
     started = json.loads((run_dir / "env.json").read_text())["run"]
     assert started["allocator"].startswith("glibc mmap threshold 128 KiB (a job of several processes")
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"

@@ -31,7 +31,7 @@ from tests.unit.distributed.malloc_probe import has_mallinfo2
 
 ROOT = Path(__file__).resolve().parents[3]
 GLIBC = "glibc 2.36"
-needs_glibc = pytest.mark.skipif(allocator.libc_name() is None, reason="glibc's malloc only")
+needs_glibc = pytest.mark.skipif(allocator.libc_name() is None or not has_mallinfo2(), reason="glibc >= 2.33 only")
 
 # ----------------------------------------------------------------- the judgement, on recorded facts
 FIXED = "glibc-mmap-threshold"
@@ -143,12 +143,11 @@ def test_cuda_alloc_conf_is_set_only_on_a_cuda_build_and_never_over_the_users() 
 CHURN = """
 import ctypes, json, torch
 from gputrain.distributed.allocator import apply_allocator
-from tests.unit.distributed.malloc_probe import mmapped
+from tests.unit.distributed.malloc_probe import free_a_block, mmapped
 def rss_mib():
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) >> 10 for line in f if line.startswith("VmRSS:"))
 choice = apply_allocator(world_size=2)  # as a rank of a job of 2 does when it joins
-below_ours = mmapped(96 << 10)  # only under a threshold below gputrain's 128 KiB
 start = rss_mib()
 small, big = [], []
 for i in range(240):  # FSDP's pattern: blocks gathered and freed, small tensors kept between them
@@ -158,7 +157,8 @@ for i in range(240):  # FSDP's pattern: blocks gathered and freed, small tensors
         del big[:32]
 big.clear()
 end = rss_mib()
-print(json.dumps({"choice": choice.name, "start": start, "end": end, "96k": below_ours, "1m": mmapped(1 << 20)}))
+free_a_block(30 << 20)  # glibc's dynamic threshold would rise to 30 MiB here
+print(json.dumps({"choice": choice.name, "start": start, "end": end, "24m": mmapped(24 << 20)}))
 """
 
 
@@ -183,14 +183,14 @@ def test_a_rank_gives_freed_blocks_back_and_the_switch_turns_it_off() -> None:
     kept_on, kept_off = int(on["end"]) - int(on["start"]), int(off["end"]) - int(off["start"])
     assert kept_on < 40, f"with the setting, the process kept {kept_on} MiB after freeing its blocks"
     assert kept_off >= 300, f"without it glibc keeps the freed blocks in its heap; kept only {kept_off} MiB"
-    # the threshold stayed where it was set; without the setting the frees raised it above 1 MiB
-    assert (on["1m"], off["1m"]) == (True, False)
+    # the threshold stayed where it was set; without the setting a free raised it above 24 MiB
+    assert (on["24m"], off["24m"]) == (True, False)
 
 
 @needs_glibc
-@pytest.mark.skipif(not has_mallinfo2(), reason="glibc >= 2.33")
-def test_the_users_own_threshold_wins() -> None:
-    mine = _churn({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"})
-    ours = _churn({})
-    assert mine["choice"] == "system"
-    assert (mine["96k"], ours["96k"]) == (True, False), "the user's 64 KiB threshold must stay in force"
+def test_the_users_own_setting_wins() -> None:
+    # the user's threshold (32 MiB, above the probe's 24 MiB block) stays in force: not gputrain's 128 KiB
+    mine = _churn({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=33554432"})
+    assert (mine["choice"], mine["24m"]) == ("system", False)
+    also = _churn({"MALLOC_MMAP_THRESHOLD_": "33554432"})
+    assert (also["choice"], also["24m"]) == ("system", False)

@@ -258,7 +258,8 @@ GLIBC = {"libc": "glibc 2.35", "setting": "auto", "user_setting": None, "by_laun
      ["CUDA caching allocator: backend:cudaMallocAsync (yours)"]),
     (GLIBC | {"setting": "off"}, "ok", ["ranks of a job: the C library's malloc, untouched by gputrain "
                                         "(GPUTRAIN_ALLOCATOR=off)"]),
-    (GLIBC | {"user_setting": "MALLOC_MMAP_THRESHOLD_=65536"}, "ok", ["(your own setting: MALLOC_MMAP_THRESHOLD_=65536)"]),
+    (GLIBC | {"user_setting": "MALLOC_MMAP_THRESHOLD_=65536"}, "ok",
+     ["(your own setting: MALLOC_MMAP_THRESHOLD_=65536)"]),
     (GLIBC | {"libc": None}, "ok", ["ranks of a job: the C library's malloc, untouched by gputrain (not glibc"]),
     (GLIBC | {"setting": "jemalloc", "found": "/usr/lib/libjemalloc.so.2"}, "ok",
      ["ranks of a job: jemalloc (GPUTRAIN_ALLOCATOR=jemalloc: preloaded into the ranks (/usr/lib/libjemalloc.so.2))"]),
