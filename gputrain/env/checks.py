@@ -397,7 +397,10 @@ def check_allocator(f: EnvReport) -> Check | None:
         return None
     try:
         ranks = launched_rank_choice(a, world_size=2).describe()
-        alone = "same" if a.setting in ("jemalloc", "tcmalloc") else choose_allocator(a, world_size=1).describe()
+        if a.setting in ("jemalloc", "tcmalloc") and a.user_setting is None:  # a process cannot preload itself
+            alone = f"{a.setting} only where started with LD_PRELOAD={a.found}"
+        else:
+            alone = choose_allocator(a, world_size=1).describe()
     except UsageError as err:
         return Check("allocator", "fail", str(err), f"unset {ALLOCATOR_ENV}, or set it to one that works here")
     detail = f"ranks of a job: {ranks}; one process: {alone}"

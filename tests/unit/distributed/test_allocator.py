@@ -194,3 +194,16 @@ def test_the_users_own_setting_wins() -> None:
     assert (mine["choice"], mine["24m"]) == ("system", False)
     also = _churn({"MALLOC_MMAP_THRESHOLD_": "33554432"})
     assert (also["choice"], also["24m"]) == ("system", False)
+
+
+@pytest.mark.skipif(find_malloc("jemalloc") is None, reason="needs libjemalloc installed")
+def test_a_preloaded_jemalloc_is_what_the_process_runs_with() -> None:
+    code = (
+        "from gputrain.distributed.allocator import apply_allocator; "
+        "maps = open('/proc/self/maps').read(); "
+        "print(apply_allocator(world_size=2).name, 'libjemalloc' in maps)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPUTRAIN_ALLOCATOR": "jemalloc"}
+    env["LD_PRELOAD"] = rank_environment(env, world_size=2, cuda_build=False)["LD_PRELOAD"]
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert run.stdout.split() == ["jemalloc", "True"], run.stderr

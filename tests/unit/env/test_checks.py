@@ -262,7 +262,10 @@ GLIBC = {"libc": "glibc 2.35", "setting": "auto", "user_setting": None, "by_laun
      ["(your own setting: MALLOC_MMAP_THRESHOLD_=65536)"]),
     (GLIBC | {"libc": None}, "ok", ["ranks of a job: the C library's malloc, untouched by gputrain (not glibc"]),
     (GLIBC | {"setting": "jemalloc", "found": "/usr/lib/libjemalloc.so.2"}, "ok",
-     ["ranks of a job: jemalloc (GPUTRAIN_ALLOCATOR=jemalloc: preloaded into the ranks (/usr/lib/libjemalloc.so.2))"]),
+     ["ranks of a job: jemalloc (GPUTRAIN_ALLOCATOR=jemalloc: preloaded into the ranks (/usr/lib/libjemalloc.so.2))",
+      "one process: jemalloc only where started with LD_PRELOAD=/usr/lib/libjemalloc.so.2"]),
+    (GLIBC | {"setting": "jemalloc", "user_setting": "LD_PRELOAD=/x/libjemalloc.so"}, "ok",
+     ["ranks of a job: jemalloc (LD_PRELOAD=/x/libjemalloc.so); one process: jemalloc (LD_PRELOAD=/x/libjemalloc.so)"]),
     (GLIBC | {"setting": "jemalloc"}, "fail", ["GPUTRAIN_ALLOCATOR=jemalloc: no libjemalloc.so on this machine"]),
     (GLIBC | {"setting": "big"}, "fail", ["GPUTRAIN_ALLOCATOR='big': must be one of auto, off, glibc, jemalloc"]),
 ])
