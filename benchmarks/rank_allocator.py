@@ -46,7 +46,6 @@ MEMORY_JOB = [
     "data.vocab_size=8192",
     "train.batch_size=8",
     "train.max_steps=12",
-    "optim.name=sgd",
     "optim.lr=0.01",
     "parallel.timeout_s=600",
 ]
@@ -124,6 +123,7 @@ def main() -> None:
     parser.add_argument("what", choices=["memory", "speed"])
     parser.add_argument("--modes", default=None)
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--optim", default="sgd", help="the memory job's optimizer (sgd, adamw, ...)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,7 +138,8 @@ def main() -> None:
                         if procs != "1"
                         else ["parallel.strategy=none"]
                     )
-                    row = {"mode": mode, **run([*launch, *MEMORY_JOB], setting, Path(tmp) / "run")}
+                    job = [*launch, *MEMORY_JOB, f"optim.name={args.optim}"]
+                    row = {"mode": mode, "optim": args.optim, **run(job, setting, Path(tmp) / "run")}
                     row["above_import_mib"] = row["peak_mib"] - idle
                     rows.append(row)
                     print(json.dumps(row), flush=True)

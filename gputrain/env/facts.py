@@ -111,7 +111,9 @@ class EnvReport:
         data["torch_installs"] = [TorchInstall(**t) for t in data.get("torch_installs", [])]
         data["shm"] = ShmFacts(**data["shm"]) if data.get("shm") else None
         data["dist"] = DistFacts(**data["dist"]) if data.get("dist") else None
-        data["allocator"] = AllocatorFacts(**data["allocator"]) if data.get("allocator") else None
+        known = {f.name for f in dataclasses.fields(AllocatorFacts)}
+        allocator = data.get("allocator")
+        data["allocator"] = AllocatorFacts(**{k: v for k, v in allocator.items() if k in known}) if allocator else None
         return cls(**data)
 
 

@@ -276,3 +276,5 @@ def test_the_allocator_line_says_what_the_ranks_and_one_process_run_with(facts, 
     cpu = check_allocator(facts("cpu_only_no_driver", allocator=GLIBC))
     assert "CUDA" not in cpu.detail  # a CPU build has no caching allocator to set
     assert check_allocator(facts("h100_healthy", allocator=None)) is None  # an env.json from before
+    newer = run_checks(load_recorded("h100_healthy") | {"allocator": allocator | {"added_later": 1}})
+    assert by_name(newer, "allocator") == check  # keys a later version adds are ignored
