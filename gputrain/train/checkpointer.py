@@ -214,7 +214,7 @@ class Checkpointer:
                 saver.wait()
 
     def save_final_weights(self, path: Path) -> None:
-        """model.safetensors with the whole model (gathered from shards and stages; rank 0 writes)."""
+        """model.safetensors with the whole model (each rank writes its shards or stage in place)."""
         self.wait()
         if not self.dist.enabled:
             save_weights(self.model, path)
