@@ -144,11 +144,12 @@ def make_plan(blocks: list[list[Block]], ties: list[list[list[str]]]) -> Plan:
             if rank not in holders.setdefault(key, []):
                 holders[key].append(rank)
             sizes[key] = block.nbytes
+    parts: dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+    for name, cell in holders:
+        parts.setdefault(name, []).append(cell)
     for name, (shape, _) in specs.items():
-        parts = [k for n, k in holders if n == name]
-        inside = all(o + n <= s for offset, local in parts for o, n, s in zip(offset, local, shape))
-        if not inside or sum(math.prod(local) for _, local in parts) != math.prod(shape):
-            raise RuntimeError(f"{name}: the ranks' shards do not cover it exactly ({parts} of {shape})")
+        if not _tiles(shape, parts[name]):
+            raise RuntimeError(f"{name}: the ranks' shards do not cover it exactly ({parts[name]} of {shape})")
     load = [0] * len(blocks)
     writer = {}
     for key in sorted(holders, key=lambda k: (-sizes[k], k)):  # largest first, each to its least loaded holder
@@ -157,6 +158,26 @@ def make_plan(blocks: list[list[Block]], ties: list[list[list[str]]]) -> Plan:
         load[rank] += sizes[key]
     aliases = {name: kept for name, kept in stored.items() if name != kept}
     return Plan(layout(specs, dict(aliases) if aliases else None), stored, writer)
+
+
+def _tiles(shape: tuple[int, ...], blocks: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> bool:
+    """Whether the distinct blocks (offset, local shape) cover the tensor once. Shard and Replicate
+    placements cut each dimension into intervals and the blocks are cells of that grid: along every
+    dimension the blocks' intervals must partition it, and there must be as many blocks as cells."""
+    cells = [(offset, local) for offset, local in blocks if math.prod(local) > 0]  # an empty shard covers nothing
+    if math.prod(shape) == 0:
+        return True
+    count = 1
+    for d, size in enumerate(shape):
+        at = 0
+        for start, length in sorted({(offset[d], local[d]) for offset, local in cells}):
+            if start != at:  # a gap, or two intervals that overlap
+                return False
+            at = start + length
+        if at != size:
+            return False
+        count *= len({(offset[d], local[d]) for offset, local in cells})
+    return len(cells) == count
 
 
 def _stored_names(ties: list[list[list[str]]]) -> dict[str, str]:
@@ -220,29 +241,43 @@ def _create(tmp: Path, plan: Layout) -> None:
 
 def _write_mine(tmp: Path, plan: Plan, tensors: dict[str, torch.Tensor], blocks: list[Block], ctx: DistContext) -> None:
     """Write the blocks the plan gives this rank, then fsync. Tensors to gather are gathered by every
-    rank holding them, in the same (state dict) order, whether or not it writes them."""
-    fd = os.open(tmp, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+    rank holding them, in the same (state dict) order, whether or not it writes them, and even after
+    a write of this rank failed: a rank that stopped gathering would leave the others waiting."""
+    failure: BaseException | None = None
+    fd: int | None = None
     try:
-        done: set[str] = set()
-        for block in blocks:
-            name = plan.stored[block.name]
-            if name in done:  # a tied alias: its tensor is the kept name's
-                continue
-            done.add(name)
-            tensor = tensors[block.name]
-            mine = plan.writer[(name, block.key)] == ctx.rank
-            value = tensor
-            if block.gathered:
-                assert isinstance(tensor, DTensor)  # block_of gathers only DTensors
-                value = tensor.full_tensor()  # collective over its mesh: every holder calls it
-            elif isinstance(tensor, DTensor):
-                value = tensor.to_local()
-            if mine:
+        fd = os.open(tmp, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as err:
+        failure = err
+    done: set[str] = set()
+    for block in blocks:
+        name = plan.stored[block.name]
+        if name in done:  # a tied alias: its tensor is the kept name's
+            continue
+        done.add(name)
+        tensor = tensors[block.name]
+        mine = plan.writer[(name, block.key)] == ctx.rank and failure is None
+        value = tensor
+        if block.gathered:
+            assert isinstance(tensor, DTensor)  # block_of gathers only DTensors
+            value = tensor.full_tensor()  # collective over its mesh: every holder calls it
+        elif isinstance(tensor, DTensor):
+            value = tensor.to_local()
+        if mine:
+            assert fd is not None  # opened, or failure is set
+            try:
                 _write_block(fd, plan.layout.starts[name], block, value)
-            del value  # a gathered tensor goes before the next one comes
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            except Exception as err:  # noqa: BLE001 - raised below, once the collectives are done
+                failure = err
+        del value  # a gathered tensor goes before the next one comes
+    if fd is not None:
+        try:
+            if failure is None:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    if failure is not None:
+        raise failure
 
 
 def _write_block(fd: int, start: int, block: Block, value: torch.Tensor) -> None:
