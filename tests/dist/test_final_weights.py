@@ -154,3 +154,31 @@ def test_the_save_stays_under_each_ranks_training_peak(tmp_path: Path) -> None:
         # a rank adds a tensor at a time and the plan's metadata while saving, never the model
         assert got["save"] - got["before"] < got["whole"] / 8, (rank, got)
     assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+def test_every_use_command_and_a_fine_tune_read_the_sharded_runs_file(runs: Any, tmp_path: Path, capsys) -> None:
+    from gputrain.cli import main
+    from gputrain.config import load_config
+    from gputrain.data import build_data
+    from gputrain.models import build_model
+    from gputrain.models.weights import load_weights
+
+    root, held = runs
+    run = root / "fsdp-gpt"
+    out = tmp_path / "export"
+    assert main(["export", str(run), "--format", "safetensors", "-o", str(out)]) == 0  # verified bitwise
+    assert (out / "model.safetensors").read_bytes() == (run / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main(["generate", str(run), "--prompt", "1 4 13", "--max-new-tokens", "3", "--temperature", "0",
+                 "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.split()[:3] == ["1", "4", "13"]
+    assert main(["bench-infer", str(run), "--modes", "eager", "--repeats", "2", "--batch", "1", "--device", "cpu",
+                 "--threads", "1"]) == 0
+    # `model.weights`: a new run starting from the file (its tie loaded into both names)
+    config = load_config(None, [*QUICK, *GPT, f"model.weights={run / 'model.safetensors'}"])
+    model = build_model(config.model, build_data(config.data, config.train.seed).spec)
+    load_weights(model, str(run / "model.safetensors"))
+    whole = _oracle([h["fsdp-gpt"] for h in held])
+    assert model.get_parameter("wte.weight") is model.get_parameter("lm_head.weight")
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, whole[name]), name
