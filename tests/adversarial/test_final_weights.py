@@ -122,15 +122,17 @@ def test_a_blocks_runs_put_every_element_at_its_place(shape: tuple[int, ...], lo
 
 
 def _model(mesh: Any) -> torch.nn.Module:
-    """Every kind of tensor on 2 ranks: an uneven dim-0 shard, a column shard, a partial sum (no block:
-    gathered), a replicated DTensor, a plain buffer, a tie."""
+    """Every kind of tensor on 2 ranks: an uneven dim-0 shard, a column shard, a partial sum and a strided
+    shard (FSDP over TP's rows; neither a block: gathered), a replicated DTensor, a plain buffer, a tie."""
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
 
     torch.manual_seed(0)
     m = torch.nn.Module()
     m.rows = torch.nn.Parameter(distribute_tensor(torch.randn(5, 3), mesh, [Shard(0)]))
     m.cols = torch.nn.Parameter(distribute_tensor(torch.randn(4, 5), mesh, [Shard(1)]))
     m.summed = torch.nn.Parameter(DTensor.from_local(torch.randn(3, 2) * (mesh.get_rank() + 1), mesh, [Partial()]))
+    m.strided = torch.nn.Parameter(distribute_tensor(torch.randn(6, 4), mesh, [_StridedShard(0, split_factor=3)]))
     m.norm = torch.nn.Parameter(distribute_tensor(torch.randn(3), mesh, [Replicate()]))
     m.register_buffer("count", torch.tensor([7, 8], dtype=torch.int64))
     m.alias = m.rows  # tied: stored once, as "alias" (first in sorted order)
