@@ -246,7 +246,9 @@ def _write_mine(tmp: Path, plan: Plan, tensors: dict[str, torch.Tensor], blocks:
     failure: BaseException | None = None
     fd: int | None = None
     try:
-        fd = os.open(tmp, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = _open_part(tmp)
+    except FileNotFoundError as err:  # rank 0 created it: this rank does not see rank 0's files
+        failure = RunError(f"{tmp} is not there: the run directory must be on storage every rank sees ({err})")
     except OSError as err:
         failure = err
     done: set[str] = set()
@@ -278,6 +280,10 @@ def _write_mine(tmp: Path, plan: Plan, tensors: dict[str, torch.Tensor], blocks:
             os.close(fd)
     if failure is not None:
         raise failure
+
+
+def _open_part(tmp: Path) -> int:
+    return os.open(tmp, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
 
 
 def _write_block(fd: int, start: int, block: Block, value: torch.Tensor) -> None:

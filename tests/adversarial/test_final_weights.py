@@ -168,7 +168,13 @@ def _failures(rank: int, root: str) -> dict[str, Any]:
             real(fd, data, at)
         return write
 
-    for case in ("ok", "rank 1 disk full", "rank 0 disk full", "target is a folder", "over an older file"):
+    real_open = final_weights._open_part
+
+    def elsewhere(tmp: Path) -> int:  # rank 1 on another node, the run directory not shared
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp))
+
+    cases = ("ok", "rank 1 disk full", "rank 0 disk full", "target is a folder", "over an older file", "not shared")
+    for case in cases:
         folder = Path(root) / case.replace(" ", "-")
         if rank == 0:
             folder.mkdir()
@@ -178,13 +184,14 @@ def _failures(rank: int, root: str) -> dict[str, Any]:
                 (folder / "model.safetensors").write_bytes(b"old")
         dist.barrier()
         final_weights._pwrite_all = full_disk_on(1 if case == "rank 1 disk full" else 0) if "disk" in case else real
+        final_weights._open_part = elsewhere if case == "not shared" and rank == 1 else real_open
         try:
             final_weights.save_sharded_weights(folder / "model.safetensors", model, ctx)
             out[case] = "ok"
         except Exception as err:  # noqa: BLE001 - the outcome is what each rank raised
             out[case] = f"{type(err).__name__}: {err}"
         finally:
-            final_weights._pwrite_all = real
+            final_weights._pwrite_all, final_weights._open_part = real, real_open
         dist.barrier()
     return out
 
@@ -223,6 +230,9 @@ FAILURES = [
     ("rank 0 disk full", r"DiskFull: no space left on the device for the weights \(model.safetensors\)",
      r"RunError: rank 0 could not write its part of .*model.safetensors: \[Errno 28\] No space left on device"),
     ("target is a folder", r"IsADirectoryError: ", r"RunError: rank 0 could not write its part of .*model.safetensors"),
+    ("not shared", r"RunError: rank 1 could not write its part of .*model.safetensors: .*\.model\.safetensors\.tmp-\S+ "
+     r"is not there: the run directory must be on storage every rank sees",
+     r"RunError: .*\.model\.safetensors\.tmp-\S+ is not there: the run directory must be on storage every rank sees"),
 ]
 
 
