@@ -127,7 +127,7 @@ def child(args: argparse.Namespace) -> None:
             save = trainer.parts.checkpointer.save_final_weights
 
             def mark_then_save(path: Path) -> None:
-                # writing model.safetensors gathers the whole model on rank 0: a figure of its own
+                # writing model.safetensors (each rank its own shards, in place): a figure of its own
                 record["peak_train_bytes"] = tracker.peak
                 save(path)
 

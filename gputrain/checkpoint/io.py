@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file, save_model
+from safetensors.torch import load_file, save_model
 from torch import nn
 
 from gputrain.checkpoint.matching import (
@@ -154,15 +154,12 @@ def _digest_of(file: Path, reported: FileDigest | None) -> dict[str, Any]:
     return file_digest(file)
 
 
-def save_weights(model: nn.Module | dict[str, torch.Tensor], path: Path) -> None:
-    """Write final weights (a module, or a gathered state dict) as safetensors via a temporary
-    name, so `path` is never half a file."""
+def save_weights(model: nn.Module, path: Path) -> None:
+    """Write a module's final weights as safetensors via a temporary name, so `path` is never half
+    a file (a sharded model's: final_weights.py, byte for byte the same layout)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with removed_if_failed(tmp, f"the weights ({path.name})"):
-        if isinstance(model, nn.Module):
-            save_model(model, str(tmp))  # handles tied weights (one copy saved)
-        else:
-            save_file(model, str(tmp))
+        save_model(model, str(tmp))  # handles tied weights (one copy saved)
         _fsync_file(tmp)
         tmp.replace(path)
 

@@ -19,20 +19,17 @@ import shutil
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.tensor import DTensor
 
 from gputrain.checkpoint.by_rank import DigestingWriter
+from gputrain.checkpoint.final_weights import save_sharded_weights
 from gputrain.checkpoint.io import (
     CHECKPOINT_STATE,
     DCP_METADATA,
@@ -135,39 +132,12 @@ def _groups_of_every_rank(optim_sd: dict[str, Any], world_size: int) -> list[lis
     return [list(dict.fromkeys(name for lists in every for name in lists[i])) for i in range(len(local))]
 
 
-def full_model_state_dict(model: nn.Module, ctx: DistContext, pipeline: bool = False) -> dict[str, torch.Tensor] | None:
-    """The whole model's weights on rank 0 (None elsewhere), gathered from shards and pipeline stages.
-    Collective when the job has several ranks."""
-    if not ctx.enabled:
-        return model.state_dict()
-    if not holds_dtensors(model) and not pipeline:
-        return model.state_dict() if ctx.is_main else None
-    options = StateDictOptions(full_state_dict=True, cpu_offload=not pipeline)
-    full = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
-    if pipeline:  # each stage holds different layers: collect them all on rank 0
-        parts: list[Any] = [None] * ctx.world_size if ctx.is_main else []
-        mine = {k: v.detach().cpu() for k, v in full.items()}
-        dist.gather_object(mine, parts if ctx.is_main else None, dst=0)
-        if not ctx.is_main:
-            return None
-        full = {k: v for part in parts for k, v in part.items()}
-    if not ctx.is_main:
-        return None
-    seen: set[int] = set()
-    out: dict[str, torch.Tensor] = {}
-    for key, value in full.items():  # tied weights: safetensors refuses two names for one storage
-        ptr = value.untyped_storage().data_ptr()
-        out[key] = value.clone() if ptr in seen else value.contiguous()
-        seen.add(ptr)
-    return out
-
-
 def save_final_weights(path: Path, model: nn.Module, ctx: DistContext, pipeline: bool = False) -> None:
-    """Write model.safetensors with the full weights (collective when sharded; rank 0 writes)."""
+    """Write model.safetensors with the whole model. Sharded (FSDP/TP) or pipelined: every rank
+    writes its own part in place (final_weights.py), none gathers the model; replicated (DDP):
+    rank 0 writes its copy. Collective when the job has several ranks."""
     if not ctx.enabled or (not holds_dtensors(model) and not pipeline):
         if ctx.is_main:
             save_weights(model, path)
         return
-    weights = full_model_state_dict(model, ctx, pipeline)
-    if weights is not None:
-        save_weights(weights, path)
+    save_sharded_weights(path, model, ctx)

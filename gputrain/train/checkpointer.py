@@ -46,7 +46,7 @@ class Checkpointer:
     dist: this rank's place in the job (sharded saves and loads when several ranks run).
     model: the module that holds this rank's parameters (its state dict is saved).
     optimizer: saved and restored with the model.
-    pipelined: the model is a pipeline stage (the final weights are gathered from all stages).
+    pipelined: the model is a pipeline stage (every stage writes its part of the final weights).
     clock: seconds, for the overhead rule (a test passes one it advances itself).
     """
 
@@ -214,7 +214,7 @@ class Checkpointer:
                 saver.wait()
 
     def save_final_weights(self, path: Path) -> None:
-        """model.safetensors with the whole model (gathered from shards and stages; rank 0 writes)."""
+        """model.safetensors with the whole model (each rank writes its shards or stage in place)."""
         self.wait()
         if not self.dist.enabled:
             save_weights(self.model, path)

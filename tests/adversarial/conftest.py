@@ -36,6 +36,7 @@ _GROUPS = {
     "test_plan_and_sweep_bounds.py": "work bounds",
     "test_rl_run_dirs.py": "run directories",
     "test_run_files.py": "run files read",
+    "test_final_weights.py": "checkpoint files",
 }
 _cases: Counter[str] = Counter()
 

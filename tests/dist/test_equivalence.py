@@ -23,7 +23,7 @@ def test_two_ranks_match_one_process(dist_runs: dict[str, Path], case: str) -> N
     torch.testing.assert_close(torch.tensor([got[s] for s in got]), torch.tensor([expected[s] for s in got]),
                                rtol=1e-5, atol=1e-5)
     ref = load_file(str(dist_runs[reference] / "model.safetensors"))
-    weights = load_file(str(dist_runs[case] / "model.safetensors"))  # gathered from shards / stages
+    weights = load_file(str(dist_runs[case] / "model.safetensors"))  # written by the ranks in place
     assert weights.keys() == ref.keys()
     for key in ref:
         torch.testing.assert_close(weights[key], ref[key], rtol=1e-5, atol=1e-5, msg=f"{case}: {key}")
@@ -87,7 +87,7 @@ def test_a_user_models_tp_plan_trains_like_one_process(dist_runs: dict[str, Path
     torch.testing.assert_close(torch.tensor([got[s] for s in got]), torch.tensor([expected[s] for s in got]),
                                rtol=1e-5, atol=1e-5)
     ref = load_file(str(dist_runs["user_single"] / "model.safetensors"))
-    weights = load_file(str(dist_runs[f"user_tp_{plan}"] / "model.safetensors"))  # gathered from the shards
+    weights = load_file(str(dist_runs[f"user_tp_{plan}"] / "model.safetensors"))  # written from the shards
     assert weights.keys() == ref.keys() == {"0.weight", "0.bias", "2.weight", "2.bias"}
     for key in ref:
         torch.testing.assert_close(weights[key], ref[key], rtol=1e-5, atol=1e-5, msg=f"{plan}: {key}")

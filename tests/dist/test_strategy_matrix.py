@@ -70,6 +70,6 @@ def test_every_documented_combination_runs_to_its_end(matrix: tuple[Path, list[d
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["global_step"] == 4 and summary["world_size"] == 2
     assert summary["val"] and summary["test"]  # both splits evaluated after sharded training
-    weights = load_file(str(run / "model.safetensors"))  # gathered whole from the shards or stages
+    weights = load_file(str(run / "model.safetensors"))  # written by the ranks from their shards or stages
     assert weights and all(t.numel() > 0 for t in weights.values())
     assert (run / "checkpoints" / "step-4" / "COMMITTED").is_file()
