@@ -136,7 +136,7 @@ def check_fits_in_memory(config: Config, memory_bytes: int | None = None) -> Non
         return
     limit = rank_memory_limit() if memory_bytes is None else None
     memory = memory_bytes if limit is None else limit.bytes
-    if not memory:
+    if memory is None:  # nothing could be read
         return
     has = (
         f"one rank can have {_gib(memory)} ({limit.what})"

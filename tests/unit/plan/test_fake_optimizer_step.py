@@ -70,7 +70,12 @@ def planned() -> dict[tuple[str, str], dict[str, Any]]:
     names = ",".join(get_args(OptimizerName))
     done = subprocess.run(
         [sys.executable, "-c", _SCRIPT, str(WIDTH), names, json.dumps(MOMENTUM)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
@@ -83,8 +88,9 @@ def test_every_name_the_config_takes_is_an_optimizer() -> None:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("name", get_args(OptimizerName))
-def test_the_plans_step_allocates_nothing_real(planned: dict[tuple[str, str], dict[str, Any]], name: str,
-                                               variant: str) -> None:
+def test_the_plans_step_allocates_nothing_real(
+    planned: dict[tuple[str, str], dict[str, Any]], name: str, variant: str
+) -> None:
     row = planned[variant, name]
     param_bytes = 4 * row["params"]
     assert param_bytes > 16 * 2**20  # a materialised step would be several times this
@@ -122,5 +128,15 @@ def test_the_plans_fake_mode_runs_no_real_kernel() -> None:
     with fake_mode():
         params, grads = [torch.empty(1024, 1024)], [torch.empty(1024, 1024)]
         with pytest.raises(UnsupportedOperatorException):
-            torch._fused_sgd_(params, grads, [], weight_decay=0.0, momentum=0.0, lr=0.1, dampening=0.0,
-                              nesterov=False, maximize=False, is_first_step=True)
+            torch._fused_sgd_(
+                params,
+                grads,
+                [],
+                weight_decay=0.0,
+                momentum=0.0,
+                lr=0.1,
+                dampening=0.0,
+                nesterov=False,
+                maximize=False,
+                is_first_step=True,
+            )
