@@ -143,3 +143,22 @@ def test_the_auto_line_names_a_cgroup_shared_by_the_ranks(
     share = f"{limit / 2 / GIB:.2f} GiB" if limit >= 2 * GIB else f"{limit / 2 / 2**20:.2f} MiB"  # format_bytes
     named = f"({share}: the cgroup's memory limit ({limit_file}) of {limit / GIB:.2f} GiB, shared by 2 ranks)"
     assert named in choice.reason, choice.reason
+
+
+def test_on_the_cpu_offloading_moves_nothing_out_of_the_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    """On a CPU device the host is the device: an fsdp row with cpu_offload fits only where its
+    offloaded state fits too (it said "fits" at 0.72 GiB per rank with 1.98 GiB more in the same memory)."""
+    args = ["plan", "model.name=mlp", "model.hidden_sizes=[1024,1024]", "--nproc-per-node", "2", "--json"]
+
+    def offload_row(memory: int) -> dict[str, int | bool]:
+        main([*args, "--device-memory", str(memory)])
+        rows = json.loads(capsys.readouterr().out)["rows"]
+        return next(
+            r for r in rows if r["strategy"] == "fsdp" and r["cpu_offload"] and r["activation_checkpointing"] == "none"
+        )
+
+    row = offload_row(GIB)
+    assert row["host"] > 0 and row["fits"]
+    between = int((int(row["total"]) + int(row["host"]) // 2) / 0.85)  # the device part fits, not with the host part
+    assert int(row["total"]) <= 0.85 * between and not offload_row(between)["fits"]
+    assert offload_row(int((int(row["total"]) + int(row["host"])) / 0.85) + 2**20)["fits"]
