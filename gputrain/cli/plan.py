@@ -27,6 +27,7 @@ DEVICE_MEMORY_MIN = 1 << 20
 """1 MiB: less holds no model's step (the CUDA context alone is hundreds of MiB)."""
 DEVICE_MEMORY_MAX = 1 << 50
 """1 PiB: thousands of times any device's memory; beyond, the numbers only overflow."""
+GIVEN = "given with --device-memory"
 
 
 def parse_size(text: str) -> int:
@@ -116,7 +117,9 @@ def would_fit(target: PlanTarget, plan: MemoryPlan) -> list[str]:
     return ideas or ["nothing on this plan's list: the model's states alone exceed the device even sharded 1024 ways"]
 
 
-def render(plan: MemoryPlan, device: str, ideas: list[str], found: int | None) -> str:
+def render(plan: MemoryPlan, device: str, ideas: list[str], found: int | None, binding: str = GIVEN) -> str:
+    """The plan as a table; `binding`: what limits a device's memory (the --device-memory given, or the
+    limit of this node that binds one rank, config/memory_limit.py)."""
     from gputrain.distributed.auto import format_count
 
     # GiB, or MiB where the whole table is under 1 GiB
@@ -128,6 +131,7 @@ def render(plan: MemoryPlan, device: str, ideas: list[str], found: int | None) -
     lines = [
         f"plan: {format_count(plan.num_params)} parameters, micro-batch {plan.micro_batch} per device, "
         f"{plan.world} rank(s) on {device}; device {fmt(plan.device_bytes)} {unit}, usable {fmt(plan.usable)} {unit}"
+        f" ({binding})"
         + ("" if plan.measured else "; activations NOT measured (the model does not run on fake tensors)"),
         f"{unit} per device   strategy  checkpoint  offload  weights  grads  optim  activ  buffers  workspace"
         "   total  fits",
@@ -150,12 +154,12 @@ def render(plan: MemoryPlan, device: str, ideas: list[str], found: int | None) -
             f"({fmt(lay.total)} of {fmt(plan.usable)} {unit} usable)"
         )
     else:
-        best = min(plan.rows, key=lambda r: r.layout.total)
+        best = min(plan.rows, key=lambda r: r.bound)
         lines.append(
             f"DOES NOT FIT on {plan.world} device(s) of {fmt(plan.device_bytes)} {unit}: the smallest layout "
             f"({best.layout.strategy}, checkpointing {best.layout.activation_checkpointing}"
-            f"{', offload' if best.layout.cpu_offload else ''}) needs {fmt(best.layout.total)} {unit}, "
-            f"{fmt(best.layout.total - plan.usable)} {unit} over the {fmt(plan.usable)} {unit} usable. Would fit:"
+            f"{', offload' if best.layout.cpu_offload else ''}) needs {fmt(best.bound)} {unit}, "
+            f"{fmt(best.bound - plan.usable)} {unit} over the {fmt(plan.usable)} {unit} usable. Would fit:"
         )
         lines += [f"  - {idea}" for idea in ideas]
     if found is not None:
@@ -174,13 +178,16 @@ def run(args: argparse.Namespace) -> int:
     world = plan_world(args.nproc_per_node, args.nnodes)  # before anything is loaded or measured
     config = load_config(args.config, args.overrides)
     check_degrees(config, world)
-    from gputrain.distributed.auto import device_memory_bytes
+    from gputrain.distributed.auto import device_memory
     from gputrain.plan.batch import plan_micro_batch
     from gputrain.plan.planner import auto_candidates, make_plan
 
     target, micro, device = build_plan_target(config, world)
     check_model_layout(config, target.model, world, target.accum)  # the model on meta: nothing measured yet
-    device_bytes = args.device_memory or device_memory_bytes(target.device)
+    # without --device-memory: what binds one of the job's ranks on this node, its shared limits
+    # divided by the --nproc-per-node ranks that will share them
+    limit = None if args.device_memory else device_memory(target.device, args.nproc_per_node)
+    device_bytes, binding = (args.device_memory, GIVEN) if limit is None else (limit.bytes, limit.what)
     plan = make_plan(target, micro, world, device_bytes)
     ideas = would_fit(target, plan) if plan.auto is None else []
     found = None
@@ -197,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
             "world": plan.world,
             "device": device,
             "device_bytes": plan.device_bytes,
+            "device_limit": binding,
             "usable_bytes": plan.usable,
             "num_params": plan.num_params,
             "activations_measured": plan.measured,
@@ -208,5 +216,5 @@ def run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(out, indent=1))
     else:
-        print(render(plan, device, ideas, found))
+        print(render(plan, device, ideas, found, binding))
     return 0 if plan.auto is not None else 1

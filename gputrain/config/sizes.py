@@ -2,23 +2,23 @@
 
 No torch and no model code here (the config is checked before either is imported), so these are
 LOWER bounds from the sizes the config states: the layers between the widths it names, not the
-input and output layers that the data decides. A config whose lower bound does not fit in this
-machine's memory can never run (every rank builds the whole model in host memory, in fp32, before
-placing it), so it is refused with the numbers instead of failing at step 1 or waking the OOM killer.
+input and output layers that the data decides. A config whose lower bound does not fit in the
+memory one rank on this node can have (config/memory_limit.py) can never run (every rank builds the
+whole model in host memory, in fp32, before placing it), so it is refused with the numbers instead
+of failing at step 1 or waking the OOM killer.
 What the data adds, activations and optimizer state are the trainer's estimate (`distributed/auto.py`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from gputrain.config.memory_limit import local_ranks, rank_memory_limit
 from gputrain.config.presets import gpt_size
 from gputrain.config.schema import Config
 from gputrain.errors import ConfigError, UsageError
@@ -28,8 +28,6 @@ __all__ = [
     "check_fits_in_memory",
     "check_training_state_fits",
     "data_demand",
-    "machine_memory_bytes",
-    "memory_limit",
     "model_demand",
 ]
 
@@ -54,68 +52,6 @@ class Demand:
 SKIP_MEMORY_CHECK_ENV = "GPUTRAIN_SKIP_MEMORY_CHECK"
 """Set to 1 to try a model that the memory checks say cannot fit (the estimate's own risk: an
 allocation that fails is then recorded as the run's failure)."""
-
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def _cgroup_paths(self_cgroup: str) -> list[Path]:
-    """The memory-limit files that bound this process, from /proc/self/cgroup's text: its own cgroup's
-    and every ancestor's (a limit set higher up bounds it too), for cgroup v2 (`0::/path`,
-    memory.max) and v1 (`N:memory:/path`, memory/memory.limit_in_bytes). Inside a container the path
-    may not exist under /sys/fs/cgroup (its root is the container's own cgroup): the root's file
-    is then the container's limit, so it is always among them."""
-    files: list[Path] = []
-    for line in self_cgroup.splitlines():
-        _, controllers, path = [*line.split(":", 2), "", ""][:3]
-        if controllers == "":  # v2
-            base, name = CGROUP_ROOT, "memory.max"
-        elif "memory" in controllers.split(","):  # v1
-            base, name = CGROUP_ROOT / "memory", "memory.limit_in_bytes"
-        else:
-            continue
-        parts = Path(path.strip() or "/").parts[1:]
-        files += [base.joinpath(*parts[:depth]) / name for depth in range(len(parts), -1, -1)]
-    return files or [CGROUP_ROOT / "memory.max", CGROUP_ROOT / "memory" / "memory.limit_in_bytes"]
-
-
-def _self_cgroup() -> str:
-    """/proc/self/cgroup: which cgroup (of each hierarchy) this process is in; "" where there is none."""
-    try:
-        return Path("/proc/self/cgroup").read_text()
-    except OSError:
-        return ""
-
-
-def memory_limit() -> tuple[int, str] | None:
-    """(bytes, what bounds them) for the memory this process can have: physical memory, its cgroup's
-    limit (v2 or v1, its own cgroup's, from /proc/self/cgroup) or its address-space limit (`ulimit -v`),
-    whichever is lowest; None where none can be read."""
-    found: list[tuple[int, str]] = []
-    with contextlib.suppress(ValueError, OSError, AttributeError):
-        found.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory"))
-    for limit_file in _cgroup_paths(_self_cgroup()):
-        try:
-            text = limit_file.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            found.append((int(text), f"this process's cgroup memory limit ({limit_file})"))
-    try:
-        import resource
-
-        for which, name in ((resource.RLIMIT_AS, "ulimit -v"), (resource.RLIMIT_DATA, "ulimit -d")):
-            soft = resource.getrlimit(which)[0]
-            if soft != resource.RLIM_INFINITY and soft > 0:
-                found.append((soft, f"this process's memory limit ({name})"))
-    except (ImportError, ValueError, OSError):
-        pass
-    return min(found) if found else None
-
-
-def machine_memory_bytes() -> int | None:
-    """The memory this process can have: physical memory, or its cgroup's or ulimit's limit where lower."""
-    limit = memory_limit()
-    return None if limit is None else limit[0]
 
 
 def memory_check_skipped() -> bool:
@@ -190,19 +126,28 @@ def _gib(n: float) -> str:
 
 
 def check_fits_in_memory(config: Config, memory_bytes: int | None = None) -> None:
-    """Refuse a model or synthetic data set that cannot fit in this machine's memory.
+    """Refuse a model or synthetic data set that cannot fit in the memory one rank on this node can
+    have (`rank_memory_limit`: every rank builds the model and generates the data in host memory).
 
     Raises:
         ConfigError: naming the field that sets the size, with the bytes asked and the bytes there are.
     """
-    memory = machine_memory_bytes() if memory_bytes is None else memory_bytes
-    if not memory or memory_check_skipped():
+    if memory_check_skipped():
         return
+    limit = rank_memory_limit() if memory_bytes is None else None
+    memory = memory_bytes if limit is None else limit.bytes
+    if memory is None:  # nothing could be read
+        return
+    has = (
+        f"one rank can have {_gib(memory)} ({limit.what})"
+        if limit is not None
+        else f"this machine has {_gib(memory)} of memory"
+    )
     for demand in (model_demand(config), data_demand(config)):
         if demand is not None and demand.bytes > memory:
             raise ConfigError(
                 demand.field,
-                f"asks for {demand.what}: {_gib(demand.bytes)} or more, but this machine has {_gib(memory)} of memory",
+                f"asks for {demand.what}: {_gib(demand.bytes)} or more, but {has}",
                 demand.value,
                 hint=f"use a smaller {demand.field} (or set {SKIP_MEMORY_CHECK_ENV}=1 to try anyway)",
             )
@@ -222,18 +167,14 @@ def training_state_bytes(parameters: Iterable[Any], states_per_param: int) -> tu
 
 
 def state_memory(device: Any, offload: bool = False) -> tuple[tuple[int, str] | None, str]:
-    """((bytes, what bounds them), the place's name) of the memory that holds a rank's training state:
-    the GPU's (a CUDA device), else this process's share of host memory (the ranks of a node share
-    it; parallel.cpu_offload keeps the state there too)."""
-    if device.type == "cuda" and not offload:
-        import torch  # only once a run is being built
-
-        return (int(torch.cuda.get_device_properties(device).total_memory), f"{device}'s memory"), str(device)
-    limit = memory_limit()
-    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    if limit is None or ranks == 1:
-        return limit, "the host"
-    return (limit[0] // ranks, f"{limit[1]}, shared by {ranks} ranks"), "each rank's share of the host"
+    """((bytes, what binds them), the place's name) of the memory that holds a rank's training state:
+    the GPU's (a CUDA device), else this rank's part of host memory (parallel.cpu_offload keeps the
+    state there too): `rank_memory_limit`, which divides what the ranks of a node share and not
+    what each process has of its own."""
+    on_gpu = device.type == "cuda" and not offload
+    limit = rank_memory_limit(device if on_gpu else None)
+    where = str(device) if on_gpu else "the host" if local_ranks() == 1 else "each rank on the host"
+    return (None if limit is None else (limit.bytes, limit.what)), where
 
 
 def check_training_state_fits(

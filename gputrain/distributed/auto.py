@@ -15,13 +15,13 @@ candidates and usable share these are.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from gputrain.config.memory_limit import MemoryLimit, rank_memory_limit
 from gputrain.distributed.ac import ACMode
 from gputrain.distributed.parallel_dims import Strategy
 from gputrain.optim.states import optimizer_states_per_param
@@ -38,6 +38,8 @@ is chosen without measuring the plan's fake training steps."""
 # half of a transformer block's saved bytes); full keeps only each block's input.
 _AC_KEEP = {"none": 1.0, "selective": 0.5, "full": 0.15}
 GIB = 1024**3
+UNKNOWN_MEMORY = 1 << 50
+"""Assumed where no memory limit can be read (no sysconf, no cgroup, no rlimit): 1 PiB, no bound."""
 
 
 @dataclass(slots=True)
@@ -167,9 +169,16 @@ def format_count(n: int) -> str:
 
 
 def explain(
-    est: MemoryEstimate, world_size: int, device_bytes: int, strategy: str, ac: str, fits: bool, optimizer: str
+    est: MemoryEstimate,
+    world_size: int,
+    device_bytes: int,
+    strategy: str,
+    ac: str,
+    fits: bool,
+    optimizer: str,
+    binding: str = "device",
 ) -> str:
-    """The numbers behind the choice, in one line."""
+    """The numbers behind the choice, in one line; `binding`: what limits `device_bytes`."""
     gib = format_bytes
     shard = f" (÷{world_size} sharded)" if strategy == "fsdp" else ""
     line = (
@@ -182,7 +191,7 @@ def explain(
         )
         + f"{f' with {ac} checkpointing' if ac != 'none' else ''} = "
         f"{gib(est.per_rank(strategy, world_size, ac))} of {gib(device_bytes * USABLE_FRACTION)} usable "
-        f"({gib(device_bytes)} device)"
+        f"{_of(device_bytes, binding)}"
     )
     if strategy == "fsdp" and fits:
         line += f"; a DDP replica would need {gib(est.per_rank('ddp', world_size))}"
@@ -194,12 +203,12 @@ def explain(
     return line
 
 
-def device_memory_bytes(device: torch.device) -> int:
-    """Memory one rank can use: the GPU's, or on CPU the RAM shared by this node's ranks."""
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return ram // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+def device_memory(device: torch.device, ranks: int | None = None) -> MemoryLimit:
+    """Memory one rank can use, and what binds it (config/memory_limit.py): the GPU's, or on CPU the
+    lowest of this process's own limits and its share of what the `ranks` of this node share
+    (default: LOCAL_WORLD_SIZE)."""
+    limit = rank_memory_limit(device if device.type == "cuda" else None, ranks)
+    return limit if limit is not None else MemoryLimit(UNKNOWN_MEMORY, "no limit could be read")
 
 
 def choose_auto(
@@ -217,12 +226,15 @@ def choose_auto(
     precision = (
         config.train.precision if config.train.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32")
     )
-    device_bytes = device_memory_bytes(device)
+    limit = device_memory(device)
+    device_bytes = limit.bytes
     given = config.parallel.activation_checkpointing  # an explicit setting wins over either choice
     est = estimate_memory(model, sample, micro, config.optim.name, config.optim.momentum, precision)
     strategy, ac, fits = decide(est, world_size, device_bytes)
     ac = given if given != "none" else ac
-    quick = StrategyChoice(strategy, ac, explain(est, world_size, device_bytes, strategy, ac, fits, config.optim.name))
+    quick = StrategyChoice(
+        strategy, ac, explain(est, world_size, device_bytes, strategy, ac, fits, config.optim.name, limit.what)
+    )
     if (
         est.activations_measured
         and strategy in ("none", "ddp")
@@ -239,20 +251,29 @@ def choose_auto(
             return StrategyChoice(
                 layout.strategy,
                 given if given != "none" else layout.activation_checkpointing,
-                explain_layout(row, micro, device_bytes),
+                explain_layout(row, micro, device_bytes, limit.what),
             )
     return quick
 
 
-def explain_layout(row: Row, micro: int, device_bytes: int) -> str:
-    """The planned bytes behind auto's choice, in one line."""
+def _of(device_bytes: int, binding: str) -> str:
+    """'(80.00 GiB device)', or what binds a rank's memory: '(2.10 GiB: this process's address-space limit ...)'."""
+    return (
+        f"({format_bytes(device_bytes)} device)"
+        if binding == "device"
+        else f"({format_bytes(device_bytes)}: {binding})"
+    )
+
+
+def explain_layout(row: Row, micro: int, device_bytes: int, binding: str = "device") -> str:
+    """The planned bytes behind auto's choice, in one line; `binding`: what limits `device_bytes`."""
     lay = row.layout
     ac = f" with {lay.activation_checkpointing} checkpointing" if lay.activation_checkpointing != "none" else ""
     line = (
         f"auto: {lay.strategy}{ac} (memory plan, micro-batch {micro}, per rank): weights {format_bytes(lay.weights)}, "
         f"gradients {format_bytes(lay.gradients)}, optimizer {format_bytes(lay.optimizer)}, activations "
         f"{format_bytes(lay.activations)}, workspace {format_bytes(lay.workspace)} = {format_bytes(lay.total)} of "
-        f"{format_bytes(device_bytes * USABLE_FRACTION)} usable ({format_bytes(device_bytes)} device)"
+        f"{format_bytes(device_bytes * USABLE_FRACTION)} usable {_of(device_bytes, binding)}"
     )
     if not row.fits:
         line += (

@@ -71,14 +71,52 @@ def fused_kernel_fits(cls: type[torch.optim.Optimizer], params: Sequence[torch.T
     return not any(is_dtensor(p) for p in params) or _dtensor_has_rule(op_name)
 
 
+def _fake(params: Sequence[torch.Tensor]) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return any(isinstance(p, FakeTensor) for p in params)
+
+
+_FUSED_FAKE: dict[tuple[type[torch.optim.Optimizer], str], bool] = {}
+
+
+def fused_step_is_fake(cls: type[torch.optim.Optimizer], device_type: str) -> bool:
+    """Whether `cls(..., fused=True)` can step on fake tensors (the memory plan's) without running
+    its real kernel: torch has fake implementations of the fused Adam and AdamW kernels, not of SGD's
+    or Adagrad's, whose real kernel fake tensors would run on zero-filled real copies of every
+    parameter, gradient and state (what the plan promises never to allocate). Tried once, on a
+    1-element parameter in a fake mode of its own that runs no real kernel."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    known = _FUSED_FAKE.get((cls, device_type))
+    if known is not None:
+        return known
+    try:
+        with FakeTensorMode(allow_fallback_kernels=False):
+            param = torch.nn.Parameter(torch.empty(1, device=device_type))
+            param.grad = torch.empty(1, device=device_type)
+            cls([param], lr=0.1, fused=True).step()  # type: ignore[call-arg]
+        runs = True
+    except Exception:  # noqa: BLE001 - UnsupportedOperatorException, or a device this torch has no fakes of
+        runs = False
+    _FUSED_FAKE[cls, device_type] = runs
+    return runs
+
+
 def kernel_flags(
     cls: type[torch.optim.Optimizer], params: Sequence[torch.Tensor], device: torch.device
 ) -> dict[str, bool]:
     """fused where the kernel fits the parameters, else foreach on a GPU. Fused is one kernel for all
     the parameters, vectorised on a CPU too, and it can skip an update on the device (`found_inf`),
-    which lets the non-finite guard work without a host sync (train/device_guard.py)."""
+    which lets the non-finite guard work without a host sync (train/device_guard.py).
+
+    On fake parameters (the memory plan's) a fused kernel without a fake implementation is replaced
+    by the single-tensor loop: like the fused kernel it makes no temporaries the size of all the
+    parameters (foreach does), at most one parameter's."""
     if device.type in ("cuda", "cpu") and fused_kernel_fits(cls, params):
-        return {"fused": True}
+        if not _fake(params) or fused_step_is_fake(cls, device.type):
+            return {"fused": True}
+        return {"foreach": False}
     if "foreach" in inspect.signature(cls.__init__).parameters and device.type != "cpu":
         return {"foreach": True}
     return {}  # on CPU torch picks the fastest path itself

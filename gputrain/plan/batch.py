@@ -183,7 +183,7 @@ def resolve_auto_batch(
         ConfigError: not even one sample fits (with the numbers), or the data has no sample to measure.
     """
     from gputrain.data.pixels import as_model_sees_it
-    from gputrain.distributed.auto import device_memory_bytes
+    from gputrain.distributed.auto import device_memory
     from gputrain.errors import ConfigError
     from gputrain.plan.targets import build_target, data_parallel_ranks, surrogate_loss
 
@@ -205,7 +205,7 @@ def resolve_auto_batch(
     else:
         strategy = given
     ac: ACMode = config.parallel.activation_checkpointing
-    device_bytes = device_memory_bytes(device)
+    device_bytes = device_memory(device).bytes
     cap = max(1, min(MAX_MICRO_BATCH, _num_samples(train_data) // dp))
     if train.batch_size != "auto":
         cap = max(1, train.batch_size // dp)

@@ -187,8 +187,12 @@ plan; the plan is checked against the allocator, allocator.py)."""
 @contextlib.contextmanager
 def fake_mode() -> Iterator[FakeTensorMode]:
     """Fake tensors: shapes, dtypes and devices, no memory and no compute; models that read tensor
-    values on the host (data-dependent shapes) are allowed to fail, the caller says so."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    values on the host (data-dependent shapes) are allowed to fail, the caller says so. So is an op
+    without a fake implementation: torch's fake mode would otherwise run its real kernel on zero-filled
+    real copies of its inputs (`allow_fallback_kernels`), gigabytes for a large model's optimizer
+    step, which the plan promises not to allocate (optim/optimizers.py steps such an optimizer
+    without its fused kernel instead)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
     with mode:
         yield mode
 

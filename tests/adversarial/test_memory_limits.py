@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from gputrain import Trainer
-from gputrain.config import load_config, sizes
-from gputrain.config.sizes import SKIP_MEMORY_CHECK_ENV, check_training_state_fits, memory_limit
+from gputrain.config import load_config, memory_limit, sizes
+from gputrain.config.memory_limit import MemoryLimit, rank_memory_limit
+from gputrain.config.sizes import SKIP_MEMORY_CHECK_ENV, check_training_state_fits
 from gputrain.data.tensors import TensorData
 from gputrain.errors import ConfigError, UsageError
 from gputrain.optim.states import optimizer_states_per_param
@@ -116,13 +117,13 @@ def test_the_cli_refuses_the_probes_model_in_one_line(tmp_path: Path, capsys: py
     """[40000, 40000]: 1.6 G parameters, ~24 GiB with AdamW; refused on a 16 GiB limit, exit 2."""
     from gputrain.cli import main
 
-    monkeypatch.setattr(sizes, "memory_limit", lambda: (16 * GIB, "this process's memory limit (ulimit -v)"))
+    monkeypatch.setattr(sizes, "rank_memory_limit", lambda *_: MemoryLimit(16 * GIB, "a test's ulimit -v"))
     assert main(["train", "--run-dir", str(tmp_path / "r"), "model.name=mlp", "model.hidden_sizes=[40000,40000]",
                  "log.progress=none"]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("gputrain train: config error: model.hidden_sizes = [40000, 40000]: the model's 1.6B "
                            "parameters need 6.0 GiB of weights, 6.0 GiB of gradients and 11.9 GiB of adamw state")
-    assert "(this process's memory limit (ulimit -v))" in line
+    assert "(a test's ulimit -v)" in line
     assert not (tmp_path / "r" / "summary.json").exists()
 
 
@@ -151,19 +152,22 @@ def test_the_limit_is_this_processs_cgroups(tmp_path: Path, monkeypatch: pytest.
                                             files: dict[str, str], limit: int) -> None:
     for rel, value in files.items():
         _cgroup(tmp_path, str(Path(rel).parent), Path(rel).name, value)
-    monkeypatch.setattr(sizes, "CGROUP_ROOT", tmp_path)
-    monkeypatch.setattr(sizes, "_self_cgroup", lambda: self_cgroup)
-    found = memory_limit()
-    assert found is not None and found[0] == limit and "cgroup memory limit" in found[1]
+    monkeypatch.setattr(memory_limit, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(memory_limit, "_self_cgroup", lambda: self_cgroup)
+    found = rank_memory_limit(ranks=1)
+    assert found is not None and found.bytes == limit and "the cgroup's memory limit" in found.what
 
 
-def test_the_address_space_limit_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_address_space_limit_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import resource
 
     real = resource.getrlimit
     monkeypatch.setattr(resource, "getrlimit",
                         lambda which: (10**9, 10**9) if which == resource.RLIMIT_AS else real(which))
-    assert memory_limit() == (10**9, "this process's memory limit (ulimit -v)")
+    (tmp_path / "status").write_text("Name:\tpython\nVmSize:\t  1000 kB\nVmData:\t  10 kB\n")
+    monkeypatch.setattr(memory_limit, "PROC_STATUS", tmp_path / "status")
+    assert rank_memory_limit(ranks=1) == MemoryLimit(
+        10**9 - 1000 * 1024, f"{memory_limit.ADDRESS_SPACE} of 954 MiB, less the 1 MiB this process maps already")
 
 
 # ----------------------------------------------------------------------------- an allocation that fails anyway

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from gputrain.config import load_config
-from gputrain.config.sizes import check_fits_in_memory, data_demand, machine_memory_bytes, model_demand
+from gputrain.config.memory_limit import MemoryLimit, rank_memory_limit
+from gputrain.config.sizes import check_fits_in_memory, data_demand, model_demand
 from gputrain.data.spec import DataSpec
 from gputrain.errors import ConfigError
 from gputrain.models import build_model
@@ -24,7 +25,7 @@ TOKENS = DataSpec(task="lm", input_shape=(64,), vocab_size=500)
 @pytest.fixture
 def big_machine(monkeypatch):
     """load_config as on a machine with 1 TiB, so the configs below load wherever the test runs."""
-    monkeypatch.setattr("gputrain.config.sizes.machine_memory_bytes", lambda: 2**40)
+    monkeypatch.setattr("gputrain.config.sizes.rank_memory_limit", lambda *_: MemoryLimit(2**40, "a test's 1 TiB"))
 
 
 def real_parameters(overrides: dict, spec: DataSpec) -> int:
@@ -93,9 +94,10 @@ def test_synthetic_data_too_big_is_refused(big_machine):
 
 
 def test_load_config_checks_against_this_machine():
-    memory = machine_memory_bytes()
-    assert memory is not None and memory > 2**30
+    memory = rank_memory_limit()
+    assert memory is not None and memory.bytes > 2**30
     with pytest.raises(ConfigError) as info:  # 211 TB of weights: more than any machine
         load_config({"model.name": "gpt", "model.n_layer": 1024, "model.d_model": 65536, "model.n_head": 64})
-    assert info.value.field == "model.d_model" and "GiB of memory" in str(info.value)
+    assert info.value.field == "model.d_model"
+    assert f"but one rank can have {memory.bytes / 2**30:.1f} GiB ({memory.what})" in str(info.value)
     load_config({"model.name": "gpt", "model.preset": "gpt2-124m"})  # and the published sizes load
