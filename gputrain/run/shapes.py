@@ -19,7 +19,10 @@ TRAIN = Shape(
         "samples_per_s": _NUM,
         "tokens_per_s": _NUM,
         "step_time_s": _NUM,
-        "peak_memory_bytes": _NUM,
+        "peak_memory_bytes": _NUM,  # the largest rank's peak (older summaries: rank 0's)
+        "peak_memory_rank": optional(INT),
+        "peak_memory_by_rank": optional(list_of(_NUM)),  # indexed by rank; null: that rank's is missing
+        "peak_memory_by_rank_step": optional(list_of(optional(INT))),  # the step each was read at
         "flops_per_step": _NUM,
         "achieved_flops": _NUM,
         "mfu": _NUM,
