@@ -66,7 +66,7 @@ def speed_rows(train: dict[str, Any]) -> list[tuple[str, str]]:
 def _of_rank(train: dict[str, Any]) -> str:
     """Which rank the peak is, where several ranks ran: " (rank 1 of 2)", with the ranks missing."""
     by_rank, rank = train.get("peak_memory_by_rank"), train.get("peak_memory_rank")
-    if not isinstance(by_rank, list) or len(by_rank) < 2 or not isinstance(rank, int):
+    if not isinstance(by_rank, list) or len(by_rank) < 2 or not isinstance(rank, int) or not 0 <= rank < len(by_rank):
         return ""
     missing = [str(r) for r, peak in enumerate(by_rank) if peak is None]
     said = f"; {'rank' if len(missing) == 1 else 'ranks'} {', '.join(missing)} not known" if missing else ""

@@ -153,6 +153,7 @@ def layout_row(
         pp_schedule=target.pp_schedule,
         param_bytes_factor=target.param_bytes_factor,
         stages=stages,
+        host_is_device=target.device.type == "cpu",
     )
     return Row(layout, layout.total <= usable_bytes(device_bytes), world), measured
 

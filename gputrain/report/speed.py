@@ -87,7 +87,7 @@ def _memory_tile(run: Run, f: dict[str, Any]) -> tuple[str, str]:
     on_gpu = str(run.resolved("device") or "").startswith("cuda")
     name = "peak device memory" if on_gpu else "peak memory (host RSS)"
     rank, ranks = _train(run).get("peak_memory_rank"), rank_peaks(run)
-    if ranks and isinstance(rank, int):
+    if ranks and isinstance(rank, int) and 0 <= rank < len(ranks):  # a hand-edited rank past the list: none
         name += f", rank {rank} of {len(ranks)}"
     return (name, _bytes(f["peak memory"]))
 
@@ -119,7 +119,9 @@ def rank_peaks_html(run: Run) -> str:
     for rank, (peak, step) in enumerate(ranks):
         if peak is None:
             read = "missing: never gathered"
-        elif step is not None and step != end:
+        elif step is None:
+            read = "step not recorded"
+        elif step != end:
             read, older = f"at step {step}", True
         else:
             read = "at the end"
