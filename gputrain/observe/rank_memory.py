@@ -69,12 +69,12 @@ class RankMemory:
                 value = loss.float().item()
             self._note_own(step)
             return value
-        slots = [0.0] * self.world_size
-        slots[self.rank] = float(self.own())
         # float64: bytes stay exact to 2**53; the sum of float32 losses in float64, rounded back to
-        # float32, is the float32 all-reduce's sum, so the logged loss is what it was
-        peaks = torch.tensor(slots, dtype=torch.float64).to(loss.device)
-        packed = torch.cat((loss.detach().reshape(1).double(), peaks))
+        # float32, is the float32 all-reduce's sum, so the logged loss is what it was. Filled on the
+        # loss's device (a fill, not a copy from the host: no sync before the one that reads it)
+        packed = torch.zeros(1 + self.world_size, dtype=torch.float64, device=loss.device)
+        packed[0] = loss.detach().reshape(()).double()
+        packed[1 + self.rank] = float(self.own())
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
         with own_sync():
             values = packed.tolist()
