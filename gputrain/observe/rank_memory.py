@@ -11,8 +11,9 @@ together, where a collective cannot hang:
   signal the ranks agreed on, after its checkpoint.
 
 Any other ending (a failure, a second signal, a peer that died) runs no collective: a rank there
-cannot know whether its peers will ever join one, and waiting for a file a peer may write is a
-wait with no end either. Rank 0 then reports its own peak as it is and each other rank's as of
+cannot know whether its peers will ever join one. Each rank other than 0 leaves its peak on disk
+as it records its ending, and rank 0 takes those already there (run/left_memory.py; it never waits
+for one). Rank 0 then reports its own peak as it is and each other rank's as left, or else as of
 the last point they met; `peak_memory_by_rank_step` says at which step each figure was read, and a
 rank never met is null (missing), not a guess.
 """
@@ -94,6 +95,19 @@ class RankMemory:
         dist.all_reduce(slots, op=dist.ReduceOp.SUM)
         with own_sync():
             self._note([int(v) for v in slots.tolist()], step)
+
+    def take(self, rank: int, peak: int, step: int) -> bool:
+        """Rank `rank`'s peak as it left it at its own ending (run/left_memory.py), where that is no
+        older than the figure gathered; whether it was taken."""
+        known = self.steps[rank]
+        if known is not None and step < known:
+            return False
+        self.by_rank[rank], self.steps[rank] = max(peak, self.by_rank[rank] or 0), step
+        return True
+
+    def met_at(self, step: int) -> bool:
+        """Whether every rank's figure was gathered at `step` (the ranks met at the end)."""
+        return all(s == step for s in self.steps)
 
     def _note_own(self, step: int) -> None:
         self.by_rank[self.rank], self.steps[self.rank] = self.own(), step

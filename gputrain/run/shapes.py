@@ -1,7 +1,7 @@
 """The shapes of a run's JSON files as their readers use them (run/reader.py's `Shape`): each field a
 reader takes, with the kind gputrain writes there. Where each is written: run/summary.py and
 rl/trainer.py (summary.json), train/lr_find.py (lr_find.json), observe/profiler.py (profile.json),
-run/files.py (env.json).
+run/files.py (env.json), run/left_memory.py (memory-rankN.json).
 """
 
 from __future__ import annotations
@@ -120,3 +120,9 @@ PROFILE = Shape(
     each={"findings": FINDING, "top_device_ops": OP, "top_host_ops": OP},
 )
 """profile.json: the advisor's findings, the facts they rest on, the top ops."""
+
+LEFT_MEMORY = Shape(
+    {"rank": INT, "peak_memory_bytes": FINITE, "step": INT, "attempt": TEXT},
+    required=("rank", "peak_memory_bytes", "step", "attempt"),
+)
+"""memory-rankN.json: a rank's peak memory at an ending it did not share with rank 0 (run/left_memory.py)."""

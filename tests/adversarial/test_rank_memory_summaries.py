@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from gputrain.report.build import write_report
 
@@ -276,3 +278,94 @@ def test_the_report_shows_each_ranks_peak_only_as_the_file_holds_it(case: str, t
         assert text in html, (case, text)
     for text in absent:
         assert text not in html, (case, text)
+
+
+# ----------------------------------------------------------------- what a rank leaves on disk (run/left_memory.py)
+
+ATTEMPT = {"TORCHELASTIC_RUN_ID": "job", "TORCHELASTIC_RESTART_COUNT": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+GATHERED = 5 * GB
+"""Rank 1's figure as the logging step 2 gathered it, before its file is read."""
+
+
+def _left(**fields: Any) -> str:
+    record = {"rank": 1, "peak_memory_bytes": 7 * GB, "step": 3, "attempt": "job/0/h/1"}
+    return json.dumps({k: v for k, v in {**record, **fields}.items() if v is not ...})
+
+
+def _write(text: str) -> Any:
+    return lambda path: path.write_text(text)
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _link_out(path: Path) -> None:
+    outside = path.parent.parent / "outside.json"
+    outside.write_text(_left())
+    path.symlink_to(outside)
+
+
+# (how memory-rank1.json is made, whether rank 0 takes it: rank 1's figure 7 GB at step 3)
+LEFT_CASES: dict[str, tuple[Any, bool]] = {
+    "as a rank leaves it": (_write(_left()), True),
+    "another attempt's": (_write(_left(attempt="job/1/h/1")), False),
+    "another rank's, under rank 1's name": (_write(_left(rank=2)), False),
+    "the rank as text": (_write(_left(rank="1")), False),
+    "the peak as text": (_write(_left(peak_memory_bytes="7 GB")), False),
+    "the peak NaN": (_write(_left(peak_memory_bytes=math.nan)), False),
+    "the peak a boolean": (_write(_left(peak_memory_bytes=True)), False),
+    "no step": (_write(_left(step=...)), False),
+    "no attempt": (_write(_left(attempt=...)), False),
+    "older than the gathered figure": (_write(_left(step=1)), False),
+    "not JSON": (_write("{rank: 1"), False),
+    "empty": (_write(""), False),
+    "a list": (_write("[1, 2]"), False),
+    "nested past the parser's depth": (_write("[" * 100_000 + "]" * 100_000), False),
+    "larger than a run file may be": (_write(_left()[:-1] + ', "pad": "' + "x" * (5 << 20) + '"}'), False),
+    "a directory": (lambda path: path.mkdir(), False),
+    "a FIFO": (_fifo, False),
+    "a link out of the run directory": (_link_out, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LEFT_CASES))
+def test_rank_0_takes_only_what_a_rank_of_this_attempt_left(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gputrain.observe.rank_memory import RankMemory
+    from gputrain.run.left_memory import take
+
+    for key, value in ATTEMPT.items():
+        monkeypatch.setenv(key, value)
+    make, taken = LEFT_CASES[case]
+    run = tmp_path / "run"
+    run.mkdir()
+    make(run / "memory-rank1.json")
+    memory = RankMemory(torch.device("cpu"), rank=0, world_size=2)
+    memory._note([GB, GATHERED], 2)
+    take(run, memory)  # never raises, never blocks
+    assert (memory.by_rank[1], memory.steps[1]) == ((7 * GB, 3) if taken else (GATHERED, 2)), case
+    assert os.path.lexists(run / "memory-rank1.json") != taken, case  # a file taken is removed, no other
+
+
+def test_a_rank_leaves_its_figure_for_this_attempt_and_nothing_where_it_cannot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gputrain.observe.rank_memory import RankMemory
+    from gputrain.run.left_memory import leave, take
+
+    for key, value in ATTEMPT.items():
+        monkeypatch.setenv(key, value)
+    rank1 = RankMemory(torch.device("cpu"), rank=1, world_size=2)
+    leave(tmp_path / "missing" / "run", rank1, 3)  # no directory: nothing, no error
+    leave(tmp_path, rank1, 3)
+    rank0 = RankMemory(torch.device("cpu"), rank=0, world_size=2)
+    take(tmp_path, rank0)
+    assert rank0.steps == [None, 3] and rank0.by_rank[1] == rank1.own()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # the restarted job does not take it
+    leave(tmp_path, rank1, 3)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    fresh = RankMemory(torch.device("cpu"), rank=0, world_size=2)
+    take(tmp_path, fresh)
+    assert fresh.by_rank == [None, None]
