@@ -110,9 +110,9 @@ def error_log_name(rank: int) -> str:
     return ERROR_LOG if rank == 0 else f"error-rank{rank}.log"
 
 
-def memory_name(rank: int) -> str:
+def memory_name(rank: int | str) -> str:
     """Rank `rank`'s peak memory at an ending its peers did not share (a failure): rank 0's
-    summary.json takes it where it is there in time (run/left_memory.py)."""
+    summary.json takes it where it is there in time (run/left_memory.py). `"*"`: the files' pattern."""
     return f"memory-rank{rank}.json"
 
 
