@@ -18,8 +18,6 @@ MLP_WIDE = ["model.name=mlp", "model.hidden_sizes=[1024,1024]", "train.batch_siz
 CASES = {
     "fsdp": [*MLP_WIDE, "parallel.strategy=fsdp"],
     "fsdp-offload": [*MLP_WIDE, "parallel.strategy=fsdp", "parallel.cpu_offload=true"],
-    "fsdp-offload-sgd": [*MLP_WIDE, "parallel.strategy=fsdp", "parallel.cpu_offload=true", "optim.name=sgd",
-                         "optim.momentum=0.9"],
     "pp": [*MLP_WIDE, "parallel.strategy=pp", "parallel.pp=2", "train.grad_accum=2"],
 }
 
