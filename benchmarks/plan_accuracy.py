@@ -35,6 +35,7 @@ GPT_SMALL = [  # weights and optimizer states outweigh the activations: what sha
     "data.task=lm", "data.vocab_size=4096", "data.seq_len=64", "data.num_samples=256",
 ]
 MLP_WIDE = ["model.name=mlp", "model.hidden_sizes=[1024,1024]"]  # one layer is most of the model
+OFFLOAD = "parallel.cpu_offload=true"
 
 # (name, overrides, micro-batches per device)
 SINGLE: list[tuple[str, list[str], tuple[int, ...]]] = [
@@ -63,6 +64,10 @@ MULTI: list[tuple[str, list[str], str, int, list[str]]] = [
     ("mlp (1024, 1024)", MLP_WIDE, "ddp", 64, []),
     ("mlp (1024, 1024)", MLP_WIDE, "fsdp", 64, []),
     ("mlp (1024, 1024)", MLP_WIDE, "pp", 64, ["parallel.pp=2", "train.grad_accum=2"]),
+    # FSDP2's CPUOffloadPolicy: on a CPU job the host's memory is the device's (the row counts both)
+    ("gpt (tiny)", GPT_TINY, "fsdp", 16, [OFFLOAD]),
+    ("mlp (1024, 1024)", MLP_WIDE, "fsdp", 64, [OFFLOAD]),
+    ("mlp (1024, 1024), SGD momentum 0.9", MLP_WIDE, "fsdp", 64, [OFFLOAD, "optim.name=sgd", "optim.momentum=0.9"]),
 ]
 # (name, overrides, global batch): one process, micro-batches accumulated
 SINGLE_ACCUM: list[tuple[str, list[str], int]] = [
@@ -80,7 +85,7 @@ def planned(overrides: list[str], world: int, strategy: str) -> tuple[int, int]:
 
     config = load_config(None, overrides)
     target, micro, _ = build_plan_target(config, world)
-    row, measured = layout_row(target, micro, world, strategy, "none", False, 1 << 50)
+    row, measured = layout_row(target, micro, world, strategy, "none", OFFLOAD in overrides, 1 << 50)
     assert measured, "the model did not run on fake tensors"
     return row.layout.total, micro
 
@@ -169,6 +174,7 @@ def main() -> None:
         measured = max(max(peaks) for peaks in runs)
         worst = max(worst, abs(plan - measured) / measured)
         label = strategy + (" (grad_accum 2)" if "train.grad_accum=2" in extra and strategy != "pp" else "")
+        label += " + CPU offload" if OFFLOAD in extra else ""
         ranks = "; ".join(" / ".join(f"{p / 2**20:.2f}" for p in peaks) for peaks in runs)
         note = f"  <!-- rank 0 / rank 1 MiB, each run: {ranks}; {time.perf_counter() - start:.0f} s -->"
         print(row(name, micro, f"{label}, 2 ranks", plan, measured, note), flush=True)

@@ -35,7 +35,9 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32", cpu_
     place (its parameters become DTensors) and returned.
     """
     mp = mixed_precision_policy(precision)
-    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    # pinned host memory speeds the copies to and from an accelerator; a CPU job has none to copy
+    # to, and pinning needs one (torch raises "Cannot access accelerator device")
+    offload = CPUOffloadPolicy(pin_memory=mesh.device_type != "cpu") if cpu_offload else OffloadPolicy()
     blocks = find_blocks(model)
     for i, (_, block) in enumerate(blocks):
         # the last block's parameters are needed again at once by the backward pass: keep them gathered

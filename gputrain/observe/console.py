@@ -59,8 +59,18 @@ def speed_rows(train: dict[str, Any]) -> list[tuple[str, str]]:
     if split:
         rows.append(("time split", format_split(split)))
     if train.get("peak_memory_bytes"):
-        rows.append(("peak memory", _si(train["peak_memory_bytes"], "B")))
+        rows.append(("peak memory", _si(train["peak_memory_bytes"], "B") + _of_rank(train)))
     return rows
+
+
+def _of_rank(train: dict[str, Any]) -> str:
+    """Which rank the peak is, where several ranks ran: " (rank 1 of 2)", with the ranks missing."""
+    by_rank, rank = train.get("peak_memory_by_rank"), train.get("peak_memory_rank")
+    if not isinstance(by_rank, list) or len(by_rank) < 2 or not isinstance(rank, int) or not 0 <= rank < len(by_rank):
+        return ""
+    missing = [str(r) for r, peak in enumerate(by_rank) if peak is None]
+    said = f"; {'rank' if len(missing) == 1 else 'ranks'} {', '.join(missing)} not known" if missing else ""
+    return f" (rank {rank} of {len(by_rank)}{said})"
 
 
 BAR_REFRESH_S = 0.25

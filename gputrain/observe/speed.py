@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import resource
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,23 +18,11 @@ from torch import nn
 from gputrain.observe.breakdown import CATEGORIES, StepTimer
 from gputrain.observe.flops import StepFlopCounter, gpt_dims, gpt_flops_per_token
 from gputrain.observe.peak import resolve_peak
+from gputrain.observe.rank_memory import RankMemory, host_peak_rss_bytes
 
 _NO_COUNT = contextlib.nullcontext()
 log = logging.getLogger("gputrain")
 _mfu_hint_given = False
-
-
-def host_peak_rss_bytes() -> int:
-    """The process's peak resident set size."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB
-
-
-def device_peak_memory_bytes(device: torch.device) -> int:
-    """Peak device memory allocated by tensors on CUDA; the host's peak RSS elsewhere."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return host_peak_rss_bytes()
 
 
 SPEED_FIELDS = (
@@ -67,6 +53,7 @@ class SpeedMeter:
         which rejects the counter's module hooks); the FLOP figures are then null.
     comm_timed: the step times data-parallel gradient communication apart (breakdown.py); on
         several ranks without it, comm is reported as null (not measured), not as 0.
+    rank: this process's rank among `world_size` (its slot in every rank's peak memory).
     """
 
     def __init__(
@@ -80,8 +67,11 @@ class SpeedMeter:
         breakdown_every: int,
         count_flops: bool = True,
         comm_timed: bool = False,
+        rank: int = 0,
     ) -> None:
         self.device = device
+        self.memory = RankMemory(device, rank, world_size)
+        """Every rank's peak memory: gathered on logging steps (train/metrics.py) and at the end."""
         self.comm_timed = comm_timed
         self.precision = precision
         self.world_size = world_size
@@ -140,7 +130,7 @@ class SpeedMeter:
         """Speed figures for a metrics.jsonl row covering `steps` steps in `seconds`."""
         fields: dict[str, Any] = {"step_time_s": seconds / steps if steps else None}
         fields.update(self._rates(steps, seconds))
-        fields["peak_memory_bytes"] = device_peak_memory_bytes(self.device)
+        fields.update(self.memory.row_fields())  # as gathered on this logging step, with the loss
         fractions = self._breakdown(self.timer.fractions())
         if fractions is not None:
             fields.update({f"time_{c}": fractions[c] for c in CATEGORIES})

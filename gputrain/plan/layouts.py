@@ -13,6 +13,7 @@ and up to pp micro-batches in flight.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from gputrain.distributed.ac import ACMode
@@ -93,6 +94,7 @@ def layout_bytes(
     pp_schedule: str = "1f1b",
     param_bytes_factor: float = 1.0,
     stages: list[StepMemory] | None = None,
+    host_is_device: bool = False,
 ) -> LayoutBytes:
     """Bytes per device of one layout on `world` ranks, at the measured micro-batch.
 
@@ -102,6 +104,9 @@ def layout_bytes(
         param_bytes_factor: gathered parameters' size over their stored size (0.5 under bf16 FSDP).
         stages: pp only: each stage's step, measured through its part of the schedule
             (pipeline.py); the row is the stage that needs the most. None: pp is modelled.
+        host_is_device: the device's memory is the host's (a CPU job): offload moves nothing off
+            it, and its row is the one without offload (FSDP2's CPUOffloadPolicy keeps the shards
+            where they already are; tests/dist/test_plan_memory.py measures both alike).
     """
     if strategy == "pp" and stages:
         rows = [_compose(s, "pp", 1, 1.0, 1.0, 0, ac, False) for s in stages]
@@ -117,7 +122,8 @@ def layout_bytes(
         extra = _fsdp_gather(shape, param_bytes_factor)
     if strategy == "ddp" and world > 1:
         extra += step.gradients  # the reducer's buckets hold a second copy of the gradients
-    return _compose(step, strategy, shard, grad_scale, act, extra, ac, offload and sharded)
+    row = _compose(step, strategy, shard, grad_scale, act, extra, ac, offload and sharded and not host_is_device)
+    return dataclasses.replace(row, cpu_offload=offload and sharded)
 
 
 def _compose(

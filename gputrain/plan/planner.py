@@ -156,6 +156,7 @@ def layout_row(
         pp_schedule=target.pp_schedule,
         param_bytes_factor=target.param_bytes_factor,
         stages=stages,
+        host_is_device=target.device.type == "cpu",
     )
     bound = layout.total + (layout.host if target.device.type == "cpu" else 0)
     return Row(layout, bound <= usable_bytes(device_bytes), world, bound), measured

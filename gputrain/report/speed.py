@@ -1,5 +1,5 @@
 """How fast a run went and why: the step's time split, MFU and where its peak came from, FLOPs,
-memory; and for a profiled run, the advisor's findings."""
+memory (each rank's, where several ran); and for a profiled run, the advisor's findings."""
 
 from __future__ import annotations
 
@@ -83,9 +83,57 @@ def _describe_peak(source: str | None) -> str:
 
 def _memory_tile(run: Run, f: dict[str, Any]) -> tuple[str, str]:
     """The peak memory tile, named for what was measured: the allocator's peak on a GPU, the
-    process's resident set elsewhere."""
+    process's resident set elsewhere; on several ranks, the largest rank's, and which."""
     on_gpu = str(run.resolved("device") or "").startswith("cuda")
-    return ("peak device memory" if on_gpu else "peak memory (host RSS)", _bytes(f["peak memory"]))
+    name = "peak device memory" if on_gpu else "peak memory (host RSS)"
+    rank, ranks = _train(run).get("peak_memory_rank"), rank_peaks(run)
+    if ranks and isinstance(rank, int) and 0 <= rank < len(ranks):  # a hand-edited rank past the list: none
+        name += f", rank {rank} of {len(ranks)}"
+    return (name, _bytes(f["peak memory"]))
+
+
+def rank_peaks(run: Run) -> list[tuple[float | None, int | None]]:
+    """Each rank's (peak memory, the step it was read at) from summary.json, where several ranks ran
+    (an older summary has rank 0's alone: none)."""
+    train = _train(run)
+    by_rank, steps = train.get("peak_memory_by_rank"), train.get("peak_memory_by_rank_step")
+    if not isinstance(by_rank, list) or len(by_rank) < 2:
+        return []
+    steps = steps if isinstance(steps, list) else []
+    return [
+        (number(peak), step if i < len(steps) and isinstance(step := steps[i], int) else None)
+        for i, peak in enumerate(by_rank)
+    ]
+
+
+def rank_peaks_html(run: Run) -> str:
+    """A table of each rank's peak memory, the largest marked; a rank whose figure is older than the
+    run's end, or missing, is said to be (the run ended without the ranks meeting: rank_memory.py)."""
+    ranks = rank_peaks(run)
+    if not ranks:
+        return ""
+    largest = max((peak for peak, _ in ranks if peak is not None), default=None)
+    end = (run.summary or {}).get("global_step")
+    rows: list[Row] = []
+    older = False
+    for rank, (peak, step) in enumerate(ranks):
+        if peak is None:
+            read = "missing: never gathered"
+        elif step is None:
+            read = "step not recorded"
+        elif step != end:
+            read, older = f"at step {step}", True
+        else:
+            read = "at the end"
+        rows.append([str(rank), Cell(_bytes(peak), peak, best=peak is not None and peak == largest), read])
+    body = "<h3>peak memory by rank</h3>" + table(["rank", "peak memory", "read"], rows)
+    if older or any(peak is None for peak, _ in ranks):
+        body += (
+            '<p class="note">The run ended without its ranks meeting again (a failure, or a stop at once): '
+            "a figure read before the end is what that rank had reached by then, a missing one was never "
+            "gathered.</p>"
+        )
+    return body
 
 
 def _rl_speed_html(run: Run, f: dict[str, Any]) -> str:
@@ -95,7 +143,7 @@ def _rl_speed_html(run: Run, f: dict[str, Any]) -> str:
         ("env steps/s", f"{f['env steps/s']:,.0f}" if f["env steps/s"] else "–"),
         _memory_tile(run, f),
     ]
-    return facts(tiles) + (f'<p class="note">{_FROM_ROWS}</p>' if f["from rows"] else "")
+    return facts(tiles) + rank_peaks_html(run) + (f'<p class="note">{_FROM_ROWS}</p>' if f["from rows"] else "")
 
 
 def speed_html(run: Run) -> str:
@@ -120,7 +168,7 @@ def speed_html(run: Run) -> str:
     body += f'<p class="note">MFU peak: {esc(_describe_peak(f["peak source"]))}.'
     if f["from rows"]:
         body += f" {_FROM_ROWS}"
-    body += "</p>"
+    body += "</p>" + rank_peaks_html(run)
     figures: list[Figure] = []
     split = time_split(run)
     if split:

@@ -186,7 +186,9 @@ def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
         params=[p for group in optimizer.param_groups for p in group["params"]],
     )
     rollout = Rollout.empty(num_steps, local_envs, dynamics.obs_size, action_shape, space.kind == "discrete", device)
-    speed = SpeedMeter(policy, device, place.precision, dist.world_size, s.batch_size, None, breakdown_every=0)
+    speed = SpeedMeter(
+        policy, device, place.precision, dist.world_size, s.batch_size, None, breakdown_every=0, rank=dist.rank
+    )
     every = cfg.checkpoint.every_steps or max(1, math.ceil(s.num_iterations / CHECKPOINTS_PER_RUN))
     return RLParts(
         place=place,

@@ -27,6 +27,7 @@ judges `checkpoint.resume` as a config field, in messages naming it.
       eval-NAME.json         an evaluation's record (`gputrain evaluate`, default --output-dir)
       summary.json           the result, written at every ending (run/record.py)
       error.log              a failure's traceback, rank 0 (run/record.py); error-rankN.log another rank's
+      memory-rankN.json      rank N's peak memory, left where the ranks ended without meeting (run/left_memory.py)
       lr_find.json           an LR sweep's curve (`gputrain lr-find`, in a directory of its own)
       trace.json, profile.json, memory_snapshot.pickle
                              `gputrain profile` (observe/profiler.py); -rankN before the suffix per rank
@@ -109,6 +110,12 @@ def error_log_name(rank: int) -> str:
     return ERROR_LOG if rank == 0 else f"error-rank{rank}.log"
 
 
+def memory_name(rank: int | str) -> str:
+    """Rank `rank`'s peak memory at an ending its peers did not share (a failure): rank 0's
+    summary.json takes it where it is there in time (run/left_memory.py). `"*"`: the files' pattern."""
+    return f"memory-rank{rank}.json"
+
+
 def scores_name(split: str) -> str:
     """A split's (or a named evaluation's) saved scores: probabilities or predictions with targets."""
     return f"scores-{split}.npz"
@@ -145,7 +152,14 @@ RUN_DIRS = (CHECKPOINTS, TENSORBOARD)
 RUN_FILES = (CONFIG, ENV, SUMMARY, METRICS, ERROR_LOG, FINAL_WEIGHTS)
 """Entries a training run writes as regular files under fixed names: what run/files.py checks
 before a run writes there, and what run/prior.py calls foreign where no run wrote them."""
-RUN_FILE_PATTERNS = ("error-rank*.log", scores_name("*"), "trace*.json", "profile*.json", "memory_snapshot*.pickle")
+RUN_FILE_PATTERNS = (
+    "error-rank*.log",
+    memory_name("*"),
+    scores_name("*"),
+    "trace*.json",
+    "profile*.json",
+    "memory_snapshot*.pickle",
+)
 """Files a run writes under names of these forms (a rank's, a split's, a profile's)."""
 REPORTED_FILES = (CONFIG, METRICS, SUMMARY, LR_FIND)
 """What identifies a directory to `gputrain report` as a run's: one of these at least (lr_find.json

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gputrain.errors import GputrainError, Interrupted, RunError, UsageError, first_line
 from gputrain.interrupts import job_rank
+from gputrain.run import left_memory
 from gputrain.run.files import write_json, write_text
 from gputrain.run.layout import SUMMARY, error_log_name
 from gputrain.run.lock import run_dir_locked
@@ -165,6 +166,12 @@ class RunRecorder:
         unlogged = figures.last_loss is not None and metrics.last_logged_step != state.global_step
         loss = float(figures.last_loss) if unlogged and figures.last_loss is not None else metrics.last_loss
         place = parts.place
+        if place.dist.enabled and self._writes(ending) and not parts.speed.memory.met_at(state.global_step):
+            # the ranks end apart (no gather at the end): each leaves its peak, rank 0 takes what is there
+            if place.dist.is_main:
+                left_memory.take(parts.run_dir, parts.speed.memory)
+            else:
+                left_memory.leave(parts.run_dir, parts.speed.memory, state.global_step)
         ending.summary = build_summary(
             status,
             wall_s,

@@ -1,7 +1,7 @@
 """The shapes of a run's JSON files as their readers use them (run/reader.py's `Shape`): each field a
 reader takes, with the kind gputrain writes there. Where each is written: run/summary.py and
 rl/trainer.py (summary.json), train/lr_find.py (lr_find.json), observe/profiler.py (profile.json),
-run/files.py (env.json).
+run/files.py (env.json), run/left_memory.py (memory-rankN.json).
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ TRAIN = Shape(
         "samples_per_s": _NUM,
         "tokens_per_s": _NUM,
         "step_time_s": _NUM,
-        "peak_memory_bytes": _NUM,
+        "peak_memory_bytes": _NUM,  # the largest rank's peak (older summaries: rank 0's)
+        "peak_memory_rank": optional(INT),
+        "peak_memory_by_rank": optional(list_of(_NUM)),  # indexed by rank; null: that rank's is missing
+        "peak_memory_by_rank_step": optional(list_of(optional(INT))),  # the step each was read at
         "flops_per_step": _NUM,
         "achieved_flops": _NUM,
         "mfu": _NUM,
@@ -118,3 +121,9 @@ PROFILE = Shape(
     each={"findings": FINDING, "top_device_ops": OP, "top_host_ops": OP},
 )
 """profile.json: the advisor's findings, the facts they rest on, the top ops."""
+
+LEFT_MEMORY = Shape(
+    {"rank": INT, "peak_memory_bytes": FINITE, "step": INT, "attempt": TEXT},
+    required=("rank", "peak_memory_bytes", "step", "attempt"),
+)
+"""memory-rankN.json: a rank's peak memory at an ending it did not share with rank 0 (run/left_memory.py)."""

@@ -119,6 +119,9 @@ class RunShell:
             finally:
                 self._ending = None
             self.parts.checkpointer.save_final_weights(self.parts.run_dir / FINAL_WEIGHTS)
+            # every rank's peak memory, final save included: the ranks end here together (a failure
+            # ends without it, and the summary says which ranks' figures are older: rank_memory.py)
+            self.parts.speed.memory.gather(self.state.global_step)
         return ending.summary
 
     @contextlib.contextmanager
@@ -199,6 +202,7 @@ class RunShell:
             self.shape.before_save()  # the summary counts every masked step, whether or not a checkpoint is saved
         path = self.save()
         self.parts.checkpointer.wait()
+        self.parts.speed.memory.gather(self.state.global_step)  # the ranks agreed to stop: they are here together
         where = f"checkpoint saved at {path}; " if path else ""
         raise StoppedBySignal(
             f"stopped by {self.stop.requested} at {self.shape.unit} {self.state.global_step}; {where}",

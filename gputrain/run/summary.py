@@ -1,7 +1,8 @@
 """summary.json: the result of a run, from the parts' own figures. Its shape is a promise to users (the
 README's run directory section): status, device, precision, world_size, global_step, epochs_completed,
 wall_s, a "train" block of speed figures and "val"/"test" blocks of metrics; keys are added, never
-renamed or dropped. record.py writes it, however the run ends."""
+renamed or dropped. Its peak memory is every rank's: `peak_memory_bytes` the largest (one process's
+own peak, as it always was), `peak_memory_by_rank` each rank's. record.py writes it, however the run ends."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 
 import torch
 
-from gputrain.observe.speed import SPEED_FIELDS, SpeedMeter, device_peak_memory_bytes
+from gputrain.observe.rank_memory import SUMMARY_FIELDS as MEMORY_FIELDS
+from gputrain.observe.speed import SPEED_FIELDS, SpeedMeter
 from gputrain.train.state import LoopState
 
 
@@ -38,6 +40,8 @@ def build_summary(
     samples_per_s = state.samples_seen / train_time if train_time > 0 else None
     # flops_per_step, achieved_flops, mfu, mfu_peak_source, time_breakdown (+ GPT formula, host RSS)
     speed_fields = speed.summary_fields(state.global_step, train_time) if speed else dict.fromkeys(SPEED_FIELDS)
+    # the largest rank's peak, the rank, and each rank's (observe/rank_memory.py: which were gathered when)
+    memory = speed.memory.summary_fields(state.global_step) if speed else dict.fromkeys(MEMORY_FIELDS)
     summary: dict[str, Any] = {
         "status": status,
         "device": str(device) if device is not None else None,
@@ -51,7 +55,7 @@ def build_summary(
             "samples_per_s": samples_per_s,
             "tokens_per_s": samples_per_s * tokens_per_sample if samples_per_s and tokens_per_sample else None,
             "step_time_s": train_time / state.global_step if state.global_step else None,
-            "peak_memory_bytes": device_peak_memory_bytes(device) if device is not None else None,
+            **memory,
             **speed_fields,
             "nonfinite_steps": state.nonfinite_steps,
             # train.compile: null when off; "compiled (...)", or "off: <why>" where compiled gradients were wrong

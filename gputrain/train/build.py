@@ -246,6 +246,7 @@ def build_training(
         cfg.log.breakdown_every,
         count_flops=not dims.pp_enabled,
         comm_timed=time_comm,
+        rank=dist.rank,
     )
     pixels = pixel_scaler_for(spec, train_data, device)  # uint8 images become floats on the device
     feed = BatchFeed(

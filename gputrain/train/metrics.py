@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from gputrain.config.schema import LogConfig
-from gputrain.distributed.context import DistContext, all_reduce_mean
+from gputrain.distributed.context import DistContext
 from gputrain.observe.console import RunConsole
 from gputrain.observe.own_sync import own_sync
 from gputrain.observe.sinks import JsonlSink, Sinks, TensorBoardSink, check_tensorboard
@@ -109,7 +109,8 @@ class MetricsLogger:
         since_time, since_samples, since_step = self._since
         seconds = max(now - since_time, 1e-9)
         with own_sync():
-            loss = all_reduce_mean(result.loss.float(), self.dist).item()
+            # the mean loss over ranks, and every rank's peak memory on the same all-reduce
+            loss = self.speed.memory.mean_loss_and_peaks(result.loss, state.global_step)
             samples_per_s = (state.samples_seen - since_samples) / seconds
             record: dict[str, Any] = {
                 "step": state.global_step,

@@ -50,6 +50,10 @@ def test_sharding_divides_the_states() -> None:
     assert fsdp.weights == one.weights // 4 and fsdp.optimizer == one.optimizer // 4
     offload = layout_bytes(step, target.shape(), "fsdp", 4, offload=True)
     assert offload.weights == 0 and offload.host > 0
+    # a CPU job: the host's memory is the device's, and offload frees none of it (measured alike:
+    # tests/dist/test_plan_memory.py)
+    on_cpu = layout_bytes(step, target.shape(), "fsdp", 4, offload=True, host_is_device=True)
+    assert on_cpu.cpu_offload and on_cpu.host == 0 and on_cpu.total == fsdp.total
 
 
 def test_find_batch_fits_the_budget() -> None:

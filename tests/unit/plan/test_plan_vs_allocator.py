@@ -22,9 +22,9 @@ CASES = {
 }
 
 
-def planned(overrides: list[str], world: int = 1, strategy: str = "none") -> int:
+def planned(overrides: list[str], world: int = 1, strategy: str = "none", offload: bool = False) -> int:
     target, micro, _ = build_plan_target(load_config(None, overrides), world)
-    row, measured = layout_row(target, micro, world, strategy, "none", False, 1 << 50)
+    row, measured = layout_row(target, micro, world, strategy, "none", offload, 1 << 50)
     assert measured
     return row.layout.total
 
