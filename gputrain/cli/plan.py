@@ -154,12 +154,12 @@ def render(plan: MemoryPlan, device: str, ideas: list[str], found: int | None, b
             f"({fmt(lay.total)} of {fmt(plan.usable)} {unit} usable)"
         )
     else:
-        best = min(plan.rows, key=lambda r: r.bound)
+        best = min(plan.rows, key=lambda r: r.layout.total)
         lines.append(
             f"DOES NOT FIT on {plan.world} device(s) of {fmt(plan.device_bytes)} {unit}: the smallest layout "
             f"({best.layout.strategy}, checkpointing {best.layout.activation_checkpointing}"
-            f"{', offload' if best.layout.cpu_offload else ''}) needs {fmt(best.bound)} {unit}, "
-            f"{fmt(best.bound - plan.usable)} {unit} over the {fmt(plan.usable)} {unit} usable. Would fit:"
+            f"{', offload' if best.layout.cpu_offload else ''}) needs {fmt(best.layout.total)} {unit}, "
+            f"{fmt(best.layout.total - plan.usable)} {unit} over the {fmt(plan.usable)} {unit} usable. Would fit:"
         )
         lines += [f"  - {idea}" for idea in ideas]
     if found is not None:

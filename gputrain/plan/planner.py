@@ -108,9 +108,6 @@ class Row:
     layout: LayoutBytes
     fits: bool
     world: int
-    bound: int
-    """The bytes the device's limit bounds: the layout's, and on the CPU its offloaded part too (the
-    host is the device: offloading moves nothing out of the memory the limit is of)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +155,7 @@ def layout_row(
         stages=stages,
         host_is_device=target.device.type == "cpu",
     )
-    bound = layout.total + (layout.host if target.device.type == "cpu" else 0)
-    return Row(layout, bound <= usable_bytes(device_bytes), world, bound), measured
+    return Row(layout, layout.total <= usable_bytes(device_bytes), world), measured
 
 
 def pick_layout(target: PlanTarget, micro: int, world: int, device_bytes: int) -> tuple[Row, bool]:

@@ -158,7 +158,15 @@ def test_on_the_cpu_offloading_moves_nothing_out_of_the_limit(capsys: pytest.Cap
         )
 
     row = offload_row(GIB)
-    assert row["host"] > 0 and row["fits"]
-    between = int((int(row["total"]) + int(row["host"]) // 2) / 0.85)  # the device part fits, not with the host part
-    assert int(row["total"]) <= 0.85 * between and not offload_row(between)["fits"]
+    assert row["fits"] and row["host"] == 0  # nothing leaves the memory the limit is of
+    needed = int(row["total"])
+    assert not offload_row(int(needed / 0.85) - 2**20)["fits"]
+    assert offload_row(int(needed / 0.85) + 2**20)["fits"]
+    # and it needs what the same layout without offload needs: the shards stay in that memory
+    main([*args, "--device-memory", str(GIB)])
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    plain = next(
+        r for r in rows if r["strategy"] == "fsdp" and not r["cpu_offload"] and r["activation_checkpointing"] == "none"
+    )
+    assert needed == int(plain["total"])
     assert offload_row(int((int(row["total"]) + int(row["host"])) / 0.85) + 2**20)["fits"]
