@@ -85,7 +85,7 @@ def _record():
     live = getattr(bench, "TRACKER", None)
     record = {{
         "before_final_save": getattr(bench, "BEFORE_FINAL_SAVE", None),
-        "pid": os.getpid(), "rank": os.environ.get("RANK"), "argv": sys.argv,
+        "pid": os.getpid(), "ppid": os.getppid(), "rank": os.environ.get("RANK"), "argv": sys.argv,
         "vm_hwm": _status("VmHWM"), "vm_peak": _status("VmPeak"),
         "live_peak": live.peak if live is not None else None, "modules": sorted(sys.modules),
     }}
@@ -285,8 +285,11 @@ class Runner:
             limit = int(self.args.limit_gib * GIB)
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    def run(self, name: str, cmd: list[str], live: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """Run `cmd`; the peak records of its processes, and how it ended (exit code, summary.json)."""
+    def run(
+        self, name: str, cmd: list[str], live: bool = False, limited: bool = True
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Run `cmd` (under --limit-gib where `limited`); the peak records of its processes, and how it
+        ended (exit code, summary.json)."""
         peaks = self.work / name
         peaks.mkdir()
         began = time.perf_counter()
@@ -294,7 +297,7 @@ class Runner:
             cmd,
             cwd=ROOT,
             env=self._env(peaks, live),
-            preexec_fn=self._limit,
+            preexec_fn=self._limit if limited else None,
             check=False,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -327,7 +330,7 @@ class Runner:
             cmd = [sys.executable, *me]
         else:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *me]
-        records, outcome = self.run(f"idle-{name}", cmd)
+        records, outcome = self.run(f"idle-{name}", cmd, limited=False)  # a baseline, not an outcome
         workers = [r for r in records if r["argv"][1:] == ["--idle", str(listing)]]  # not torchrun's agent
         if outcome["exit_code"] != 0 or len(workers) != ranks:
             raise SystemExit(f"the idle baseline failed: {outcome}")
@@ -343,6 +346,8 @@ class Runner:
         records, outcome = self.run(name, cmd, live=self.args.live)
         # the processes that trained: the ranks torchrun started, or the one process (there is no launcher)
         trained = [r for r in records if "train" in r["argv"] and "--nproc-per-node" not in r["argv"]]
+        # not their loader workers (a spawned worker gets its parent's argv)
+        trained = [r for r in trained if r["ppid"] not in {t["pid"] for t in trained}]
         # its baseline: the same modules imported, by as many processes, started the same way
         modules = sorted({m for r in trained for m in r.pop("modules")})
         idle = self.idle(name, ranks, modules) if trained else None

@@ -117,8 +117,15 @@ def test_plan_reads_the_limit_and_predicts_one_process_fails_and_two_fsdp_ranks_
 def test_one_process_runs_out_of_memory_cleanly(tmp_path: Path) -> None:
     run_dir = tmp_path / "one"
     done = gputrain("train", "--run-dir", str(run_dir), *MODEL, "parallel.strategy=none")
-    assert done.returncode == 1, done.stderr[-2000:]
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    if done.returncode == 2:
+        # refused before the model is built, where the start-up check counts what the limit already
+        # holds (config/sizes.py): one line naming the limit, no run started
+        assert len(done.stderr.strip().splitlines()) == 1 and "memory limit" in done.stderr, done.stderr
+        assert not (run_dir / "summary.json").exists()
+        return
+    # today: the states (4W = 1,085 MiB) pass the start-up check, and AdamW's first step cannot allocate
+    assert done.returncode == 1, done.stderr[-2000:]
     ended = summary(run_dir)
     assert ended["status"] == "failed" and ended["global_step"] == 0, ended
     assert any(s in ended["error"] for s in ("can't allocate memory", "out of memory", "MemoryError")), ended
