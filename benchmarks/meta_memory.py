@@ -1,16 +1,17 @@
 """Memory a user feels: a GPT trained on the CPU in one process against 2 FSDP ranks (issue 27 §Proof).
 
 Each figure is a process's peak RSS (VmHWM, read from /proc/self/status as the process exits) above
-an idle one: a process that imports gputrain and torch and starts like a rank (a gloo process group
-of 2 for the ranks, none for the one process), measured the same way. The runs are gputrain's own
-commands, `gputrain train` and `gputrain train --nproc-per-node 2 parallel.strategy=fsdp`, so the peak
-covers the whole run: the constructor's evaluation check, the training steps, the val and test
-evaluations and the final save of model.safetensors. Each is run with SGD (weights and gradients:
-the allocator's share is largest) and AdamW (two states per weight). The ratio quoted is the largest
-rank's figure over the one process's, per optimizer; the peak of live tensor bytes (every storage an
-op creates, at its current size; FSDP frees gathered parameters by resizing their storage) is given
-beside it, for comparison: it cannot see memory the C allocator keeps after a free. Goal: the largest
-rank <= 0.65x the one process, for both optimizers.
+an idle one, measured the same way: a process that imports the modules the measured one had loaded
+(gputrain, torch and what the run used of them: code and import-time tables, a fixed cost) and starts
+like it (joining a gloo group of 2 for a rank). The runs are gputrain's own commands, `gputrain train`
+and `gputrain train --nproc-per-node 2 parallel.strategy=fsdp`, so the peak covers the whole run: the
+constructor's evaluation check, the training steps, the val and test evaluations and the final save
+of model.safetensors (the peak as that save began is reported too). Each is run with SGD (momentum
+0.9: weights, gradients and one state, so the allocator's share counts most) and AdamW (two states).
+The ratio quoted is the largest rank's figure over the one process's, per optimizer; the peak of live
+tensor bytes (every storage an op creates, at its current size; FSDP frees gathered parameters by
+resizing their storage) is given beside it, for comparison: it cannot see memory the C allocator
+keeps after a free. Goal: the largest rank <= 0.65x the one process, for both optimizers.
 
 A sitecustomize.py on the runs' PYTHONPATH (written into a temporary folder) records each process's
 peak at exit: the launcher's torchrun workers inherit it with the environment, no gputrain code
