@@ -128,7 +128,7 @@ def watch_the_trainer(live: bool) -> None:
             spec = importlib.util.find_spec(name)
             if spec is None or spec.loader is None:
                 return spec
-            run_module = spec.loader.exec_module  # type: ignore[union-attr]
+            run_module = spec.loader.exec_module
 
             def exec_module(module: Any) -> None:
                 run_module(module)
@@ -138,7 +138,7 @@ def watch_the_trainer(live: bool) -> None:
                     TRACKER = _live_tensor_bytes()
                     TRACKER.__enter__()
 
-            spec.loader.exec_module = exec_module  # type: ignore[union-attr]
+            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
             return spec
 
     sys.meta_path.insert(0, AfterImport())
@@ -192,7 +192,11 @@ def _live_tensor_bytes() -> Any:
             storage = t.untyped_storage()
             key = id(storage)
             if key not in self._refs:
-                self._refs[key] = weakref.ref(storage, lambda _, key=key: self._refs.pop(key, None))
+
+                def forget(_: Any, key: int = key) -> None:
+                    self._refs.pop(key, None)
+
+                self._refs[key] = weakref.ref(storage, forget)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
