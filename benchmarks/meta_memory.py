@@ -453,7 +453,7 @@ def report(result: dict[str, Any]) -> None:
 
 
 def _x(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio:.2f}x"
+    return "-" if ratio is None else f"{ratio:.3f}x"
 
 
 def _mib(value: int | None) -> str:
