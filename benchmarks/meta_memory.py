@@ -20,9 +20,9 @@ apply to its ranks; where a checkout does not yet, export it by hand to compare:
 `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072`.
 
     OMP_NUM_THREADS=1 python benchmarks/meta_memory.py                 # small: minutes on 2 cores
-    python benchmarks/meta_memory.py --preset gpt2-350m --steps 3      # the figure the issue quotes
+    python benchmarks/meta_memory.py --preset gpt2-350m --batch 2 --steps 3   # the figure the issue quotes
     python benchmarks/meta_memory.py --optim sgd --json /tmp/memory.json
-    python benchmarks/meta_memory.py --preset gpt2-350m --steps 2 --limit-gib 5.75   # both outcomes
+    python benchmarks/meta_memory.py --preset gpt2-350m --batch 2 --optim adamw --limit-gib 5.75
     python benchmarks/meta_memory.py --optim adamw --limit-gib 0.7 --limit-kind data   # small: 1 fails, FSDP trains
 
 With --limit-gib G every process runs under a limit of G GiB (set on the launched command, inherited
