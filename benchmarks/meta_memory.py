@@ -406,6 +406,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "allocator": {
             "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES"),
             "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
+            "GPUTRAIN_ALLOCATOR": os.environ.get("GPUTRAIN_ALLOCATOR"),
         },
         "load_average": os.getloadavg(),
         "runs": runs,
@@ -428,6 +429,7 @@ def _ratio(part: int | None, whole: int | None) -> float | None:
 
 def report(result: dict[str, Any]) -> None:
     tunables = result["allocator"]["GLIBC_TUNABLES"] or "unset"
+    tunables += f", GPUTRAIN_ALLOCATOR {result['allocator'].get('GPUTRAIN_ALLOCATOR') or 'unset (auto)'}"
     kind = "RLIMIT_DATA" if result["limit_kind"] == "data" else "RLIMIT_AS"
     limit = f", {kind} {result['limit_gib']:g} GiB per process" if result["limit_gib"] else ""
     print(
