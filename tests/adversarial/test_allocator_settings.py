@@ -40,12 +40,12 @@ NOT_A_CHOICE = ["bogus", "jemalloc2", "1", "on", "true", "glibc:131072", "mmap",
 
 
 @pytest.mark.parametrize("value", NOT_A_CHOICE)
-@pytest.mark.parametrize("world", [1, 2, 64])
-def test_a_setting_that_is_no_choice_is_refused_naming_the_choices(value: str, world: int) -> None:
+@pytest.mark.parametrize("shards", [False, True])
+def test_a_setting_that_is_no_choice_is_refused_naming_the_choices(value: str, shards: bool) -> None:
     with pytest.raises(UsageError, match=r"^GPUTRAIN_ALLOCATOR=.*: must be one of auto, off, glibc, jemalloc, tcmal"):
-        choose_allocator(collect_allocator_facts({"GPUTRAIN_ALLOCATOR": value}), world)
+        choose_allocator(collect_allocator_facts({"GPUTRAIN_ALLOCATOR": value}), shards)
     with pytest.raises(UsageError, match=r"^GPUTRAIN_ALLOCATOR="):
-        rank_environment({"GPUTRAIN_ALLOCATOR": value}, world, cuda_build=False)
+        rank_environment({"GPUTRAIN_ALLOCATOR": value}, cuda_build=False)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +82,8 @@ def test_any_glibc_tunables_is_read_and_a_malloc_threshold_in_it_is_the_users(tu
     env = {"GLIBC_TUNABLES": tunables}
     found = users_setting(env)
     assert (found is None) == (mine is None) and (mine is None or found.startswith(mine)), found  # type: ignore[union-attr]
-    added = rank_environment(env, world_size=2, cuda_build=False)
+    assert "GLIBC_TUNABLES" not in rank_environment(env, cuda_build=False)  # auto: the ranks' own mallopt
+    added = rank_environment({**env, "GPUTRAIN_ALLOCATOR": "glibc"}, cuda_build=False)
     if mine is not None or libc_name() is None:
         assert "GLIBC_TUNABLES" not in added  # the user's threshold is never replaced
     else:  # appended after what was there, no empty part in between, marked as gputrain's
@@ -109,7 +110,7 @@ ODD_PRELOADS = [
 def test_a_malloc_in_ld_preload_is_the_users_and_is_kept(preload: str, mine: str | None) -> None:
     env = {"LD_PRELOAD": preload}
     assert users_setting(env) == (f"LD_PRELOAD={mine}" if mine else None)
-    added = rank_environment({**env, "GPUTRAIN_ALLOCATOR": "jemalloc"}, 2, False) if mine else {}
+    added = rank_environment({**env, "GPUTRAIN_ALLOCATOR": "jemalloc"}, False) if mine else {}
     assert "LD_PRELOAD" not in added and "GLIBC_TUNABLES" not in added
 
 
@@ -118,8 +119,8 @@ def test_a_malloc_in_ld_preload_is_the_users_and_is_kept(preload: str, mine: str
 def test_glibcs_malloc_variables_are_the_users(name: str, value: str) -> None:
     facts = collect_allocator_facts({name: value})
     assert facts.user_setting == f"{name}={value.strip()}"
-    assert choose_allocator(facts, 8).name == "system"
-    assert rank_environment({name: value}, 8, cuda_build=False) == {}
+    assert choose_allocator(facts, True).name == "system"
+    assert rank_environment({name: value, "GPUTRAIN_ALLOCATOR": "glibc"}, cuda_build=False) == {}
     assert collect_allocator_facts({name: "  "}).user_setting is None  # blank: not a setting
 
 
@@ -131,7 +132,7 @@ def test_a_preload_this_machine_lacks_or_that_is_not_loaded_is_one_line(tmp_path
     for setting in ("jemalloc", "tcmalloc"):
         said = f"^GPUTRAIN_ALLOCATOR={setting}: {setting} is not preloaded in this process"
         with pytest.raises(UsageError, match=said):
-            choose_allocator(AllocatorFacts("glibc 2.36", setting), 2)
+            choose_allocator(AllocatorFacts("glibc 2.36", setting), True)
 
 
 # ----------------------------------------------------------------- through the command line
