@@ -370,7 +370,7 @@ def rank_environment(env: Mapping[str, str], cuda_build: bool) -> dict[str, str]
     if setting in ("jemalloc", "tcmalloc"):
         added["LD_PRELOAD"] = ":".join(filter(None, [preload_path(facts), env.get("LD_PRELOAD", "")]))
         return added
-    if setting != "glibc" or choose_allocator(facts, shards=False).name != "glibc-mmap-threshold":
+    if setting != "glibc" or facts.libc is None:  # auto: each rank's mallopt, once its layout is known
         return added
     mine = f"{_TUNABLES[0]}={MMAP_THRESHOLD}:{_TUNABLES[1]}={TRIM_THRESHOLD}"
     tunables = ":".join(filter(None, [env.get("GLIBC_TUNABLES", "").strip(":"), mine]))

@@ -131,6 +131,11 @@ def test_the_launcher_leaves_the_users_choice(env: dict[str, str]) -> None:
     assert "GLIBC_TUNABLES" not in added and "LD_PRELOAD" not in added
 
 
+def test_the_launcher_gives_no_tunables_where_the_c_library_is_not_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocator, "libc_name", lambda: None)  # musl, macOS: no mmap threshold to fix
+    assert rank_environment({"GPUTRAIN_ALLOCATOR": "glibc"}, cuda_build=False) == {}
+
+
 def test_the_launcher_sets_cuda_only_where_unset() -> None:
     assert rank_environment({}, cuda_build=True) == {CUDA_ALLOC_ENV: "expandable_segments:True"}
     assert CUDA_ALLOC_ENV not in rank_environment({CUDA_ALLOC_ENV: "backend:native"}, cuda_build=True)
