@@ -238,8 +238,8 @@ def choose_allocator(facts: AllocatorFacts, shards: bool) -> AllocatorChoice:
         return AllocatorChoice("glibc-mmap-threshold", SHARDED, MMAP_THRESHOLD)
     return AllocatorChoice(
         "system",
-        f"no parameter shards gathered on the CPU side (DDP, one process); {ALLOCATOR_ENV}=glibc fixes the "
-        "threshold here too",
+        f"no parameter shards gathered on the CPU side (DDP, TP, PP, FSDP on GPUs, one process); "
+        f"{ALLOCATOR_ENV}=glibc fixes the threshold here too",
     )
 
 

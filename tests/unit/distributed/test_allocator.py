@@ -42,7 +42,7 @@ FIXED = "glibc-mmap-threshold"
     ("facts", "shards", "name", "said"),
     [
         (AllocatorFacts(GLIBC), True, FIXED, "shards its parameters on the CPU side"),  # FSDP/HSDP ranks
-        (AllocatorFacts(GLIBC), False, "system", "DDP, one process"),  # DDP and one process: left as is
+        (AllocatorFacts(GLIBC), False, "system", "no parameter shards gathered"),  # DDP and one process: left as is
         (AllocatorFacts(GLIBC, "glibc"), False, FIXED, "GPUTRAIN_ALLOCATOR=glibc"),  # asked for: every process
         (AllocatorFacts(GLIBC, "off"), True, "system", "GPUTRAIN_ALLOCATOR=off"),  # the switch
         (AllocatorFacts(GLIBC, "glibc", "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=65536"), True, "system", "your"),
