@@ -1,6 +1,7 @@
 """The C allocator setting in real ranks (distributed/allocator.py): 2 gloo ranks started without
 gputrain's launcher (so only the setting each rank makes for itself once its strategy is resolved)
-train a tiny GPT under FSDP; each rank's glibc then still mmaps a 24 MiB block after a 30 MiB one
+train a tiny GPT under FSDP, with the threshold fixed before the model is parallelised and
+materialised; each rank's glibc then still mmaps a 24 MiB block after a 30 MiB one
 was freed (the threshold stays fixed: freed shards go back to the OS), and env.json records the
 setting. Under DDP (nothing gathered per step) the ranks keep glibc as it is: the threshold rose.
 The ranks `gputrain train --nproc-per-node 2` starts get no threshold from the launcher under auto
@@ -45,13 +46,22 @@ GPT = [
 
 def _rank(rank: int, run_dir: str, strategy: str) -> dict[str, Any]:
     from gputrain.distributed.allocator import applied_allocator
+    from gputrain.train import build
     from gputrain.train.trainer import Trainer
     from tests.unit.distributed.malloc_probe import free_a_block, mmapped
 
+    seen: list[str | None] = []
+    parallelize = build.parallelize
+
+    def recording(*args: Any, **kwargs: Any) -> Any:  # where the model is sharded and materialised
+        seen.append(choice.name if (choice := applied_allocator()) else None)
+        return parallelize(*args, **kwargs)
+
+    build.parallelize = recording  # type: ignore[assignment]  # this spawned rank only
     Trainer.from_config(None, run_dir=run_dir, overrides=[*GPT, f"parallel.strategy={strategy}"]).fit()
     choice = applied_allocator()
     free_a_block(30 << 20)  # glibc's dynamic threshold would rise to 30 MiB here
-    return {"choice": choice.name if choice else None, "mmaps_24m": mmapped(24 << 20)}
+    return {"choice": choice.name if choice else None, "before_parallelize": seen, "mmaps_24m": mmapped(24 << 20)}
 
 
 @pytest.mark.skipif(libc_name() is None or not has_mallinfo2(), reason="glibc >= 2.33's malloc only")
@@ -68,7 +78,8 @@ def test_fsdp_ranks_run_with_the_fixed_threshold_ddp_ranks_without_and_the_run_r
 ) -> None:
     run_dir = tmp_path / "run"
     ranks = run_ranks(_rank, str(run_dir), strategy, world=2, timeout_s=120)
-    assert ranks == [{"choice": choice, "mmaps_24m": mmaps_24m}] * 2
+    # in force before the model is materialised (and the constructor's evaluation check gathers it)
+    assert ranks == [{"choice": choice, "before_parallelize": [choice], "mmaps_24m": mmaps_24m}] * 2
     started = json.loads((run_dir / "env.json").read_text())["run"]
     assert started["allocator"].startswith(said), started["allocator"]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
