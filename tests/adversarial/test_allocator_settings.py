@@ -2,7 +2,8 @@
 (issue 27): GPUTRAIN_ALLOCATOR that is no choice, or names a malloc this machine or process lacks,
 is one line naming it, exit 2, before any rank starts and with no run directory; GLIBC_TUNABLES,
 MALLOC_*_ and LD_PRELOAD of any form are read without failing, a malloc setting of the user's is
-never replaced, and what the launcher gives the ranks is a well-formed GLIBC_TUNABLES."""
+never replaced, what the launcher gives the ranks is a well-formed GLIBC_TUNABLES, and of the
+resolved layouts only those that gather parameter shards in host memory get the fixed threshold."""
 
 from __future__ import annotations
 
@@ -171,3 +172,40 @@ def test_the_launcher_refuses_a_malloc_this_machine_lacks_before_any_rank_starts
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "GPUTRAIN_ALLOCATOR=jemalloc: no libjemalloc.so on this machine" in result.stderr
     assert "rank" not in result.stderr and not run_dir.exists()
+
+
+# ----------------------------------------------------------------- which resolved layouts get the threshold
+LAYOUTS = [
+    # (strategy, ranks, parallel.* given, device, cpu_offload, shards on the CPU side)
+    ("none", 1, {}, "cpu", False, False),
+    ("fsdp", 1, {}, "cpu", False, False),  # one process: nothing to gather
+    ("ddp", 2, {}, "cpu", False, False),
+    ("ddp", 64, {}, "cpu", False, False),
+    ("ddp", 2, {}, "cuda", True, False),  # offload means nothing without FSDP
+    ("fsdp", 2, {}, "cpu", False, True),
+    ("fsdp", 2, {}, "cuda", False, False),  # the gathers are the caching allocator's
+    ("fsdp", 2, {}, "cuda", True, True),  # host shards, gradients, optimizer step
+    ("fsdp", 8, {"dp_replicate": 2}, "cpu", False, True),  # HSDP
+    ("hybrid", 4, {"dp_replicate": 2, "dp_shard": 2}, "cpu", False, True),  # HSDP
+    ("hybrid", 4, {"dp_shard": 2, "tp": 2}, "cpu", False, True),
+    ("hybrid", 4, {"dp_replicate": 2, "dp_shard": 1, "tp": 2}, "cpu", False, True),  # FSDP holds TP's replicas
+    ("hybrid", 4, {"dp_shard": 1, "tp": 2, "pp": 2}, "cpu", False, False),
+    ("tp", 2, {}, "cpu", False, False),  # split once, never gathered
+    ("pp", 2, {}, "cpu", False, False),  # each stage whole
+]
+
+
+@pytest.mark.parametrize(("strategy", "ranks", "given", "device", "offload", "shards"), LAYOUTS)
+def test_the_threshold_follows_the_resolved_layout(
+    strategy: str, ranks: int, given: dict[str, int], device: str, offload: bool, shards: bool
+) -> None:
+    from gputrain.config.schema import ParallelConfig
+    from gputrain.distributed.allocator import host_shards
+    from gputrain.distributed.parallel_dims import dims_for_strategy
+
+    dims = dims_for_strategy(strategy, ParallelConfig(strategy=strategy, **given), ranks)  # type: ignore[arg-type]
+    assert host_shards(dims.fsdp_enabled, device, offload) is shards
+    facts = AllocatorFacts("glibc 2.36")
+    assert choose_allocator(facts, host_shards(dims.fsdp_enabled, device, offload)).name == (
+        "glibc-mmap-threshold" if shards else "system"
+    )
