@@ -4,12 +4,14 @@ memory: 2 FSDP ranks (gloo, CPU) of a GPT whose blocks are 12 MiB when gathered,
     process as the reference; the peak RSS of the largest process (ru_maxrss of the job's
     processes) and the CPU seconds of the whole job, for glibc as it is (GPUTRAIN_ALLOCATOR=off),
     gputrain's default, and other mmap thresholds given as GLIBC_TUNABLES.
-speed: one process training small models (the default job's CNN, a 4-block GPT of d_model 128),
-    glibc as it is against a fixed threshold: CPU seconds (user + system, which other jobs on a
-    shared machine disturb less than wall time), minor page faults and the run's step time.
+speed: one process (or `--procs 2` DDP ranks) training small models (the default job's CNN, a
+    4-block GPT of d_model 128), glibc as it is against a fixed threshold: CPU seconds (user +
+    system, which other jobs on a shared machine disturb less than wall time), minor page faults
+    and the run's step time.
 
     python benchmarks/rank_allocator.py memory --modes 2:off,2:auto,1:off,1:131072,2:4194304
     python benchmarks/rank_allocator.py speed --reps 2 --modes off,131072,4194304
+    python benchmarks/rank_allocator.py speed --procs 2 --modes auto,131072
 
 A mode is PROCESSES:SETTING (memory) or SETTING (speed); SETTING is off, auto (gputrain's choice)
 or a threshold in bytes. Each run is a real `gputrain train` in a fresh process.
@@ -124,6 +126,7 @@ def main() -> None:
     parser.add_argument("--modes", default=None)
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--optim", default="sgd", help="the memory job's optimizer (sgd, adamw, ...)")
+    parser.add_argument("--procs", type=int, default=1, help="speed: processes of the job (several: DDP ranks)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,9 +148,11 @@ def main() -> None:
                     print(json.dumps(row), flush=True)
         else:
             for _ in range(args.reps):
+                ddp = ["--nproc-per-node", str(args.procs), "parallel.strategy=ddp"] if args.procs > 1 else []
                 for job, job_args in SPEED_JOBS.items():
                     for setting in (args.modes or "off,131072").split(","):
-                        row = {"job": job, "mode": setting, **run(job_args, setting, Path(tmp) / "run")}
+                        row = {"job": job, "procs": args.procs, "mode": setting}
+                        row.update(run([*ddp, *job_args], setting, Path(tmp) / "run"))
                         rows.append(row)
                         print(json.dumps(row), flush=True)
 

@@ -17,13 +17,18 @@ What the ranks get, in order:
                                         MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_, or a malloc in
                                         LD_PRELOAD: left as it is
     GPUTRAIN_ALLOCATOR=jemalloc|tcmalloc  that library, preloaded into the ranks the launcher starts
-    auto (the default)                  glibc: the fixed threshold in every rank of a job of several
-                                        processes (mallopt, at its start) and GLIBC_TUNABLES for the
-                                        ranks the launcher starts (from their first allocation);
-                                        one process is left as it is (an mmap per large tensor costs
-                                        page faults: 17-34% more CPU time measured, for a lower peak
-                                        only where memory binds); not glibc (musl, macOS): nothing
-    GPUTRAIN_ALLOCATOR=glibc            the fixed threshold, also in one process
+    auto (the default)                  glibc: the fixed threshold in each rank of a job that shards
+                                        its parameters on the CPU side (`host_shards`: FSDP or HSDP
+                                        on CPU ranks, or with parallel.cpu_offload), by mallopt once
+                                        the rank has resolved its strategy, before the model is
+                                        materialised and anything is gathered; DDP, TP, PP, FSDP
+                                        on GPUs and one process are left as they are (an mmap per
+                                        large tensor costs page faults: 17-34% more CPU time
+                                        measured, which only the churn of gathered shards repays);
+                                        not glibc (musl, macOS): nothing
+    GPUTRAIN_ALLOCATOR=glibc            the fixed threshold in every process: mallopt as it starts,
+                                        and GLIBC_TUNABLES for the ranks the launcher starts (from
+                                        their first allocation)
 
 On CUDA the caching allocator is told `expandable_segments:True` (PYTORCH_CUDA_ALLOC_CONF, where
 the user set none) before CUDA starts: segments grow in place instead of leaving blocks of other
@@ -81,7 +86,8 @@ class AllocatorFacts:
     """The user's own malloc setting ("GLIBC_TUNABLES=glibc.malloc.mmap_threshold=65536",
     "LD_PRELOAD=libjemalloc.so.2"), which wins; None where there is none."""
     by_launcher: bool = False
-    """The fixed threshold is in GLIBC_TUNABLES from gputrain's launcher: in force from the process's start."""
+    """The fixed threshold is in GLIBC_TUNABLES from gputrain's launcher (GPUTRAIN_ALLOCATOR=glibc): in
+    force from the process's start, whatever the job."""
     found: str | None = None
     """Where GPUTRAIN_ALLOCATOR names jemalloc or tcmalloc: the library the launcher would preload
     (None: not on this machine)."""
@@ -100,7 +106,7 @@ class AllocatorChoice:
     """Bytes, where gputrain fixes glibc's threshold."""
 
     def describe(self) -> str:
-        """`glibc mmap threshold 128 KiB (a job of several processes: freed shards go back to the OS)`."""
+        """`glibc mmap threshold 128 KiB (a job that shards its parameters on the CPU side: ...)`."""
         what = {
             "glibc-mmap-threshold": f"glibc mmap threshold {(self.mmap_threshold or 0) >> 10} KiB",
             "jemalloc": "jemalloc",
@@ -126,7 +132,8 @@ def check_setting(value: str) -> Setting:
     if value not in CHOICES:
         raise UsageError(
             f"{ALLOCATOR_ENV}={value!r}: must be one of {', '.join(CHOICES)} "
-            "(auto: a fixed glibc mmap threshold for the ranks of a job; off: the C library as it is)"
+            "(auto: a fixed glibc mmap threshold for the ranks of a job that shards its parameters "
+            "on the CPU side; off: the C library as it is)"
         )
     return value  # type: ignore[return-value]  # one of CHOICES, checked above
 
@@ -183,8 +190,26 @@ def _by_launcher(env: Mapping[str, str]) -> bool:
     return bool(tunables) and tunables == env.get(LAUNCHER_TUNABLE_ENV)
 
 
-def choose_allocator(facts: AllocatorFacts, world_size: int) -> AllocatorChoice:
-    """The setting a process of a job of `world_size` runs with (the order in the module docstring).
+def host_shards(fsdp: bool, device_type: str, cpu_offload: bool) -> bool:
+    """Whether a rank's resolved layout gathers and frees parameter blocks in host memory every step,
+    the churn the fixed threshold repays (`fsdp`: FSDP's unshard/reshard runs, ParallelDims.fsdp_enabled:
+    fsdp, HSDP, and the replicas of TP or PP, which FSDP holds).
+
+    On CPU ranks the gathers are host memory. On GPUs they are the caching allocator's, except with
+    parallel.cpu_offload: the shards, their gradients and the optimizer's step (its shard-size
+    temporaries) live in host memory. DDP replicates once and frees nothing per step; TP splits its
+    parameters once and never gathers them (its collectives are activation-size); PP keeps each
+    stage whole: none of them churns the heap with blocks, so none pays for an mmap per tensor.
+    """
+    return fsdp and (device_type == "cpu" or cpu_offload)
+
+
+SHARDED = "a job that shards its parameters on the CPU side: freed shards go back to the OS"
+
+
+def choose_allocator(facts: AllocatorFacts, shards: bool) -> AllocatorChoice:
+    """The setting a process runs with (the order in the module docstring); `shards`: its job gathers
+    parameter shards in host memory (`host_shards`; False before the layout is known).
 
     Raises:
         UsageError: GPUTRAIN_ALLOCATOR is not a choice, or names a malloc not preloaded here.
@@ -206,15 +231,15 @@ def choose_allocator(facts: AllocatorFacts, world_size: int) -> AllocatorChoice:
         )
     if facts.libc is None:
         return AllocatorChoice("system", "not glibc: its malloc has no mmap threshold to fix")
-    if setting == "glibc":
-        return AllocatorChoice("glibc-mmap-threshold", f"{ALLOCATOR_ENV}=glibc", MMAP_THRESHOLD)
-    if world_size <= 1:
-        return AllocatorChoice("system", f"one process; {ALLOCATOR_ENV}=glibc fixes the threshold here too")
     since = "; from the process's start (the launcher's GLIBC_TUNABLES)" if facts.by_launcher else ""
+    if setting == "glibc" or facts.by_launcher:  # the launcher's tunables are in force whatever the job
+        return AllocatorChoice("glibc-mmap-threshold", f"{ALLOCATOR_ENV}=glibc{since}", MMAP_THRESHOLD)
+    if shards:
+        return AllocatorChoice("glibc-mmap-threshold", SHARDED, MMAP_THRESHOLD)
     return AllocatorChoice(
-        "glibc-mmap-threshold",
-        f"a job of several processes: freed shards go back to the OS{since}",
-        MMAP_THRESHOLD,
+        "system",
+        f"no parameter shards gathered on the CPU side (DDP, TP, PP, FSDP on GPUs, one process); "
+        f"{ALLOCATOR_ENV}=glibc fixes the threshold here too",
     )
 
 
@@ -233,16 +258,18 @@ _applied: AllocatorChoice | None = None
 """What `apply_allocator` chose in this process, for env.json."""
 
 
-def apply_allocator(world_size: int) -> AllocatorChoice:
+def apply_allocator(shards: bool = False) -> AllocatorChoice:
     """Choose this process's allocator setting and put it in force: the glibc thresholds through
     mallopt (freed blocks go back from then on), and on a CUDA build expandable segments where CUDA
-    has not started. Called as a rank joins its job, before the model is materialised.
+    has not started. Called as a process joins its job (`shards` False: what needs no layout, off,
+    glibc, the user's, CUDA's), and again by a training rank once its strategy is resolved, before
+    the model is materialised (`shards`: `host_shards` of that layout). The later call wins.
 
     Raises:
         UsageError: GPUTRAIN_ALLOCATOR is not a choice, or names a malloc this process lacks.
     """
     global _applied
-    choice = choose_allocator(collect_allocator_facts(), world_size)
+    choice = choose_allocator(collect_allocator_facts(), shards)
     if choice.name == "glibc-mmap-threshold" and not set_mmap_threshold(choice.mmap_threshold or MMAP_THRESHOLD):
         choice = AllocatorChoice("system", "glibc refused mallopt")
     set_cuda_alloc_conf(os.environ)
@@ -309,7 +336,7 @@ def check_launch_setting(env: Mapping[str, str]) -> None:
         preload_path(facts)
 
 
-def launched_rank_choice(facts: AllocatorFacts, world_size: int) -> AllocatorChoice:
+def launched_rank_choice(facts: AllocatorFacts, shards: bool) -> AllocatorChoice:
     """What a rank that `gputrain train --nproc-per-node` starts runs with, seen from the launcher
     (it preloads the malloc GPUTRAIN_ALLOCATOR names): for doctor.
 
@@ -319,14 +346,16 @@ def launched_rank_choice(facts: AllocatorFacts, world_size: int) -> AllocatorCho
     setting = check_setting(facts.setting)
     if setting in ("jemalloc", "tcmalloc") and facts.user_setting is None:
         return AllocatorChoice(setting, f"{ALLOCATOR_ENV}={setting}: preloaded into the ranks ({preload_path(facts)})")
-    return choose_allocator(facts, world_size)
+    return choose_allocator(facts, shards)
 
 
-def rank_environment(env: Mapping[str, str], world_size: int, cuda_build: bool) -> dict[str, str]:
-    """What the launcher adds to the environment of the ranks it starts, a job of `world_size`: the
-    glibc thresholds in GLIBC_TUNABLES where `choose_allocator` fixes them (in force from the rank's
-    first allocation, beside the mallopt at its start), or the malloc GPUTRAIN_ALLOCATOR names in
-    LD_PRELOAD; PYTORCH_CUDA_ALLOC_CONF on a CUDA build. Nothing the user set is replaced.
+def rank_environment(env: Mapping[str, str], cuda_build: bool) -> dict[str, str]:
+    """What the launcher adds to the environment of the ranks it starts: the glibc thresholds in
+    GLIBC_TUNABLES where GPUTRAIN_ALLOCATOR=glibc asks for them in every process (in force from the
+    rank's first allocation), or the malloc GPUTRAIN_ALLOCATOR names in LD_PRELOAD;
+    PYTORCH_CUDA_ALLOC_CONF on a CUDA build. Nothing the user set is replaced. Under auto it adds no
+    threshold: the launcher cannot know the strategy each rank resolves (parallel.strategy=auto), and
+    the rank's own mallopt, once it has, comes before the first gather.
 
     Raises:
         UsageError: GPUTRAIN_ALLOCATOR is not a choice, or names a malloc this machine lacks.
@@ -341,7 +370,7 @@ def rank_environment(env: Mapping[str, str], world_size: int, cuda_build: bool) 
     if setting in ("jemalloc", "tcmalloc"):
         added["LD_PRELOAD"] = ":".join(filter(None, [preload_path(facts), env.get("LD_PRELOAD", "")]))
         return added
-    if choose_allocator(facts, world_size).name != "glibc-mmap-threshold":
+    if setting != "glibc" or facts.libc is None:  # auto: each rank's mallopt, once its layout is known
         return added
     mine = f"{_TUNABLES[0]}={MMAP_THRESHOLD}:{_TUNABLES[1]}={TRIM_THRESHOLD}"
     tunables = ":".join(filter(None, [env.get("GLIBC_TUNABLES", "").strip(":"), mine]))

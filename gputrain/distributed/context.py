@@ -80,8 +80,9 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0, cpu_collect
     `timeout_s` bounds every collective: a rank whose peer died fails after it instead of hanging.
     """
     rank, world, local_rank = env_world()
-    # before the model is materialised: shards freed from here on go back to the OS (allocator.py)
-    apply_allocator(world)
+    # what needs no layout (off, glibc, the user's, CUDA's: allocator.py); a training rank adds the
+    # fixed threshold of a sharded job once its strategy is resolved (train/build.py's place_run)
+    apply_allocator(shards=False)
     if world > 1:
         die_with_launcher()
     if world > 1 and not dist.is_initialized():

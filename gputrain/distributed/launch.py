@@ -183,9 +183,9 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     if "OMP_NUM_THREADS" not in os.environ:
         share = str(max(1, (os.cpu_count() or 1) // opts.nproc_per_node))
         os.environ["OMP_NUM_THREADS"] = os.environ[LAUNCHER_SHARE_ENV] = share
-    # the C allocator of the ranks (distributed/allocator.py): GLIBC_TUNABLES or a preload, in force
-    # from each rank's first allocation; torchrun passes this environment on to them
-    os.environ.update(rank_environment(os.environ, opts.nproc_per_node * opts.nnodes, torch.version.cuda is not None))
+    # the C allocator of the ranks (distributed/allocator.py): GPUTRAIN_ALLOCATOR=glibc's tunables or a
+    # preload, in force from each rank's first allocation; torchrun passes this environment on to them
+    os.environ.update(rank_environment(os.environ, torch.version.cuda is not None))
     args = get_args_parser().parse_args(torchrun_args(opts, child_argv))
     os.environ[LAUNCHER_ENV] = str(os.getpid())  # the ranks die with this process (distributed/orphans.py)
     started = time.time() - 1.0  # file-system timestamps may be coarse

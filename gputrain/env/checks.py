@@ -390,20 +390,22 @@ def check_dist(f: EnvReport) -> Check | None:
 
 
 def check_allocator(f: EnvReport) -> Check | None:
-    """Which C allocator setting the ranks of a job will run with, and one process (informational;
-    a GPUTRAIN_ALLOCATOR that cannot be honoured fails, as the launch would)."""
+    """Which C allocator setting the ranks of a job that shards its parameters on the CPU side run
+    with, and those of DDP and one process (informational; a GPUTRAIN_ALLOCATOR that cannot be
+    honoured fails, as the launch would)."""
     a = f.allocator
     if a is None:
         return None
     try:
-        ranks = launched_rank_choice(a, world_size=2).describe()
         if a.setting in ("jemalloc", "tcmalloc") and a.user_setting is None:  # a process cannot preload itself
+            ranks = launched_rank_choice(a, shards=True).describe()
             alone = f"{a.setting} only where started with LD_PRELOAD={a.found}"
+            detail = f"ranks gputrain starts: {ranks}; one process: {alone}"
         else:
-            alone = choose_allocator(a, world_size=1).describe()
+            sharded, replicated = choose_allocator(a, shards=True), choose_allocator(a, shards=False)
+            detail = f"ranks of a sharded job: {sharded.describe()}; DDP and one process: {replicated.describe()}"
     except UsageError as err:
         return Check("allocator", "fail", str(err), f"unset {ALLOCATOR_ENV}, or set it to one that works here")
-    detail = f"ranks of a job: {ranks}; one process: {alone}"
     if f.torch_build == "cuda":
         conf = f"{a.cuda_alloc_conf} (yours)" if a.cuda_alloc_conf is not None else f"{CUDA_ALLOC_SETTING} (gputrain's)"
         detail += f"; CUDA caching allocator: {conf}"

@@ -28,7 +28,7 @@ from gputrain.data.feed import BatchFeed
 from gputrain.data.pixels import as_model_sees_it, pixel_scaler_for
 from gputrain.data.spec import DataSpec, example_input
 from gputrain.data.tensors import as_tensor_data
-from gputrain.distributed.allocator import applied_allocator
+from gputrain.distributed.allocator import apply_allocator, host_shards
 from gputrain.distributed.auto import StrategyChoice, choose_strategy
 from gputrain.distributed.context import DistContext, agree_on_path, init_distributed, rank_device
 from gputrain.distributed.faults import install_test_fault
@@ -132,6 +132,9 @@ def place_run(
         cfg.train.cuda_graphs and device.type == "cuda", choice.strategy, chosen_by_auto=cfg.parallel.strategy == "auto"
     )
     dist, dims = setup_parallel(dist, choice, cfg, device)
+    # the strategy is resolved and nothing is materialised or gathered yet: a job that shards on the
+    # CPU side returns its freed shards to the OS from here on (distributed/allocator.py)
+    allocator = apply_allocator(shards=host_shards(dims.fsdp_enabled, device.type, cfg.parallel.cpu_offload))
     check_pipeline_precision(precision, dims.pp_enabled)  # auto may have chosen fp16
     setup_logging(dist.rank, dist.world_size)
     set_by_us = switches.describe(device)
@@ -149,7 +152,7 @@ def place_run(
         choice=choice,
         grad_accum=resolve_grad_accum(cfg, dist.dp_size),
         lines=(device_line, describe_choice(choice, dist)),
-        allocator=allocator.describe() if (allocator := applied_allocator()) is not None else None,
+        allocator=allocator.describe(),
     )
 
 

@@ -2,7 +2,8 @@
 (issue 27): GPUTRAIN_ALLOCATOR that is no choice, or names a malloc this machine or process lacks,
 is one line naming it, exit 2, before any rank starts and with no run directory; GLIBC_TUNABLES,
 MALLOC_*_ and LD_PRELOAD of any form are read without failing, a malloc setting of the user's is
-never replaced, and what the launcher gives the ranks is a well-formed GLIBC_TUNABLES."""
+never replaced, what the launcher gives the ranks is a well-formed GLIBC_TUNABLES, and of the
+resolved layouts only those that gather parameter shards in host memory get the fixed threshold."""
 
 from __future__ import annotations
 
@@ -40,12 +41,12 @@ NOT_A_CHOICE = ["bogus", "jemalloc2", "1", "on", "true", "glibc:131072", "mmap",
 
 
 @pytest.mark.parametrize("value", NOT_A_CHOICE)
-@pytest.mark.parametrize("world", [1, 2, 64])
-def test_a_setting_that_is_no_choice_is_refused_naming_the_choices(value: str, world: int) -> None:
+@pytest.mark.parametrize("shards", [False, True])
+def test_a_setting_that_is_no_choice_is_refused_naming_the_choices(value: str, shards: bool) -> None:
     with pytest.raises(UsageError, match=r"^GPUTRAIN_ALLOCATOR=.*: must be one of auto, off, glibc, jemalloc, tcmal"):
-        choose_allocator(collect_allocator_facts({"GPUTRAIN_ALLOCATOR": value}), world)
+        choose_allocator(collect_allocator_facts({"GPUTRAIN_ALLOCATOR": value}), shards)
     with pytest.raises(UsageError, match=r"^GPUTRAIN_ALLOCATOR="):
-        rank_environment({"GPUTRAIN_ALLOCATOR": value}, world, cuda_build=False)
+        rank_environment({"GPUTRAIN_ALLOCATOR": value}, cuda_build=False)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +83,8 @@ def test_any_glibc_tunables_is_read_and_a_malloc_threshold_in_it_is_the_users(tu
     env = {"GLIBC_TUNABLES": tunables}
     found = users_setting(env)
     assert (found is None) == (mine is None) and (mine is None or found.startswith(mine)), found  # type: ignore[union-attr]
-    added = rank_environment(env, world_size=2, cuda_build=False)
+    assert "GLIBC_TUNABLES" not in rank_environment(env, cuda_build=False)  # auto: the ranks' own mallopt
+    added = rank_environment({**env, "GPUTRAIN_ALLOCATOR": "glibc"}, cuda_build=False)
     if mine is not None or libc_name() is None:
         assert "GLIBC_TUNABLES" not in added  # the user's threshold is never replaced
     else:  # appended after what was there, no empty part in between, marked as gputrain's
@@ -109,7 +111,7 @@ ODD_PRELOADS = [
 def test_a_malloc_in_ld_preload_is_the_users_and_is_kept(preload: str, mine: str | None) -> None:
     env = {"LD_PRELOAD": preload}
     assert users_setting(env) == (f"LD_PRELOAD={mine}" if mine else None)
-    added = rank_environment({**env, "GPUTRAIN_ALLOCATOR": "jemalloc"}, 2, False) if mine else {}
+    added = rank_environment({**env, "GPUTRAIN_ALLOCATOR": "jemalloc"}, False) if mine else {}
     assert "LD_PRELOAD" not in added and "GLIBC_TUNABLES" not in added
 
 
@@ -118,8 +120,8 @@ def test_a_malloc_in_ld_preload_is_the_users_and_is_kept(preload: str, mine: str
 def test_glibcs_malloc_variables_are_the_users(name: str, value: str) -> None:
     facts = collect_allocator_facts({name: value})
     assert facts.user_setting == f"{name}={value.strip()}"
-    assert choose_allocator(facts, 8).name == "system"
-    assert rank_environment({name: value}, 8, cuda_build=False) == {}
+    assert choose_allocator(facts, True).name == "system"
+    assert rank_environment({name: value, "GPUTRAIN_ALLOCATOR": "glibc"}, cuda_build=False) == {}
     assert collect_allocator_facts({name: "  "}).user_setting is None  # blank: not a setting
 
 
@@ -131,7 +133,7 @@ def test_a_preload_this_machine_lacks_or_that_is_not_loaded_is_one_line(tmp_path
     for setting in ("jemalloc", "tcmalloc"):
         said = f"^GPUTRAIN_ALLOCATOR={setting}: {setting} is not preloaded in this process"
         with pytest.raises(UsageError, match=said):
-            choose_allocator(AllocatorFacts("glibc 2.36", setting), 2)
+            choose_allocator(AllocatorFacts("glibc 2.36", setting), True)
 
 
 # ----------------------------------------------------------------- through the command line
@@ -170,3 +172,40 @@ def test_the_launcher_refuses_a_malloc_this_machine_lacks_before_any_rank_starts
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "GPUTRAIN_ALLOCATOR=jemalloc: no libjemalloc.so on this machine" in result.stderr
     assert "rank" not in result.stderr and not run_dir.exists()
+
+
+# ----------------------------------------------------------------- which resolved layouts get the threshold
+LAYOUTS = [
+    # (strategy, ranks, parallel.* given, device, cpu_offload, shards on the CPU side)
+    ("none", 1, {}, "cpu", False, False),
+    ("fsdp", 1, {}, "cpu", False, False),  # one process: nothing to gather
+    ("ddp", 2, {}, "cpu", False, False),
+    ("ddp", 64, {}, "cpu", False, False),
+    ("ddp", 2, {}, "cuda", True, False),  # offload means nothing without FSDP
+    ("fsdp", 2, {}, "cpu", False, True),
+    ("fsdp", 2, {}, "cuda", False, False),  # the gathers are the caching allocator's
+    ("fsdp", 2, {}, "cuda", True, True),  # host shards, gradients, optimizer step
+    ("fsdp", 8, {"dp_replicate": 2}, "cpu", False, True),  # HSDP
+    ("hybrid", 4, {"dp_replicate": 2, "dp_shard": 2}, "cpu", False, True),  # HSDP
+    ("hybrid", 4, {"dp_shard": 2, "tp": 2}, "cpu", False, True),
+    ("hybrid", 4, {"dp_replicate": 2, "dp_shard": 1, "tp": 2}, "cpu", False, True),  # FSDP holds TP's replicas
+    ("hybrid", 4, {"dp_shard": 1, "tp": 2, "pp": 2}, "cpu", False, False),
+    ("tp", 2, {}, "cpu", False, False),  # split once, never gathered
+    ("pp", 2, {}, "cpu", False, False),  # each stage whole
+]
+
+
+@pytest.mark.parametrize(("strategy", "ranks", "given", "device", "offload", "shards"), LAYOUTS)
+def test_the_threshold_follows_the_resolved_layout(
+    strategy: str, ranks: int, given: dict[str, int], device: str, offload: bool, shards: bool
+) -> None:
+    from gputrain.config.schema import ParallelConfig
+    from gputrain.distributed.allocator import host_shards
+    from gputrain.distributed.parallel_dims import dims_for_strategy
+
+    dims = dims_for_strategy(strategy, ParallelConfig(strategy=strategy, **given), ranks)  # type: ignore[arg-type]
+    assert host_shards(dims.fsdp_enabled, device, offload) is shards
+    facts = AllocatorFacts("glibc 2.36")
+    assert choose_allocator(facts, host_shards(dims.fsdp_enabled, device, offload)).name == (
+        "glibc-mmap-threshold" if shards else "system"
+    )

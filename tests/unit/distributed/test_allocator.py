@@ -21,6 +21,7 @@ from gputrain.distributed.allocator import (
     AllocatorFacts,
     choose_allocator,
     find_malloc,
+    host_shards,
     launched_rank_choice,
     rank_environment,
     set_cuda_alloc_conf,
@@ -38,23 +39,25 @@ FIXED = "glibc-mmap-threshold"
 
 
 @pytest.mark.parametrize(
-    ("facts", "world", "name", "said"),
+    ("facts", "shards", "name", "said"),
     [
-        (AllocatorFacts(GLIBC), 2, FIXED, "several processes"),  # the ranks of a job
-        (AllocatorFacts(GLIBC), 1, "system", "one process"),  # one process: left as it is
-        (AllocatorFacts(GLIBC, "glibc"), 1, FIXED, "GPUTRAIN_ALLOCATOR=glibc"),  # asked for in one process
-        (AllocatorFacts(GLIBC, "off"), 8, "system", "GPUTRAIN_ALLOCATOR=off"),  # the switch
-        (AllocatorFacts(GLIBC, "glibc", "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=65536"), 2, "system", "your own"),
-        (AllocatorFacts(GLIBC, "auto", "MALLOC_MMAP_THRESHOLD_=1"), 2, "system", "MALLOC_MMAP_THRESHOLD_=1"),
-        (AllocatorFacts(GLIBC, "auto", "LD_PRELOAD=/x/libjemalloc.so.2"), 2, "jemalloc", "LD_PRELOAD"),
-        (AllocatorFacts(GLIBC, "jemalloc", "LD_PRELOAD=libtcmalloc.so.4"), 2, "tcmalloc", "LD_PRELOAD"),
-        (AllocatorFacts(None), 2, "system", "not glibc"),  # musl, macOS: quietly nothing
-        (AllocatorFacts(None, "glibc"), 2, "system", "not glibc"),
-        (AllocatorFacts(GLIBC, by_launcher=True), 2, FIXED, "launcher's GLIBC_TUNABLES"),
+        (AllocatorFacts(GLIBC), True, FIXED, "shards its parameters on the CPU side"),  # FSDP/HSDP ranks
+        (AllocatorFacts(GLIBC), False, "system", "no parameter shards gathered"),  # DDP and one process: left as is
+        (AllocatorFacts(GLIBC, "glibc"), False, FIXED, "GPUTRAIN_ALLOCATOR=glibc"),  # asked for: every process
+        (AllocatorFacts(GLIBC, "off"), True, "system", "GPUTRAIN_ALLOCATOR=off"),  # the switch
+        (AllocatorFacts(GLIBC, "glibc", "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=65536"), True, "system", "your"),
+        (AllocatorFacts(GLIBC, "auto", "MALLOC_MMAP_THRESHOLD_=1"), True, "system", "MALLOC_MMAP_THRESHOLD_=1"),
+        (AllocatorFacts(GLIBC, "auto", "LD_PRELOAD=/x/libjemalloc.so.2"), True, "jemalloc", "LD_PRELOAD"),
+        (AllocatorFacts(GLIBC, "jemalloc", "LD_PRELOAD=libtcmalloc.so.4"), False, "tcmalloc", "LD_PRELOAD"),
+        (AllocatorFacts(None), True, "system", "not glibc"),  # musl, macOS: quietly nothing
+        (AllocatorFacts(None, "glibc"), True, "system", "not glibc"),
+        # the launcher's tunables (GPUTRAIN_ALLOCATOR=glibc) are in force from the start, whatever the job
+        (AllocatorFacts(GLIBC, "glibc", by_launcher=True), False, FIXED, "launcher's GLIBC_TUNABLES"),
+        (AllocatorFacts(GLIBC, by_launcher=True), False, FIXED, "launcher's GLIBC_TUNABLES"),
     ],
 )
-def test_the_choice_on_recorded_facts(facts: AllocatorFacts, world: int, name: str, said: str) -> None:
-    choice = choose_allocator(facts, world)
+def test_the_choice_on_recorded_facts(facts: AllocatorFacts, shards: bool, name: str, said: str) -> None:
+    choice = choose_allocator(facts, shards)
     assert (choice.name, said in choice.describe()) == (name, True), choice.describe()
     assert (choice.mmap_threshold == MMAP_THRESHOLD) == (name == FIXED)
 
@@ -62,7 +65,7 @@ def test_the_choice_on_recorded_facts(facts: AllocatorFacts, world: int, name: s
 @pytest.mark.parametrize("setting", ["bogus", "jemalloc", "tcmalloc"])
 def test_a_setting_that_cannot_be_honoured_in_this_process_is_one_line(setting: str) -> None:
     with pytest.raises(UsageError, match=rf"GPUTRAIN_ALLOCATOR={setting!r}|GPUTRAIN_ALLOCATOR={setting}: "):
-        choose_allocator(AllocatorFacts(GLIBC, setting), 2)
+        choose_allocator(AllocatorFacts(GLIBC, setting), True)
 
 
 @pytest.mark.parametrize(
@@ -82,19 +85,37 @@ def test_the_users_own_setting_is_found(env: dict[str, str], mine: str | None) -
     assert users_setting(env) == mine
 
 
+@pytest.mark.parametrize(
+    ("fsdp", "device", "offload", "shards"),
+    [
+        (True, "cpu", False, True),  # FSDP/HSDP on CPU ranks: every step gathers and frees blocks in host memory
+        (True, "cuda", True, True),  # CPU offload: host shards, gradients and the optimizer's step
+        (True, "cuda", False, False),  # FSDP on GPUs: the gathers are the caching allocator's
+        (False, "cpu", False, False),  # DDP, TP, PP, one process: nothing gathered per step
+        (False, "cpu", True, False),
+    ],
+)
+def test_which_layouts_shard_on_the_cpu_side(fsdp: bool, device: str, offload: bool, shards: bool) -> None:
+    assert host_shards(fsdp, device, offload) is shards
+
+
 # ----------------------------------------------------------------- what the launcher gives the ranks
 @needs_glibc
-def test_the_launcher_gives_the_ranks_the_thresholds_and_marks_them_as_its_own() -> None:
-    added = rank_environment({"GLIBC_TUNABLES": "glibc.cpu.x=1"}, world_size=2, cuda_build=False)
+def test_the_launcher_gives_the_thresholds_only_where_glibc_is_asked_for_and_marks_them_as_its_own() -> None:
+    # under auto it cannot know the strategy each rank resolves: the ranks' own mallopt covers it
+    assert "GLIBC_TUNABLES" not in rank_environment({"GLIBC_TUNABLES": "glibc.cpu.x=1"}, cuda_build=False)
+    assert rank_environment({"GPUTRAIN_ALLOCATOR": "auto"}, cuda_build=False) == {}
+    asked = {"GLIBC_TUNABLES": "glibc.cpu.x=1", "GPUTRAIN_ALLOCATOR": "glibc"}
+    added = rank_environment(asked, cuda_build=False)
     assert added["GLIBC_TUNABLES"] == (
         f"glibc.cpu.x=1:glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:glibc.malloc.trim_threshold=131072"
     )
     assert added[LAUNCHER_TUNABLE_ENV] == added["GLIBC_TUNABLES"]
     # a rank reads them as gputrain's, so it still reports (and applies) gputrain's setting
-    rank = allocator.collect_allocator_facts(added)
+    rank = allocator.collect_allocator_facts({**asked, **added})
     assert rank.user_setting is None and rank.by_launcher
     # a launcher started inside such a rank adds nothing twice
-    assert "GLIBC_TUNABLES" not in rank_environment(added, world_size=2, cuda_build=False)
+    assert "GLIBC_TUNABLES" not in rank_environment({**asked, **added}, cuda_build=False)
 
 
 @pytest.mark.parametrize(
@@ -106,29 +127,33 @@ def test_the_launcher_gives_the_ranks_the_thresholds_and_marks_them_as_its_own()
     ],
 )
 def test_the_launcher_leaves_the_users_choice(env: dict[str, str]) -> None:
-    added = rank_environment(env, world_size=4, cuda_build=False)
+    added = rank_environment({"GPUTRAIN_ALLOCATOR": "glibc", **env}, cuda_build=False)
     assert "GLIBC_TUNABLES" not in added and "LD_PRELOAD" not in added
 
 
-def test_the_launcher_leaves_one_process_alone_and_sets_cuda_only_where_unset() -> None:
-    assert rank_environment({}, world_size=1, cuda_build=False) == {}
-    assert rank_environment({}, world_size=1, cuda_build=True) == {CUDA_ALLOC_ENV: "expandable_segments:True"}
-    assert CUDA_ALLOC_ENV not in rank_environment({CUDA_ALLOC_ENV: "backend:native"}, world_size=2, cuda_build=True)
+def test_the_launcher_gives_no_tunables_where_the_c_library_is_not_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocator, "libc_name", lambda: None)  # musl, macOS: no mmap threshold to fix
+    assert rank_environment({"GPUTRAIN_ALLOCATOR": "glibc"}, cuda_build=False) == {}
+
+
+def test_the_launcher_sets_cuda_only_where_unset() -> None:
+    assert rank_environment({}, cuda_build=True) == {CUDA_ALLOC_ENV: "expandable_segments:True"}
+    assert CUDA_ALLOC_ENV not in rank_environment({CUDA_ALLOC_ENV: "backend:native"}, cuda_build=True)
 
 
 def test_a_malloc_this_machine_lacks_stops_the_launch_before_any_rank_starts(tmp_path: Path) -> None:
     facts = AllocatorFacts(GLIBC, "jemalloc", found=None)
     with pytest.raises(UsageError, match=r"GPUTRAIN_ALLOCATOR=jemalloc: no libjemalloc.so .*apt install libjemalloc2"):
-        launched_rank_choice(facts, 2)
+        launched_rank_choice(facts, True)
     with pytest.raises(UsageError, match="GPUTRAIN_ALLOCATOR='nope'"):
-        rank_environment({"GPUTRAIN_ALLOCATOR": "NOPE"}, world_size=2, cuda_build=False)
+        rank_environment({"GPUTRAIN_ALLOCATOR": "NOPE"}, cuda_build=False)
 
 
 def test_a_malloc_that_is_installed_is_preloaded(tmp_path: Path) -> None:
     (tmp_path / "libtcmalloc.so.4").write_bytes(b"")
     assert find_malloc("tcmalloc", [tmp_path / "missing", tmp_path]) == str(tmp_path / "libtcmalloc.so.4")
     facts = AllocatorFacts(GLIBC, "tcmalloc", found=str(tmp_path / "libtcmalloc.so.4"))
-    assert launched_rank_choice(facts, 2).describe().startswith("tcmalloc (GPUTRAIN_ALLOCATOR=tcmalloc: preloaded")
+    assert launched_rank_choice(facts, False).describe().startswith("tcmalloc (GPUTRAIN_ALLOCATOR=tcmalloc: preloaded")
 
 
 def test_cuda_alloc_conf_is_set_only_on_a_cuda_build_and_never_over_the_users() -> None:
@@ -147,7 +172,7 @@ from tests.unit.distributed.malloc_probe import free_a_block, mmapped
 def rss_mib():
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) >> 10 for line in f if line.startswith("VmRSS:"))
-choice = apply_allocator(world_size=2)  # as a rank of a job of 2 does when it joins
+choice = apply_allocator(shards=True)  # as a rank of an FSDP job on the CPU does once its layout is known
 start = rss_mib()
 small, big = [], []
 for i in range(240):  # FSDP's pattern: blocks gathered and freed, small tensors kept between them
@@ -201,9 +226,9 @@ def test_a_preloaded_jemalloc_is_what_the_process_runs_with() -> None:
     code = (
         "from gputrain.distributed.allocator import apply_allocator; "
         "maps = open('/proc/self/maps').read(); "
-        "print(apply_allocator(world_size=2).name, 'libjemalloc' in maps)"
+        "print(apply_allocator(shards=True).name, 'libjemalloc' in maps)"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GPUTRAIN_ALLOCATOR": "jemalloc"}
-    env["LD_PRELOAD"] = rank_environment(env, world_size=2, cuda_build=False)["LD_PRELOAD"]
+    env["LD_PRELOAD"] = rank_environment(env, cuda_build=False)["LD_PRELOAD"]
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert run.stdout.split() == ["jemalloc", "True"], run.stderr

@@ -251,21 +251,25 @@ GLIBC = {"libc": "glibc 2.35", "setting": "auto", "user_setting": None, "by_laun
 
 
 @pytest.mark.parametrize(("allocator", "status", "words"), [
-    (GLIBC, "ok", ["ranks of a job: glibc mmap threshold 128 KiB (a job of several processes: freed shards go back",
-                   "one process: the C library's malloc, untouched by gputrain (one process;",
+    (GLIBC, "ok", ["ranks of a sharded job: glibc mmap threshold 128 KiB (a job that shards its parameters on the CPU",
+                   "DDP and one process: the C library's malloc, untouched by gputrain (no parameter shards",
                    "CUDA caching allocator: expandable_segments:True (gputrain's)"]),
     (GLIBC | {"cuda_alloc_conf": "backend:cudaMallocAsync"}, "ok",
      ["CUDA caching allocator: backend:cudaMallocAsync (yours)"]),
-    (GLIBC | {"setting": "off"}, "ok", ["ranks of a job: the C library's malloc, untouched by gputrain "
+    (GLIBC | {"setting": "off"}, "ok", ["ranks of a sharded job: the C library's malloc, untouched by gputrain "
                                         "(GPUTRAIN_ALLOCATOR=off)"]),
+    (GLIBC | {"setting": "glibc"}, "ok",
+     ["ranks of a sharded job: glibc mmap threshold 128 KiB (GPUTRAIN_ALLOCATOR=glibc)",
+      "DDP and one process: glibc mmap threshold 128 KiB (GPUTRAIN_ALLOCATOR=glibc)"]),
     (GLIBC | {"user_setting": "MALLOC_MMAP_THRESHOLD_=65536"}, "ok",
      ["(your own setting: MALLOC_MMAP_THRESHOLD_=65536)"]),
-    (GLIBC | {"libc": None}, "ok", ["ranks of a job: the C library's malloc, untouched by gputrain (not glibc"]),
+    (GLIBC | {"libc": None}, "ok",
+     ["ranks of a sharded job: the C library's malloc, untouched by gputrain (not glibc"]),
     (GLIBC | {"setting": "jemalloc", "found": "/usr/lib/libjemalloc.so.2"}, "ok",
-     ["ranks of a job: jemalloc (GPUTRAIN_ALLOCATOR=jemalloc: preloaded into the ranks (/usr/lib/libjemalloc.so.2))",
+     ["ranks gputrain starts: jemalloc (GPUTRAIN_ALLOCATOR=jemalloc: preloaded into the ranks (/usr/lib/libjemalloc.so",
       "one process: jemalloc only where started with LD_PRELOAD=/usr/lib/libjemalloc.so.2"]),
     (GLIBC | {"setting": "jemalloc", "user_setting": "LD_PRELOAD=/x/libjemalloc.so"}, "ok",
-     ["ranks of a job: jemalloc (LD_PRELOAD=/x/libjemalloc.so); one process: jemalloc (LD_PRELOAD=/x/libjemalloc.so)"]),
+     ["ranks of a sharded job: jemalloc (LD_PRELOAD=/x/libjemalloc.so); DDP and one process: jemalloc (LD_PRE"]),
     (GLIBC | {"setting": "jemalloc"}, "fail", ["GPUTRAIN_ALLOCATOR=jemalloc: no libjemalloc.so on this machine"]),
     (GLIBC | {"setting": "big"}, "fail", ["GPUTRAIN_ALLOCATOR='big': must be one of auto, off, glibc, jemalloc"]),
 ])

@@ -88,7 +88,8 @@ def test_the_allocator_line_names_the_setting_of_the_ranks_and_fails_on_one_that
     out = doctor()
     text = " ".join(out.stdout.split())
     if libc_name() is not None:
-        assert "ok allocator ranks of a job: glibc mmap threshold 128 KiB" in text, text
+        assert "ok allocator ranks of a sharded job: glibc mmap threshold 128 KiB" in text, text
+        assert "DDP and one process: the C library's malloc, untouched by gputrain" in text, text
     bad = doctor(env={"GPUTRAIN_ALLOCATOR": "jemalloc", "LD_PRELOAD": ""})
     text = " ".join(bad.stdout.split())
     from gputrain.distributed.allocator import find_malloc
@@ -96,4 +97,4 @@ def test_the_allocator_line_names_the_setting_of_the_ranks_and_fails_on_one_that
     if find_malloc("jemalloc") is None:
         assert bad.returncode == 1 and "FAIL allocator GPUTRAIN_ALLOCATOR=jemalloc: no libjemalloc.so" in text, text
     else:
-        assert bad.returncode == 0 and "allocator ranks of a job: jemalloc" in text, text
+        assert bad.returncode == 0 and "allocator ranks gputrain starts: jemalloc" in text, text
