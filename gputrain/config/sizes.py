@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,8 +121,13 @@ def data_demand(config: Config) -> Demand | None:
     return Demand("data.num_samples", data.num_samples, f"{data.num_samples} {what}", per * elements)
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:,.1f} GiB"
+def _in_unit_of(*sizes: float) -> Callable[[float], str]:
+    """A formatter for the sizes of one message, in the unit of the largest (GiB, MiB or KiB): a small
+    model under a tight limit read "0.0 GiB of weights ... has 0.0 GiB"."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if max(sizes) >= scale:
+            return lambda n, scale=scale, unit=unit: f"{n / scale:,.1f} {unit}"
+    return lambda n: f"{n / 2**10:,.1f} KiB"
 
 
 def check_fits_in_memory(config: Config, memory_bytes: int | None = None) -> None:
@@ -138,16 +143,17 @@ def check_fits_in_memory(config: Config, memory_bytes: int | None = None) -> Non
     memory = memory_bytes if limit is None else limit.bytes
     if memory is None:  # nothing could be read
         return
-    has = (
-        f"one rank can have {_gib(memory)} ({limit.what})"
-        if limit is not None
-        else f"this machine has {_gib(memory)} of memory"
-    )
     for demand in (model_demand(config), data_demand(config)):
         if demand is not None and demand.bytes > memory:
+            size = _in_unit_of(demand.bytes, memory)
+            has = (
+                f"one rank can have {size(memory)} ({limit.what})"
+                if limit is not None
+                else f"this machine has {size(memory)} of memory"
+            )
             raise ConfigError(
                 demand.field,
-                f"asks for {demand.what}: {_gib(demand.bytes)} or more, but {has}",
+                f"asks for {demand.what}: {size(demand.bytes)} or more, but {has}",
                 demand.value,
                 hint=f"use a smaller {demand.field} (or set {SKIP_MEMORY_CHECK_ENV}=1 to try anyway)",
             )
@@ -197,10 +203,11 @@ def check_training_state_fits(
     if per_rank <= memory[0]:
         return
     split = f" over {shards} ranks" if shards > 1 else ""
+    size = _in_unit_of(per_rank, memory[0])
     problem = (
-        f"the model's {_params(count)} parameters need {_gib(weights)} of weights, {_gib(grads)} of gradients and "
-        f"{_gib(state)} of {cfg.name} state = {_gib(per_rank)} per rank{split}, before any activation, but "
-        f"{where} has {_gib(memory[0])} ({memory[1]})"
+        f"the model's {_params(count)} parameters need {size(weights)} of weights, {size(grads)} of gradients and "
+        f"{size(state)} of {cfg.name} state = {size(per_rank)} per rank{split}, before any activation, but "
+        f"{where} has {size(memory[0])} ({memory[1]})"
     )
     # the field that sizes it, where the config built it (a model of the user's ignores model.*)
     demand = model_demand(config) if type(model).__module__.startswith("gputrain.models.") else None

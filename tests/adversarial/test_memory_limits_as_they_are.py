@@ -260,5 +260,5 @@ def test_the_config_check_names_the_binding_limit(tmp_path: Path, monkeypatch: p
 
 def test_a_limit_with_nothing_left_refuses_rather_than_skips(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake(Machine(address_space=GIB, vm_size=2 * GIB), tmp_path, monkeypatch)
-    with pytest.raises(ConfigError, match=r"but one rank can have 0\.0 GiB"):
+    with pytest.raises(ConfigError, match=r"but one rank can have 0\.0 KiB"):
         load_config({"model.name": "mlp", "model.hidden_sizes": [64, 64]})
