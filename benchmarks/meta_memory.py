@@ -138,7 +138,7 @@ def watch_the_trainer(live: bool) -> None:
                 _mark_before_final_save()
                 if live:
                     global TRACKER
-                    TRACKER = _live_tensor_bytes()
+                    TRACKER = live_tensor_bytes()
                     TRACKER.__enter__()
 
             spec.loader.exec_module = exec_module  # type: ignore[method-assign]
@@ -170,7 +170,8 @@ def _status_bytes(field: str) -> int:
     return 0
 
 
-def _live_tensor_bytes() -> Any:
+def live_tensor_bytes() -> Any:
+    """A new LiveTensorBytes dispatch mode (also used by tests/dist/meta_jobs.py)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves

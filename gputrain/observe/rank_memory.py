@@ -34,9 +34,27 @@ SUMMARY_FIELDS = ("peak_memory_bytes", "peak_memory_rank", "peak_memory_by_rank"
 
 
 def host_peak_rss_bytes() -> int:
-    """The process's peak resident set size."""
+    """The process's peak resident set size: on Linux its memory image's own high-water mark (VmHWM),
+    because getrusage's ru_maxrss carries the peak of the process it was forked from across exec: a
+    rank spawned by a 700 MiB parent (a notebook, a test runner, a launcher script) reported 700 MiB
+    however little it used itself. Elsewhere ru_maxrss."""
+    hwm = _vm_hwm_bytes()
+    if hwm is not None:
+        return hwm
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB
+
+
+def _vm_hwm_bytes() -> int | None:
+    """VmHWM from /proc/self/status (kB), None where there is none."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def device_peak_memory_bytes(device: torch.device) -> int:

@@ -18,7 +18,7 @@ def meta_init_check(rank: int) -> dict[str, dict[str, Any]]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from benchmarks.meta_memory import LiveTensorBytes
+    from benchmarks.meta_memory import live_tensor_bytes
     from gputrain.config import load_config
     from gputrain.data.spec import DataSpec
     from gputrain.distributed.ac import apply_ac
@@ -50,7 +50,7 @@ def meta_init_check(rank: int) -> dict[str, dict[str, Any]]:
             if layout == "fsdp_ac":
                 model = apply_ac(model, "full")
             apply_fsdp(model, mesh)
-        with LiveTensorBytes() as tracker:
+        with live_tensor_bytes() as tracker:
             meta_init.materialize([model], targets, torch.device("cpu"))
         state = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}
         local = {id(p): (p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters()}

@@ -5,7 +5,12 @@ Two real ranks: tests/dist/test_rank_memory.py."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +20,8 @@ from gputrain.observe import rank_memory
 from gputrain.observe.console import speed_rows
 from gputrain.observe.rank_memory import RankMemory, device_peak_memory_bytes
 from gputrain.run.shapes import SUMMARY
+
+ROOT = Path(__file__).resolve().parents[3]
 
 CPU = torch.device("cpu")
 
@@ -118,3 +125,22 @@ def test_summary_shape_reads_old_and_new_summaries_alike() -> None:
     bad = {**old, "train": {"peak_memory_by_rank": [4, "5"], "peak_memory_by_rank_step": [3.5]}}
     assert SUMMARY.check(bad, "summary.json", notes)["train"] == {}
     assert len(notes) == 2 and "peak_memory_by_rank" in notes[0]
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux's /proc: VmHWM")
+def test_a_process_reports_its_own_peak_not_the_one_of_the_process_that_started_it() -> None:
+    """getrusage's ru_maxrss survives fork+exec: a child of a large parent read the parent's peak (2
+    FSDP ranks spawned by a 700 MiB test runner both reported 772 MB). The child's own peak is small."""
+    parent = r"""
+import json, subprocess, sys
+grown = bytearray(400 << 20)
+for i in range(0, len(grown), 4096):
+    grown[i] = 1
+del grown
+child = "import json; from gputrain.observe.rank_memory import host_peak_rss_bytes; print(host_peak_rss_bytes())"
+print(json.dumps(int(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout)))
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, env=env, timeout=120, check=True)
+    child_peak = json.loads(done.stdout.splitlines()[-1])
+    assert child_peak < 300 << 20, f"the child reported {child_peak >> 20} MiB: its parent's 400 MiB peak"
