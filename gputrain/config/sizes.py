@@ -28,6 +28,7 @@ __all__ = [
     "check_fits_in_memory",
     "check_training_state_fits",
     "data_demand",
+    "in_unit_of",
     "model_demand",
 ]
 
@@ -121,13 +122,15 @@ def data_demand(config: Config) -> Demand | None:
     return Demand("data.num_samples", data.num_samples, f"{data.num_samples} {what}", per * elements)
 
 
-def _in_unit_of(*sizes: float) -> Callable[[float], str]:
+def in_unit_of(*sizes: float) -> Callable[[float], str]:
     """A formatter for the sizes of one message, in the unit of the largest (GiB, MiB or KiB): a small
     model under a tight limit read "0.0 GiB of weights ... has 0.0 GiB"."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
-        if max(sizes) >= scale:
-            return lambda n, scale=scale, unit=unit: f"{n / scale:,.1f} {unit}"
-    return lambda n: f"{n / 2**10:,.1f} KiB"
+    unit, scale = next(((u, s) for u, s in (("GiB", 2**30), ("MiB", 2**20)) if max(sizes) >= s), ("KiB", 2**10))
+
+    def size(n: float) -> str:
+        return f"{n / scale:,.1f} {unit}"
+
+    return size
 
 
 def check_fits_in_memory(config: Config, memory_bytes: int | None = None) -> None:
@@ -145,7 +148,7 @@ def check_fits_in_memory(config: Config, memory_bytes: int | None = None) -> Non
         return
     for demand in (model_demand(config), data_demand(config)):
         if demand is not None and demand.bytes > memory:
-            size = _in_unit_of(demand.bytes, memory)
+            size = in_unit_of(demand.bytes, memory)
             has = (
                 f"one rank can have {size(memory)} ({limit.what})"
                 if limit is not None
@@ -203,7 +206,7 @@ def check_training_state_fits(
     if per_rank <= memory[0]:
         return
     split = f" over {shards} ranks" if shards > 1 else ""
-    size = _in_unit_of(per_rank, memory[0])
+    size = in_unit_of(per_rank, memory[0])
     problem = (
         f"the model's {_params(count)} parameters need {size(weights)} of weights, {size(grads)} of gradients and "
         f"{size(state)} of {cfg.name} state = {size(per_rank)} per rank{split}, before any activation, but "

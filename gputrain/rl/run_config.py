@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gputrain.config.schema import SECTIONS, Config, RLConfig
-from gputrain.config.sizes import SKIP_MEMORY_CHECK_ENV, _gib, memory_check_skipped
+from gputrain.config.sizes import SKIP_MEMORY_CHECK_ENV, in_unit_of, memory_check_skipped
 from gputrain.errors import ConfigError
 
 READS = (
@@ -139,10 +139,11 @@ def check_rollout_fits(
     if asked <= memory[0]:
         return
     share = f" ({num_envs // ranks} environments per rank)" if ranks > 1 else ""
+    size = in_unit_of(asked, memory[0])
     raise ConfigError(
         "rl.num_envs",
-        f"with rl.num_steps = {num_steps}{share}, a rollout holds {transitions:,} transitions: {_gib(asked)} or "
-        f"more, but {where} has {_gib(memory[0])} ({memory[1]})",
+        f"with rl.num_steps = {num_steps}{share}, a rollout holds {transitions:,} transitions: {size(asked)} or "
+        f"more, but {where} has {size(memory[0])} ({memory[1]})",
         num_envs,
         hint=f"use smaller rl.num_envs or rl.num_steps (or set {SKIP_MEMORY_CHECK_ENV}=1 to try anyway)",
     )

@@ -128,7 +128,7 @@ def test_the_rollout_is_bounded_by_the_devices_memory(ranks: int, fits: bool) ->
     with pytest.raises(ConfigError) as err:
         check_rollout_fits(rl, ranks, 100, memory, "cuda:0")
     assert str(err.value).startswith("config error: rl.num_envs = 64: with rl.num_steps = 128, a rollout holds 8,192 "
-                                     "transitions: 0.0 GiB or more, but cuda:0 has 0.0 GiB (a test's limit)")
+                                     "transitions: 800.0 KiB or more, but cuda:0 has 400.0 KiB (a test's limit)")
 
 
 def test_the_rollout_check_can_be_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
