@@ -37,6 +37,9 @@ _GROUPS = {
     "test_rl_run_dirs.py": "run directories",
     "test_run_files.py": "run files read",
     "test_final_weights.py": "checkpoint files",
+    "test_allocator_settings.py": "memory and limits",
+    "test_memory_limits_as_they_are.py": "memory and limits",
+    "test_rank_memory_summaries.py": "memory and limits",
 }
 _cases: Counter[str] = Counter()
 
