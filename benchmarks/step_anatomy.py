@@ -1,0 +1,486 @@
+"""The anatomy of a training step, counted on the CPU: gputrain's real step against a hand loop.
+
+What a GPU step costs beyond its arithmetic is decided on the host: how many ops it dispatches
+(each at least one kernel launch on a GPU), how often it waits for the device (a host sync), and
+whether torch.compile really runs (frames compiled, graph breaks, recompiles, compiled regions run).
+All of that can be counted without a GPU, so a bug like issue 28's "compile never ran" (a dispatch
+mode on step 1 made dynamo run the forwards eagerly for good) shows here, not on a rare GPU.
+
+For each model, eager and compiled, both loops train the same model (same weights, data, batch
+order, fp32, fused AdamW, the same compile scope: gputrain's `compile_in_place`, block by block
+where the model has blocks) for a few steps, each step inside a `record_function` range, under
+torch.profiler (which, unlike a TorchDispatchMode, leaves dynamo's compiled code running; under a
+dispatch mode dynamo runs a compiled frame eagerly). Per step, from step 3 on:
+
+- **ops**: aten ops called from the host (Python, autograd's engine, compiled code), not the ops
+  they call inside (`aten::linear` counts, its `aten::addmm` does not); ops fused by inductor
+  into one kernel are not aten ops and are not counted (a compiled region counts as the ops it
+  still dispatches, its extern kernels: matmuls, convolutions);
+- **syncs**: ops the host calls that make it wait for a device's result (`SYNC_OPS`: `.item()`,
+  `bool()`, `float()` of a tensor, `aten::equal`, `aten::nonzero`, ...). A CPU has no device to
+  wait for, but these are the same calls. Not seen on a CPU: a `.cpu()`/`.tolist()` of a tensor
+  (a copy on a GPU, nothing on a CPU) and `torch.cuda.synchronize` (the loop calls it at an
+  epoch's end only); `benchmarks/gpu_proof.py`'s pipeline part counts those on a GPU;
+- **regions**: compiled regions run (dynamo's "Torch-Compiled Region" ranges): one per compiled
+  frame a step runs; fewer than the hand loop's means something ran eagerly;
+- **frames / graphs / breaks / recompiles**: torch._dynamo's counters (frames compiled, unique
+  graphs, graph breaks); a recompile is any frame compiled after step 2.
+
+gputrain runs `Trainer.fit` as `gputrain train` builds it, with the GPU's non-finite guard (the
+device-side one, device_guard.py: on a CPU a run gets the host guard, one read a step, because there
+the read waits for nothing) and logging every `--log-every` steps: the guard's flag and the loss
+are read on logging steps only. The hand loop is nanoGPT's: forward, loss, backward, step,
+zero_grad, schedule step.
+
+    python benchmarks/step_anatomy.py [--cases mlp gpt-tiny ...] [--steps 8] [--no-compile]
+
+`measure(case, loop, compiled)` is what tests/unit/train/test_step_anatomy.py asserts on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gputrain.data.batches import BatchPlan
+from gputrain.data.tensors import TensorData
+
+STEP = "anatomy::step"
+SYNC_OPS = frozenset({
+    "aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::equal", "aten::allclose",
+    "aten::nonzero", "aten::masked_select", "aten::_unique2", "aten::unique_consecutive",
+})
+"""Ops the host calls whose result it must wait for on a GPU: a Python number (`.item()`, `bool()`,
+`float()` of a tensor), a comparison answered on the host, an output whose size is the data's.
+Counted where the host calls them (outermost aten ops), not where a CPU kernel reads a number
+inside itself (the CPU's fused AdamW reads each step count so; on a GPU that is one kernel)."""
+COMPILED_REGION = "Torch-Compiled Region"
+
+
+GUARD = "the non-finite guard (device_guard.py)"
+ALLOWED_EXTRA: dict[str, tuple[int, str]] = {
+    # op: (most per quiet step beyond the hand loop's, why)
+    "aten::_amp_foreach_non_finite_check_and_unscale_": (1, f"{GUARD}: one flag from every gradient and the loss"),
+    "aten::add_": (1, f"{GUARD}: counts the masked steps (the sticky flag)"),
+    "aten::eq": (1, f"{GUARD}: keeps the first masked step's loss (with where)"),
+    "aten::where": (1, f"{GUARD}: keeps the first masked step's loss"),
+    "aten::_foreach_sub_": (2, "torch's fused AdamW given the guard's flag as found_inf: takes each group's step "
+                               "counts back where it is set"),
+    "aten::to": (4, "casts to the dtype and device a tensor has already, no kernel: the guard's loss.float(), the "
+                    "fused AdamW's found_inf.to(device) once a group, the LM loss's .float() (fp32 logits)"),
+    "aten::_fused_adamw_": (1, "the second parameter group (optim decay_groups: two groups always, weight decay "
+                               "on matrices only, as nanoGPT's); the hand loop has one"),
+    "aten::_foreach_add_": (1, "the second parameter group's step counts"),
+    "aten::detach": (1, "forward_backward's loss.detach() (a view, no kernel)"),
+    "aten::flatten": (2, "the LM loss flattens where nanoGPT's views (views, no kernel)"),
+}
+"""The ops gputrain's quiet step may dispatch beyond the hand loop's, each named; every other
+extra op is a finding. On a GPU the guard's five are kernels (the flag check, add_, eq, where and
+the step counts' _foreach_sub_), the second group's two as well; the rest launch nothing."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A model and its data, built the same way for both loops."""
+
+    name: str
+    make_model: Callable[[], nn.Module]
+    data: TensorData
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """The hand loop's loss (gputrain's comes from its task: the same function, see `_extra`)."""
+    batch: int = 16
+    spec: Any = None
+    """gputrain's DataSpec where the data alone does not tell the task (a language model)."""
+
+
+def _seeded(build: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return build()
+
+    return make
+
+
+def mlp_case() -> Case:
+    g = torch.Generator().manual_seed(0)
+    data = TensorData(torch.randn(1024, 32, generator=g), torch.randint(0, 10, (1024,), generator=g))
+    return Case("mlp", _seeded(lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))), data,
+                F.cross_entropy)
+
+
+def _gpt_case(name: str, model: dict[str, Any], seq_len: int, vocab: int, batch: int) -> Case:
+    from gputrain.config.schema import ModelConfig
+    from gputrain.data.spec import DataSpec
+    from gputrain.models import build_model
+
+    spec = DataSpec(task="lm", input_shape=(seq_len,), vocab_size=vocab)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, vocab, (64 * batch, seq_len + 1), generator=g)
+    data = TensorData(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # nanoGPT's
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    config = ModelConfig(name="gpt", **model)
+    return Case(name, _seeded(lambda: build_model(config, spec)), data, loss, batch=batch, spec=spec)
+
+
+def gpt_tiny_case() -> Case:
+    """gputrain's `tiny` preset (2 layers, d=64) at a short context."""
+    return _gpt_case("gpt-tiny", {"preset": "tiny", "dropout": 0.0}, seq_len=32, vocab=256, batch=4)
+
+
+def gpt2_shaped_case() -> Case:
+    """GPT-2 124M's block (d=768, 12 heads, GPT-2's vocabulary) with 2 layers, at T=64."""
+    model = {"n_layer": 2, "n_head": 12, "d_model": 768, "dropout": 0.0}
+    return _gpt_case("gpt2-2layer", model, seq_len=64, vocab=50304, batch=2)
+
+
+def resnet_case(variant: str) -> Case:
+    from gputrain.config.schema import ModelConfig
+    from gputrain.data.spec import DataSpec
+    from gputrain.models import build_model
+
+    spec = DataSpec(task="classification", input_shape=(3, 32, 32), num_classes=10)
+    g = torch.Generator().manual_seed(0)
+    data = TensorData(torch.randn(256, 3, 32, 32, generator=g), torch.randint(0, 10, (256,), generator=g))
+    config = ModelConfig(name=variant)
+    return Case(variant, _seeded(lambda: build_model(config, spec)), data, F.cross_entropy, batch=8, spec=spec)
+
+
+CASES: dict[str, Callable[[], Case]] = {
+    "mlp": mlp_case,
+    "gpt-tiny": gpt_tiny_case,
+    "gpt2-2layer": gpt2_shaped_case,
+    "resnet18": lambda: resnet_case("resnet18"),
+    "resnet50": lambda: resnet_case("resnet50"),
+}
+
+
+@dataclasses.dataclass
+class StepCount:
+    """What one step did (see the module docstring)."""
+
+    ops: collections.Counter
+    syncs: collections.Counter
+    regions: int
+    frames: int
+    """Frames dynamo compiled during this step."""
+    graphs: int
+    breaks: int
+
+    @property
+    def n_ops(self) -> int:
+        return sum(self.ops.values())
+
+    @property
+    def n_syncs(self) -> int:
+        return sum(self.syncs.values())
+
+
+@dataclasses.dataclass
+class Anatomy:
+    """Every step of one run of one loop; steps[0] is step 1."""
+
+    loop: str
+    case: str
+    compiled: bool
+    log_every: int
+    steps: list[StepCount]
+    frames: int
+    """Frames compiled over the whole run; graphs, breaks likewise."""
+    graphs: int
+    breaks: int
+    break_reasons: list[str]
+
+    def after_warmup(self) -> list[tuple[int, StepCount]]:
+        return [(i + 1, s) for i, s in enumerate(self.steps) if i >= 2]
+
+    def logging(self, step: int) -> bool:
+        """Whether gputrain logged at `step`: every `log_every` steps and the last (metrics.py's `due`)."""
+        return self.loop == "gputrain" and (step % self.log_every == 0 or step == len(self.steps))
+
+    @property
+    def recompiles(self) -> int:
+        """Frames compiled after step 2."""
+        return sum(s.frames for _, s in self.after_warmup())
+
+    def ops_per_step(self) -> int:
+        """The most ops of a step after warm-up (all such steps dispatch the same ops)."""
+        return max(s.n_ops for _, s in self.after_warmup())
+
+    def syncs(self, logging: bool) -> int:
+        """The most syncs of a step after warm-up, logging steps or the others."""
+        return max((s.n_syncs for i, s in self.after_warmup() if self.logging(i) == logging), default=0)
+
+    def regions_per_step(self) -> int:
+        return min(s.regions for _, s in self.after_warmup())
+
+    def quiet_step(self) -> StepCount:
+        """A non-logging step after warm-up."""
+        return next(s for i, s in self.after_warmup() if not self.logging(i))
+
+
+class _Recorder:
+    """Opens one profiler range a step: `next()` ends the current step and starts the next; the
+    dynamo counters are read at each boundary."""
+
+    def __init__(self) -> None:
+        self.bounds: list[tuple[int, int, int]] = []
+        self._range: Any = None
+
+    def next(self) -> None:
+        from torch._dynamo.utils import counters
+
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+        self.bounds.append(
+            (counters["frames"]["total"], counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()))
+        )
+        self._range = torch.profiler.record_function(f"{STEP}:{len(self.bounds)}")
+        self._range.__enter__()
+
+    def close(self) -> None:
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            self._range = None
+
+
+@contextlib.contextmanager
+def _fresh_dynamo() -> Iterator[None]:
+    """Each run compiles from nothing and counts from zero."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+
+
+def _step_of(event: Any) -> int | None:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(STEP + ":"):
+            return int(parent.name.rsplit(":", 1)[1])
+        parent = parent.cpu_parent
+    return None
+
+
+def _outermost(event: Any, names: Callable[[str], bool]) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if names(parent.name):
+            return False
+        parent = parent.cpu_parent
+    return True
+
+
+def _count(prof: Any, recorder: _Recorder, steps: int) -> list[StepCount]:
+    """Split the profile's events by step range."""
+    ops: list[collections.Counter] = [collections.Counter() for _ in range(steps)]
+    syncs: list[collections.Counter] = [collections.Counter() for _ in range(steps)]
+    regions = [0] * steps
+    for event in prof.events():
+        name = event.name
+        is_aten = name.startswith("aten::")
+        if not (is_aten or name.startswith(COMPILED_REGION)):
+            continue
+        step = _step_of(event)
+        if step is None or step > steps:
+            continue
+        if name.startswith(COMPILED_REGION):
+            regions[step - 1] += 1
+            continue
+        if _outermost(event, lambda n: n.startswith("aten::")):
+            ops[step - 1][name] += 1
+            if name in SYNC_OPS:
+                syncs[step - 1][name] += 1
+    bounds = recorder.bounds
+    counts = []
+    for i in range(steps):
+        # bounds[i] is read when step i+1 starts, bounds[i+1] when it ends
+        (f0, g0, b0), (f1, g1, b1) = bounds[i], bounds[i + 1]
+        counts.append(StepCount(ops[i], syncs[i], regions[i], f1 - f0, g1 - g0, b1 - b0))
+    return counts
+
+
+def _profiled(run: Callable[[_Recorder], None], case: Case, loop: str, compiled: bool, steps: int,
+              log_every: int) -> Anatomy:
+    from torch._dynamo.utils import counters
+
+    recorder = _Recorder()
+    with _fresh_dynamo(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        try:
+            run(recorder)
+        finally:
+            recorder.close()
+    total = recorder.bounds[-1]
+    reasons = sorted(str(r) for r in counters["graph_break"])
+    return Anatomy(loop, case.name, compiled, log_every, _count(prof, recorder, steps), *total, reasons)
+
+
+def hand_loop(case: Case, compiled: bool, steps: int, log_every: int = 4) -> Anatomy:
+    """The hand loop: plain PyTorch on the same model, data order, fused AdamW and compile scope."""
+    from gputrain.distributed.compiling import compile_in_place
+
+    model = case.make_model()
+    if compiled:
+        compile_in_place(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    plan = BatchPlan(num_samples=len(case.data), global_batch=case.batch, grad_accum=1, seed=0)
+    inputs, targets = case.data.inputs, case.data.targets
+
+    def run(recorder: _Recorder) -> None:
+        model.train()
+        order = iter(plan.micro_batches(0))
+        recorder.next()
+        for _ in range(steps):
+            (idx,) = next(order)
+            loss = case.loss(model(inputs[idx]), targets[idx])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            recorder.next()
+
+    return _profiled(run, case, "hand", compiled, steps, log_every)
+
+
+@contextlib.contextmanager
+def _device_guard_on_cpu() -> Iterator[None]:
+    """The GPU's guard on CPU tensors (device_guard.ON_CPU: what the tests of the GPU path set)."""
+    from gputrain.train import device_guard
+
+    before, device_guard.ON_CPU = device_guard.ON_CPU, True
+    try:
+        yield
+    finally:
+        device_guard.ON_CPU = before
+
+
+def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4,
+                  extra: dict[str, Any] | None = None) -> Anatomy:
+    """`Trainer.fit` on the same model and data, as `gputrain train` builds it (fp32, fused AdamW,
+    the device-side non-finite guard), logging every `log_every` steps."""
+    from gputrain import Trainer
+
+    def run(recorder: _Recorder) -> None:
+        with tempfile.TemporaryDirectory() as run_dir, _device_guard_on_cpu():
+            config = {"train.device": "cpu", "train.precision": "fp32", "train.compile": compiled,
+                      "train.batch_size": case.batch, "train.max_steps": steps, "train.epochs": 10**6,
+                      "train.seed": 0, "log.every_steps": log_every, "log.progress": "none",
+                      "log.tensorboard": False, "checkpoint.enabled": False, "eval.every_epochs": 0,
+                      **(extra or {})}
+            trainer = Trainer(case.make_model(), case.data, config=config, run_dir=run_dir, spec=case.spec,
+                              loss_fn=None if case.spec is not None else F.cross_entropy)
+            assert trainer.optimizer.defaults.get("fused"), "the anatomy compares fused AdamW with fused AdamW"
+            recorder.next()
+            summary = trainer.fit(on_step=recorder.next)
+        assert summary["global_step"] == steps, summary
+
+    return _profiled(run, case, "gputrain", compiled, steps, log_every)
+
+
+def measure(case: Case, loop: str, compiled: bool, steps: int = 6, log_every: int = 4) -> Anatomy:
+    """One loop's anatomy: `loop` is "hand" or "gputrain"."""
+    run = hand_loop if loop == "hand" else gputrain_loop
+    return run(case, compiled, steps, log_every)
+
+
+def extra_ops(ours: Anatomy, hand: Anatomy) -> tuple[collections.Counter, collections.Counter]:
+    """(ops gputrain's quiet step dispatches beyond the hand loop's, ops it dispatches fewer of)."""
+    a, b = ours.quiet_step().ops, hand.quiet_step().ops
+    return a - b, b - a
+
+
+def violations(ours: Anatomy, hand: Anatomy) -> list[str]:
+    """Where gputrain's step does more than the hand loop's (empty: the invariants hold): compiled
+    regions, frames, graphs and graph breaks equal to the hand loop's, no frame compiled after
+    step 2, no sync on a quiet (non-logging) step, and no op beyond ALLOWED_EXTRA."""
+    found = []
+    if ours.regions_per_step() < hand.regions_per_step():
+        found.append(f"compiled regions run per step: {ours.regions_per_step()} against the hand loop's "
+                     f"{hand.regions_per_step()} (something ran eagerly)")
+    for what in ("frames", "graphs", "breaks"):
+        if getattr(ours, what) != getattr(hand, what):
+            found.append(f"{what}: {getattr(ours, what)} against the hand loop's {getattr(hand, what)}"
+                         + (f" ({'; '.join(ours.break_reasons)})" if what == "breaks" else ""))
+    if ours.recompiles or hand.recompiles:
+        found.append(f"frames compiled after step 2: gputrain {ours.recompiles}, hand loop {hand.recompiles}")
+    quiet_syncs = [(i, s.syncs) for i, s in ours.after_warmup() if not ours.logging(i) and s.syncs]
+    if quiet_syncs:
+        found.append(f"syncs on non-logging steps: {quiet_syncs}")
+    more, _ = extra_ops(ours, hand)
+    beyond = {op: n for op, n in more.items() if n > ALLOWED_EXTRA.get(op, (0, ""))[0]}
+    if beyond:
+        found.append(f"ops beyond the hand loop's and the documented extras: {beyond}")
+    return found
+
+
+def _fmt(counter: collections.Counter) -> str:
+    return ", ".join(f"{n.removeprefix('aten::')}×{c}" for n, c in sorted(counter.items())) or "—"
+
+
+def row(ours: Anatomy, hand: Anatomy) -> str:
+    more, fewer = extra_ops(ours, hand)
+    mode = "compiled" if ours.compiled else "eager"
+    return (
+        f"| {ours.case} | {mode} | {hand.ops_per_step()} | {ours.ops_per_step()} | {hand.syncs(False)} | "
+        f"{ours.syncs(False)} / {ours.syncs(True)} | {hand.regions_per_step()} / {ours.regions_per_step()} | "
+        f"{hand.frames} / {ours.frames} | {hand.graphs} / {ours.graphs} | {hand.breaks} / {ours.breaks} | "
+        f"{hand.recompiles} / {ours.recompiles} | +{_fmt(more)}; −{_fmt(fewer)} |"
+    )
+
+
+HEADER = (
+    "| model | mode | ops/step hand | ops/step gputrain | syncs hand | syncs gputrain quiet / logging | "
+    "compiled regions/step hand / gputrain | frames hand / gputrain | graphs | graph breaks | "
+    "recompiles after step 2 | gputrain's extra ops (quiet step) |\n"
+    "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", default=["mlp", "gpt-tiny", "gpt2-2layer", "resnet18"],
+                        choices=sorted(CASES))
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--log-every", type=int, default=4)
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} thread(s), {time.strftime('%Y-%m-%d %H:%M')}; steps 3..{args.steps}, "
+          f"logging every {args.log_every}")
+    print(HEADER)
+    for name in args.cases:
+        case = CASES[name]()
+        for compiled in (False,) if args.no_compile else (False, True):
+            hand = measure(case, "hand", compiled, args.steps, args.log_every)
+            ours = measure(case, "gputrain", compiled, args.steps, args.log_every)
+            print(row(ours, hand), flush=True)
+            for problem in violations(ours, hand):
+                print(f"  VIOLATION ({name}, {'compiled' if compiled else 'eager'}): {problem}")
+            for anatomy in (hand, ours):
+                for reason in anatomy.break_reasons:
+                    print(f"  graph break ({anatomy.loop}): {reason}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""The step's anatomy (benchmarks/step_anatomy.py): gputrain's real training step, counted on the CPU,
+does no more than a hand loop with the same model, fused AdamW and compile scope: the same compiled
+regions, frames, graphs and graph breaks, no recompile after step 2, no host sync on a non-logging
+step, and no aten op beyond the documented handful (the non-finite guard's, the second parameter
+group's). Issue 28's bug ("compile never ran": the FLOP counter's dispatch mode made dynamo run the
+forwards eagerly for good) is put back on purpose below and must be caught, as must a graph break,
+a sync and an extra op.
+
+Tiny models, 6 steps each; a compiled case costs a few seconds of compiling on a CPU. ResNet-18
+and the 2-layer GPT-2-shaped GPT run in the benchmark only (`python benchmarks/step_anatomy.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _load() -> Any:
+    name = "step_anatomy"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "step_anatomy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+anatomy = _load()
+STEPS, LOG_EVERY = 6, 4  # steps 3, 5, 6 are quiet, step 4 logs
+
+
+def _both(case: Any, compiled: bool) -> tuple[Any, Any]:
+    hand = anatomy.measure(case, "hand", compiled, STEPS, LOG_EVERY)
+    ours = anatomy.measure(case, "gputrain", compiled, STEPS, LOG_EVERY)
+    return ours, hand
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("name", ["mlp", "gpt-tiny"])
+def test_gputrain_step_does_no_more_than_the_hand_loop(name: str, compiled: bool) -> None:
+    ours, hand = _both(anatomy.CASES[name](), compiled)
+    assert anatomy.violations(ours, hand) == []
+    if compiled:  # the counts are of compiled code that ran, in both loops
+        assert hand.graphs >= 1 and hand.regions_per_step() >= 1
+        assert ours.regions_per_step() == hand.regions_per_step()
+    else:
+        assert hand.frames == ours.frames == 0
+    # a logging step reads the guard's flag and the loss: the counter sees syncs where there are some
+    assert ours.syncs(logging=True) >= 2
+    assert ours.syncs(logging=False) == 0 and hand.syncs(logging=False) == 0
+
+
+def test_the_profile_counts_compiled_code_not_its_eager_twin() -> None:
+    """Under a dispatch mode dynamo would run the compiled frame eagerly; the profiler leaves it compiled,
+    so the compiled step dispatches fewer ops (inductor fused the rest) than the eager one."""
+    case = anatomy.mlp_case()
+    eager = anatomy.measure(case, "hand", False, STEPS, LOG_EVERY)
+    compiled = anatomy.measure(case, "hand", True, STEPS, LOG_EVERY)
+    assert compiled.ops_per_step() < eager.ops_per_step()
+    assert "aten::relu" in eager.quiet_step().ops and "aten::relu" not in compiled.quiet_step().ops
+
+
+# ------------------------------------------------------------------ mutations: each must be caught
+
+
+def test_issue_28s_eager_fallback_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FLOP counter's dispatch mode without `force_eager`, as it was when the GPU run's compile
+    never ran: the forwards stay eager after step 1."""
+    from gputrain.observe.flops import StepFlopCounter
+
+    @contextlib.contextmanager
+    def counting_as_before(self: StepFlopCounter) -> Iterator[None]:
+        with self._counting():
+            yield
+
+    monkeypatch.setattr(StepFlopCounter, "counting", counting_as_before)
+    ours, hand = _both(anatomy.mlp_case(), compiled=True)
+    found = anatomy.violations(ours, hand)
+    assert any("compiled regions" in v for v in found), found
+
+
+class _Breaks(nn.Module):
+    """The MLP with a host read in its forward: a graph break, and a sync every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.net(x)
+        if h.sum().item() > 1e30:  # never true: only the read matters
+            h = h * 0
+        return h
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_graph_break_and_a_sync_in_the_model_are_caught(compiled: bool) -> None:
+    case = anatomy.mlp_case()
+    broken = dataclasses.replace(case, make_model=anatomy._seeded(_Breaks))
+    hand = anatomy.measure(case, "hand", compiled, STEPS, LOG_EVERY)
+    ours = anatomy.measure(broken, "gputrain", compiled, STEPS, LOG_EVERY)
+    found = anatomy.violations(ours, hand)
+    assert any("syncs on non-logging steps" in v for v in found), found
+    if compiled:
+        assert any(v.startswith("breaks") for v in found), found
+
+
+def test_an_extra_op_and_a_sync_in_the_step_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputrain.train import step
+
+    original = step.apply_update
+
+    def with_more(parts: Any, loss: torch.Tensor, measure: bool, schedule: bool = True) -> Any:
+        float(loss)  # a read of the loss every step
+        return original(parts, loss * 1.0, measure, schedule)
+
+    monkeypatch.setattr(step, "apply_update", with_more)
+    ours, hand = _both(anatomy.mlp_case(), compiled=False)
+    found = anatomy.violations(ours, hand)
+    assert any("syncs on non-logging steps" in v for v in found), found
+    assert any("ops beyond" in v and "aten::mul" in v for v in found), found
