@@ -47,6 +47,7 @@ import platform
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,8 @@ ALLOWED_EXTRA: dict[str, tuple[int, str]] = {
     # op: (most per quiet step beyond the hand loop's, why)
     "aten::_amp_foreach_non_finite_check_and_unscale_": (1, f"{GUARD}: one flag from every gradient and the loss"),
     "aten::add_": (1, f"{GUARD}: counts the masked steps (the sticky flag)"),
+    "aten::add": (1, f"{GUARD}, where the step measured the gradient norm (clipping): checks loss + norm, not "
+                     "every gradient"),
     "aten::eq": (1, f"{GUARD}: keeps the first masked step's loss (with where)"),
     "aten::where": (1, f"{GUARD}: keeps the first masked step's loss"),
     "aten::_foreach_sub_": (2, "torch's fused AdamW given the guard's flag as found_inf: takes each group's step "
@@ -333,12 +336,16 @@ def _profiled(run: Callable[[_Recorder], None], case: Case, loop: str, compiled:
     return Anatomy(loop, case.name, compiled, log_every, _count(prof, recorder, steps), *total, reasons)
 
 
-def hand_loop(case: Case, compiled: bool, steps: int, log_every: int = 4) -> Anatomy:
-    """The hand loop: plain PyTorch on the same model, data order, fused AdamW and compile scope."""
+def hand_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: float | None = None,
+              whole: bool = False) -> Anatomy:
+    """The hand loop: plain PyTorch on the same model, data order, fused AdamW and compile scope
+    (`whole`: the whole model compiled as one, nanoGPT's and gpu_gpt2.py's scope, instead)."""
     from gputrain.distributed.compiling import compile_in_place
 
     model = case.make_model()
-    if compiled:
+    if compiled and whole:
+        model.forward = types.MethodType(torch.compile(type(model).forward), model)  # type: ignore[method-assign]
+    elif compiled:
         compile_in_place(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
@@ -353,6 +360,8 @@ def hand_loop(case: Case, compiled: bool, steps: int, log_every: int = 4) -> Ana
             (idx,) = next(order)
             loss = case.loss(model(inputs[idx]), targets[idx])
             loss.backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
@@ -373,8 +382,7 @@ def _device_guard_on_cpu() -> Iterator[None]:
         device_guard.ON_CPU = before
 
 
-def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4,
-                  extra: dict[str, Any] | None = None) -> Anatomy:
+def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: float | None = None) -> Anatomy:
     """`Trainer.fit` on the same model and data, as `gputrain train` builds it (fp32, fused AdamW,
     the device-side non-finite guard), logging every `log_every` steps."""
     from gputrain import Trainer
@@ -385,7 +393,7 @@ def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4,
                       "train.batch_size": case.batch, "train.max_steps": steps, "train.epochs": 10**6,
                       "train.seed": 0, "log.every_steps": log_every, "log.progress": "none",
                       "log.tensorboard": False, "checkpoint.enabled": False, "eval.every_epochs": 0,
-                      **(extra or {})}
+                      "train.clip_grad_norm": clip}
             trainer = Trainer(case.make_model(), case.data, config=config, run_dir=run_dir, spec=case.spec,
                               loss_fn=None if case.spec is not None else F.cross_entropy)
             assert trainer.optimizer.defaults.get("fused"), "the anatomy compares fused AdamW with fused AdamW"
@@ -396,10 +404,12 @@ def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4,
     return _profiled(run, case, "gputrain", compiled, steps, log_every)
 
 
-def measure(case: Case, loop: str, compiled: bool, steps: int = 6, log_every: int = 4) -> Anatomy:
-    """One loop's anatomy: `loop` is "hand" or "gputrain"."""
+def measure(case: Case, loop: str, compiled: bool, steps: int = 6, log_every: int = 4,
+            clip: float | None = None) -> Anatomy:
+    """One loop's anatomy: `loop` is "hand" or "gputrain"; `clip`: both clip the gradients' norm
+    (train.clip_grad_norm; the hand loop's `clip_grad_norm_`)."""
     run = hand_loop if loop == "hand" else gputrain_loop
-    return run(case, compiled, steps, log_every)
+    return run(case, compiled, steps, log_every, clip)
 
 
 def extra_ops(ours: Anatomy, hand: Anatomy) -> tuple[collections.Counter, collections.Counter]:
@@ -462,24 +472,37 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--log-every", type=int, default=4)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--clip", type=float, default=None,
+                        help="both loops clip the gradients' norm to this (train.clip_grad_norm; clip_grad_norm_)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} thread(s), {time.strftime('%Y-%m-%d %H:%M')}; steps 3..{args.steps}, "
-          f"logging every {args.log_every}")
+          f"logging every {args.log_every}" + (f", clip_grad_norm {args.clip}" if args.clip else ""))
     print(HEADER)
+    scopes: list[str] = []
     for name in args.cases:
         case = CASES[name]()
         for compiled in (False,) if args.no_compile else (False, True):
-            hand = measure(case, "hand", compiled, args.steps, args.log_every)
-            ours = measure(case, "gputrain", compiled, args.steps, args.log_every)
+            hand = measure(case, "hand", compiled, args.steps, args.log_every, args.clip)
+            ours = measure(case, "gputrain", compiled, args.steps, args.log_every, args.clip)
             print(row(ours, hand), flush=True)
+            if compiled:  # the scope's cost: gputrain compiles blocks, nanoGPT the whole model
+                whole = hand_loop(case, True, args.steps, args.log_every, args.clip, whole=True)
+                scopes.append(f"| {name} | {hand.regions_per_step()} | {hand.ops_per_step()} | "
+                              f"{whole.regions_per_step()} | {whole.ops_per_step()} | {whole.graphs} | "
+                              f"{whole.breaks} |")
             for problem in violations(ours, hand):
                 print(f"  VIOLATION ({name}, {'compiled' if compiled else 'eager'}): {problem}")
             for anatomy in (hand, ours):
                 for reason in anatomy.break_reasons:
                     print(f"  graph break ({anatomy.loop}): {reason}")
+    if scopes:
+        print("\nCompile scope, hand loop: block by block (gputrain's) or the whole model (nanoGPT's)\n")
+        print("| model | regions/step, blocks | ops/step, blocks | regions/step, whole | ops/step, whole "
+              "| graphs, whole | graph breaks, whole |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("\n".join(scopes))
 
 
 if __name__ == "__main__":

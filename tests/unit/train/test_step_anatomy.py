@@ -56,12 +56,25 @@ def test_gputrain_step_does_no_more_than_the_hand_loop(name: str, compiled: bool
     assert anatomy.violations(ours, hand) == []
     if compiled:  # the counts are of compiled code that ran, in both loops
         assert hand.graphs >= 1 and hand.regions_per_step() >= 1
+        # gputrain's own models compile whole: a graph break in one shows in both loops alike
+        assert hand.breaks == ours.breaks == 0, ours.break_reasons
         assert ours.regions_per_step() == hand.regions_per_step()
     else:
         assert hand.frames == ours.frames == 0
     # a logging step reads the guard's flag and the loss: the counter sees syncs where there are some
     assert ours.syncs(logging=True) >= 2
     assert ours.syncs(logging=False) == 0 and hand.syncs(logging=False) == 0
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt-tiny"])
+def test_with_clipping_gputrain_clips_with_no_more_ops_than_clip_grad_norm(name: str) -> None:
+    """train.clip_grad_norm against torch's `clip_grad_norm_` in the hand loop: the guard then checks
+    loss + norm (one add) instead of every gradient."""
+    case = anatomy.CASES[name]()
+    hand = anatomy.measure(case, "hand", False, STEPS, LOG_EVERY, clip=1.0)
+    ours = anatomy.measure(case, "gputrain", False, STEPS, LOG_EVERY, clip=1.0)
+    assert anatomy.violations(ours, hand) == []
+    assert "aten::_foreach_norm" in ours.quiet_step().ops  # it did clip
 
 
 def test_the_profile_counts_compiled_code_not_its_eager_twin() -> None:
