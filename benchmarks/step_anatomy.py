@@ -337,7 +337,7 @@ def _profiled(run: Callable[[_Recorder], None], case: Case, loop: str, compiled:
 
 
 def hand_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: float | None = None,
-              whole: bool = False) -> Anatomy:
+              whole: bool = False, precision: str = "fp32") -> Anatomy:
     """The hand loop: plain PyTorch on the same model, data order, fused AdamW and compile scope
     (`whole`: the whole model compiled as one, nanoGPT's and gpu_gpt2.py's scope, instead)."""
     from gputrain.distributed.compiling import compile_in_place
@@ -352,13 +352,19 @@ def hand_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: 
     plan = BatchPlan(num_samples=len(case.data), global_batch=case.batch, grad_accum=1, seed=0)
     inputs, targets = case.data.inputs, case.data.targets
 
+    def autocast() -> contextlib.AbstractContextManager[Any]:
+        if precision == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def run(recorder: _Recorder) -> None:
         model.train()
         order = iter(plan.micro_batches(0))
         recorder.next()
         for _ in range(steps):
             (idx,) = next(order)
-            loss = case.loss(model(inputs[idx]), targets[idx])
+            with autocast():
+                loss = case.loss(model(inputs[idx]), targets[idx])
             loss.backward()
             if clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -382,14 +388,15 @@ def _device_guard_on_cpu() -> Iterator[None]:
         device_guard.ON_CPU = before
 
 
-def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: float | None = None) -> Anatomy:
+def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: float | None = None,
+                  precision: str = "fp32") -> Anatomy:
     """`Trainer.fit` on the same model and data, as `gputrain train` builds it (fp32, fused AdamW,
     the device-side non-finite guard), logging every `log_every` steps."""
     from gputrain import Trainer
 
     def run(recorder: _Recorder) -> None:
         with tempfile.TemporaryDirectory() as run_dir, _device_guard_on_cpu():
-            config = {"train.device": "cpu", "train.precision": "fp32", "train.compile": compiled,
+            config = {"train.device": "cpu", "train.precision": precision, "train.compile": compiled,
                       "train.batch_size": case.batch, "train.max_steps": steps, "train.epochs": 10**6,
                       "train.seed": 0, "log.every_steps": log_every, "log.progress": "none",
                       "log.tensorboard": False, "checkpoint.enabled": False, "eval.every_epochs": 0,
@@ -405,11 +412,13 @@ def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, cl
 
 
 def measure(case: Case, loop: str, compiled: bool, steps: int = 6, log_every: int = 4,
-            clip: float | None = None) -> Anatomy:
+            clip: float | None = None, precision: str = "fp32") -> Anatomy:
     """One loop's anatomy: `loop` is "hand" or "gputrain"; `clip`: both clip the gradients' norm
-    (train.clip_grad_norm; the hand loop's `clip_grad_norm_`)."""
-    run = hand_loop if loop == "hand" else gputrain_loop
-    return run(case, compiled, steps, log_every, clip)
+    (train.clip_grad_norm; the hand loop's `clip_grad_norm_`); `precision`: fp32, or bf16 (both
+    under autocast)."""
+    if loop == "hand":
+        return hand_loop(case, compiled, steps, log_every, clip, precision=precision)
+    return gputrain_loop(case, compiled, steps, log_every, clip, precision=precision)
 
 
 def extra_ops(ours: Anatomy, hand: Anatomy) -> tuple[collections.Counter, collections.Counter]:
@@ -475,21 +484,22 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=None,
                         help="both loops clip the gradients' norm to this (train.clip_grad_norm; clip_grad_norm_)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} thread(s), {time.strftime('%Y-%m-%d %H:%M')}; steps 3..{args.steps}, "
-          f"logging every {args.log_every}" + (f", clip_grad_norm {args.clip}" if args.clip else ""))
+          f"logging every {args.log_every}, {args.precision}" + (f", clip_grad_norm {args.clip}" if args.clip else ""))
     print(HEADER)
     scopes: list[str] = []
     for name in args.cases:
         case = CASES[name]()
         for compiled in (False,) if args.no_compile else (False, True):
-            hand = measure(case, "hand", compiled, args.steps, args.log_every, args.clip)
-            ours = measure(case, "gputrain", compiled, args.steps, args.log_every, args.clip)
+            hand = measure(case, "hand", compiled, args.steps, args.log_every, args.clip, args.precision)
+            ours = measure(case, "gputrain", compiled, args.steps, args.log_every, args.clip, args.precision)
             print(row(ours, hand), flush=True)
             if compiled:  # the scope's cost: gputrain compiles blocks, nanoGPT the whole model
-                whole = hand_loop(case, True, args.steps, args.log_every, args.clip, whole=True)
+                whole = hand_loop(case, True, args.steps, args.log_every, args.clip, True, args.precision)
                 scopes.append(f"| {name} | {hand.regions_per_step()} | {hand.ops_per_step()} | "
                               f"{whole.regions_per_step()} | {whole.ops_per_step()} | {whole.graphs} | "
                               f"{whole.breaks} |")

@@ -77,6 +77,17 @@ def test_with_clipping_gputrain_clips_with_no_more_ops_than_clip_grad_norm(name:
     assert "aten::_foreach_norm" in ours.quiet_step().ops  # it did clip
 
 
+@pytest.mark.parametrize(("name", "compiled"), [("mlp", False), ("gpt-tiny", True)])
+def test_under_bf16_autocast_too(name: str, compiled: bool) -> None:
+    """train.precision=bf16 against the hand loop's own autocast: the same casts, the same extras."""
+    case = anatomy.CASES[name]()
+    hand = anatomy.measure(case, "hand", compiled, STEPS, LOG_EVERY, precision="bf16")
+    ours = anatomy.measure(case, "gputrain", compiled, STEPS, LOG_EVERY, precision="bf16")
+    assert anatomy.violations(ours, hand) == []
+    if not compiled:  # autocast's casts are there, in both loops (the fp32 MLP step has no `to`)
+        assert hand.quiet_step().ops["aten::to"] >= 4
+
+
 def test_the_profile_counts_compiled_code_not_its_eager_twin() -> None:
     """Under a dispatch mode dynamo would run the compiled frame eagerly; the profiler leaves it compiled,
     so the compiled step dispatches fewer ops (inductor fused the rest) than the eager one."""
