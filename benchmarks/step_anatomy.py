@@ -1,14 +1,16 @@
 """The anatomy of a training step, counted on the CPU: gputrain's real step against a hand loop.
 
 What a GPU step costs beyond its arithmetic is decided on the host: how many ops it dispatches
-(each at least one kernel launch on a GPU), how often it waits for the device (a host sync), and
-whether torch.compile really runs (frames compiled, graph breaks, recompiles, compiled regions run).
-All of that can be counted without a GPU, so a bug like issue 28's "compile never ran" (a dispatch
-mode on step 1 made dynamo run the forwards eagerly for good) shows here, not on a rare GPU.
+(most of them a kernel launch on a GPU; views and no-op casts are not), how often it waits for
+the device (a host sync), and whether torch.compile really runs (frames compiled, graph breaks,
+recompiles, compiled regions run). All of that can be counted without a GPU, so a bug like issue
+28's "compile never ran" (a dispatch mode on step 1 made dynamo run the forwards eagerly for good)
+shows here, not on a rare GPU.
 
 For each model, eager and compiled, both loops train the same model (same weights, data, batch
-order, fp32, fused AdamW, the same compile scope: gputrain's `compile_in_place`, block by block
-where the model has blocks) for a few steps, each step inside a `record_function` range, under
+order, precision (fp32, or bf16 autocast in both), fused AdamW, gradient clipping or none, the
+same compile scope: gputrain's `compile_in_place`, block by block where the model has blocks) for
+a few steps, each step inside a `record_function` range, under
 torch.profiler (which, unlike a TorchDispatchMode, leaves dynamo's compiled code running; under a
 dispatch mode dynamo runs a compiled frame eagerly). Per step, from step 3 on:
 
@@ -26,15 +28,20 @@ dispatch mode dynamo runs a compiled frame eagerly). Per step, from step 3 on:
 - **frames / graphs / breaks / recompiles**: torch._dynamo's counters (frames compiled, unique
   graphs, graph breaks); a recompile is any frame compiled after step 2.
 
-gputrain runs `Trainer.fit` as `gputrain train` builds it, with the GPU's non-finite guard (the
+gputrain runs `Trainer.fit` on the model and data (build_training's parts, as `gputrain train`
+builds them), with the GPU's non-finite guard (the
 device-side one, device_guard.py: on a CPU a run gets the host guard, one read a step, because there
 the read waits for nothing) and logging every `--log-every` steps: the guard's flag and the loss
 are read on logging steps only. The hand loop is nanoGPT's: forward, loss, backward, step,
 zero_grad, schedule step.
 
     python benchmarks/step_anatomy.py [--cases mlp gpt-tiny ...] [--steps 8] [--no-compile]
+        [--clip 1.0] [--precision bf16]
 
-`measure(case, loop, compiled)` is what tests/unit/train/test_step_anatomy.py asserts on.
+`measure` and `violations` are what tests/unit/train/test_step_anatomy.py and
+tests/adversarial/test_step_anatomy.py assert on; ALLOWED_EXTRA names every op gputrain's quiet
+step may dispatch beyond the hand loop's, and why. For compiled runs the hand loop is also run
+with the whole model compiled (nanoGPT's scope), to show what the scope costs.
 """
 
 from __future__ import annotations
