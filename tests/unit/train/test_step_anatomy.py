@@ -88,6 +88,20 @@ def test_under_bf16_autocast_too(name: str, compiled: bool) -> None:
         assert hand.quiet_step().ops["aten::to"] >= 4
 
 
+def test_dropout_costs_one_graph_more_on_the_first_step_only() -> None:
+    """With random ops, the compile check (compile_check.py) decides a difference in eval mode: one
+    frame and one graph more than the hand loop, compiled on step 1; the steps after run the same
+    compiled regions and compile nothing."""
+    case = anatomy._gpt_case("gpt-tiny-dropout", {"preset": "tiny", "dropout": 0.1}, seq_len=32, vocab=256, batch=4)
+    ours, hand = _both(case, compiled=True)
+    assert anatomy.violations(ours, hand) == [
+        "frames: 2 against the hand loop's 1",
+        "graphs: 2 against the hand loop's 1",
+    ]
+    assert (ours.steps[0].frames, ours.steps[0].graphs) == (2, 2)
+    assert ours.regions_per_step() == hand.regions_per_step() == 2
+
+
 def test_the_profile_counts_compiled_code_not_its_eager_twin() -> None:
     """Under a dispatch mode dynamo would run the compiled frame eagerly; the profiler leaves it compiled,
     so the compiled step dispatches fewer ops (inductor fused the rest) than the eager one."""
