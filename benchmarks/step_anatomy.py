@@ -82,7 +82,7 @@ COMPILED_REGION = "Torch-Compiled Region"
 
 GUARD = "the non-finite guard (device_guard.py)"
 ALLOWED_EXTRA: dict[str, tuple[int, str]] = {
-    # op: (most per quiet step beyond the hand loop's, why)
+    # op: (most per quiet step beyond the hand loop's, with one micro-batch a step, why)
     "aten::_amp_foreach_non_finite_check_and_unscale_": (1, f"{GUARD}: one flag from every gradient and the loss"),
     "aten::add_": (1, f"{GUARD}: counts the masked steps (the sticky flag)"),
     "aten::add": (1, f"{GUARD}, where the step measured the gradient norm (clipping): checks loss + norm, not "
@@ -102,6 +102,17 @@ ALLOWED_EXTRA: dict[str, tuple[int, str]] = {
 """The ops gputrain's quiet step may dispatch beyond the hand loop's, each named; every other
 extra op is a finding. On a GPU the guard's five are kernels (the flag check, add_, eq, where and
 the step counts' _foreach_sub_), the second group's two as well; the rest launch nothing."""
+
+PER_MICRO_BATCH = {"aten::detach": 1, "aten::flatten": 2, "aten::to": 1}
+"""Of ALLOWED_EXTRA, what each micro-batch adds (the loss's detach, the LM loss's flattens and cast)."""
+
+ACCUMULATION_EXTRA: dict[str, tuple[int, str]] = {
+    # op: (most per micro-batch beyond the hand loop's, with train.grad_accum > 1, why)
+    "aten::mul": (2, "each micro-batch's loss times 1/accum, and its backward, where nanoGPT's divides by accum "
+                     "(the hand loop's div, forward and backward: the same kernels)"),
+    "aten::add": (1, "the micro-batches' losses summed on the device (the step's mean loss, read on logging "
+                     "steps)"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +228,8 @@ class Anatomy:
     graphs: int
     breaks: int
     break_reasons: list[str]
+    accum: int = 1
+    """Micro-batches a step."""
 
     def after_warmup(self) -> list[tuple[int, StepCount]]:
         return [(i + 1, s) for i, s in enumerate(self.steps) if i >= 2]
@@ -344,7 +357,7 @@ def _profiled(run: Callable[[_Recorder], None], case: Case, loop: str, compiled:
 
 
 def hand_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: float | None = None,
-              whole: bool = False, precision: str = "fp32") -> Anatomy:
+              whole: bool = False, precision: str = "fp32", accum: int = 1) -> Anatomy:
     """The hand loop: plain PyTorch on the same model, data order, fused AdamW and compile scope
     (`whole`: the whole model compiled as one, nanoGPT's and gpu_gpt2.py's scope, instead)."""
     from gputrain.distributed.compiling import compile_in_place
@@ -356,7 +369,7 @@ def hand_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: 
         compile_in_place(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    plan = BatchPlan(num_samples=len(case.data), global_batch=case.batch, grad_accum=1, seed=0)
+    plan = BatchPlan(num_samples=len(case.data), global_batch=case.batch, grad_accum=accum, seed=0)
     inputs, targets = case.data.inputs, case.data.targets
 
     def autocast() -> contextlib.AbstractContextManager[Any]:
@@ -369,10 +382,10 @@ def hand_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: 
         order = iter(plan.micro_batches(0))
         recorder.next()
         for _ in range(steps):
-            (idx,) = next(order)
-            with autocast():
-                loss = case.loss(model(inputs[idx]), targets[idx])
-            loss.backward()
+            for idx in next(order):  # nanoGPT's accumulation: each micro-batch's loss / accum
+                with autocast():
+                    loss = case.loss(model(inputs[idx]), targets[idx])
+                (loss / accum if accum > 1 else loss).backward()
             if clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             optimizer.step()
@@ -396,7 +409,7 @@ def _device_guard_on_cpu() -> Iterator[None]:
 
 
 def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: float | None = None,
-                  precision: str = "fp32") -> Anatomy:
+                  precision: str = "fp32", accum: int = 1) -> Anatomy:
     """`Trainer.fit` on the same model and data, as `gputrain train` builds it (fp32, fused AdamW,
     the device-side non-finite guard), logging every `log_every` steps."""
     from gputrain import Trainer
@@ -407,7 +420,7 @@ def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, cl
                       "train.batch_size": case.batch, "train.max_steps": steps, "train.epochs": 10**6,
                       "train.seed": 0, "log.every_steps": log_every, "log.progress": "none",
                       "log.tensorboard": False, "checkpoint.enabled": False, "eval.every_epochs": 0,
-                      "train.clip_grad_norm": clip}
+                      "train.clip_grad_norm": clip, "train.grad_accum": accum}
             trainer = Trainer(case.make_model(), case.data, config=config, run_dir=run_dir, spec=case.spec,
                               loss_fn=None if case.spec is not None else F.cross_entropy)
             assert trainer.optimizer.defaults.get("fused"), "the anatomy compares fused AdamW with fused AdamW"
@@ -419,19 +432,28 @@ def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, cl
 
 
 def measure(case: Case, loop: str, compiled: bool, steps: int = 6, log_every: int = 4,
-            clip: float | None = None, precision: str = "fp32") -> Anatomy:
+            clip: float | None = None, precision: str = "fp32", accum: int = 1) -> Anatomy:
     """One loop's anatomy: `loop` is "hand" or "gputrain"; `clip`: both clip the gradients' norm
     (train.clip_grad_norm; the hand loop's `clip_grad_norm_`); `precision`: fp32, or bf16 (both
-    under autocast)."""
-    if loop == "hand":
-        return hand_loop(case, compiled, steps, log_every, clip, precision=precision)
-    return gputrain_loop(case, compiled, steps, log_every, clip, precision=precision)
+    under autocast); `accum`: micro-batches per step (train.grad_accum)."""
+    run = hand_loop if loop == "hand" else gputrain_loop
+    anatomy = run(case, compiled, steps, log_every, clip, precision=precision, accum=accum)
+    anatomy.accum = accum
+    return anatomy
 
 
 def extra_ops(ours: Anatomy, hand: Anatomy) -> tuple[collections.Counter, collections.Counter]:
     """(ops gputrain's quiet step dispatches beyond the hand loop's, ops it dispatches fewer of)."""
     a, b = ours.quiet_step().ops, hand.quiet_step().ops
     return a - b, b - a
+
+
+def allowed_extra(op: str, accum: int = 1) -> int:
+    """How many more `op`s than the hand loop's gputrain's quiet step may dispatch."""
+    allowed = ALLOWED_EXTRA.get(op, (0, ""))[0] + PER_MICRO_BATCH.get(op, 0) * (accum - 1)
+    if accum > 1:
+        allowed += ACCUMULATION_EXTRA.get(op, (0, ""))[0] * accum
+    return allowed
 
 
 def violations(ours: Anatomy, hand: Anatomy) -> list[str]:
@@ -452,7 +474,7 @@ def violations(ours: Anatomy, hand: Anatomy) -> list[str]:
     if quiet_syncs:
         found.append(f"syncs on non-logging steps: {quiet_syncs}")
     more, _ = extra_ops(ours, hand)
-    beyond = {op: n for op, n in more.items() if n > ALLOWED_EXTRA.get(op, (0, ""))[0]}
+    beyond = {op: n for op, n in more.items() if n > allowed_extra(op, ours.accum)}
     if beyond:
         found.append(f"ops beyond the hand loop's and the documented extras: {beyond}")
     return found
@@ -492,21 +514,24 @@ def main() -> None:
                         help="both loops clip the gradients' norm to this (train.clip_grad_norm; clip_grad_norm_)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--accum", type=int, default=1, help="micro-batches per step (train.grad_accum)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} thread(s), {time.strftime('%Y-%m-%d %H:%M')}; steps 3..{args.steps}, "
-          f"logging every {args.log_every}, {args.precision}" + (f", clip_grad_norm {args.clip}" if args.clip else ""))
+          f"logging every {args.log_every}, {args.precision}, grad_accum {args.accum}"
+          + (f", clip_grad_norm {args.clip}" if args.clip else ""))
     print(HEADER)
     scopes: list[str] = []
     for name in args.cases:
         case = CASES[name]()
         for compiled in (False,) if args.no_compile else (False, True):
-            hand = measure(case, "hand", compiled, args.steps, args.log_every, args.clip, args.precision)
-            ours = measure(case, "gputrain", compiled, args.steps, args.log_every, args.clip, args.precision)
+            hand = measure(case, "hand", compiled, args.steps, args.log_every, args.clip, args.precision, args.accum)
+            ours = measure(case, "gputrain", compiled, args.steps, args.log_every, args.clip, args.precision,
+                           args.accum)
             print(row(ours, hand), flush=True)
             if compiled:  # the scope's cost: gputrain compiles blocks, nanoGPT the whole model
-                whole = hand_loop(case, True, args.steps, args.log_every, args.clip, True, args.precision)
+                whole = hand_loop(case, True, args.steps, args.log_every, args.clip, True, args.precision, args.accum)
                 scopes.append(f"| {name} | {hand.regions_per_step()} | {hand.ops_per_step()} | "
                               f"{whole.regions_per_step()} | {whole.ops_per_step()} | {whole.graphs} | "
                               f"{whole.breaks} |")

@@ -88,6 +88,19 @@ def test_under_bf16_autocast_too(name: str, compiled: bool) -> None:
         assert hand.quiet_step().ops["aten::to"] >= 4
 
 
+@pytest.mark.parametrize(("name", "compiled"), [("mlp", False), ("gpt-tiny", True)])
+def test_with_gradient_accumulation_too(name: str, compiled: bool) -> None:
+    """train.grad_accum=2 against nanoGPT's accumulation (each micro-batch's loss / 2): the loss is
+    scaled by a multiply where the hand loop divides, and summed on the device for the logged mean."""
+    case = anatomy.CASES[name]()
+    hand = anatomy.measure(case, "hand", compiled, STEPS, LOG_EVERY, accum=2)
+    ours = anatomy.measure(case, "gputrain", compiled, STEPS, LOG_EVERY, accum=2)
+    assert anatomy.violations(ours, hand) == []
+    assert ours.quiet_step().ops["aten::detach"] >= 2  # two micro-batches ran
+    if compiled:
+        assert ours.regions_per_step() == hand.regions_per_step() == 4  # 2 blocks × 2 micro-batches
+
+
 def test_dropout_costs_one_graph_more_on_the_first_step_only() -> None:
     """With random ops, the compile check (compile_check.py) decides a difference in eval mode: one
     frame and one graph more than the hand loop, compiled on step 1; the steps after run the same
