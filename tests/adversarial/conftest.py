@@ -32,6 +32,7 @@ _GROUPS = {
     "test_disk_full.py": "run directories",
     "test_use_inputs.py": "use inputs",
     "test_outputs.py": "outputs",
+    "test_step_anatomy.py": "the step's anatomy",
     "test_report_injection.py": "report injection",
     "test_plan_and_sweep_bounds.py": "work bounds",
     "test_rl_run_dirs.py": "run directories",
