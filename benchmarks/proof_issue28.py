@@ -7,6 +7,7 @@ in-memory data paths on CUDA. Each `part_<name>(ctx)` returns a JSON-able dict w
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import tempfile
@@ -16,7 +17,7 @@ from typing import Any
 
 import gpu_gpt2
 import torch
-from proof_models import FP8_LOSS_TOLERANCE, _gpt_job, _gputrain_figures, max_relative_gap
+from proof_models import FP8_LOSS_TOLERANCE, _gpt_job, _gputrain_figures, fp8_advice, max_relative_gap
 from proof_parts import Context, goal
 
 FP8_LARGE_GAIN = 1.15
@@ -84,12 +85,14 @@ def part_fp8_large(ctx: Context) -> dict[str, Any]:
     gap = max_relative_gap(base["losses"], ours["losses"])
     ratio = base["step_s"] / ours["step_s"]
     width = job.model["d_model"]
-    return {"summary": f"d_model {width}: {candidate}/bf16 tokens/s {ratio:.3f}, loss gap max {100 * gap:.2f}%"
+    advice = fp8_advice(job)
+    return {"summary": f"d_model {width}: {candidate}/bf16 tokens/s {ratio:.3f}, loss gap max {100 * gap:.2f}%; "
+                       f"{advice['describe']}"
                        + (f"; refused fp8: {refusal}" if refusal else ""),
             "job": {"batch": job.batch, "seq_len": job.seq_len, "steps": job.steps, "model": job.model},
             "candidate": candidate, "refusal": refusal, "bf16": base, candidate: ours, "tokens_per_s_ratio": ratio,
             "max_relative_loss_gap": gap, "loss_tolerance": FP8_LOSS_TOLERANCE,
-            "compile": {"bf16": base.get("compile"), candidate: ours.get("compile")},
+            "compile": {"bf16": base.get("compile"), candidate: ours.get("compile")}, "advisor": advice,
             "goals": [goal(f"{candidate} / bf16 tokens/s at d_model {width}", ratio, FP8_LARGE_GAIN),
                       goal(f"{candidate} loss within {100 * FP8_LOSS_TOLERANCE:g}% of bf16 at every logged step "
                            f"(d_model {width})", gap, FP8_LOSS_TOLERANCE, higher_is_better=False)]}
@@ -106,24 +109,28 @@ def _cli(*args: str) -> tuple[int, str]:
 
 
 def bench_infer_jobs(ctx: Context) -> dict[str, dict[str, Any]]:
-    """Per model: the `gputrain train` overrides of a short run to serve, and bench-infer's arguments."""
+    """Per model: the `gputrain train` overrides of a short run to serve (uncompiled: only its weights
+    matter), and bench-infer's arguments. On the GPU ResNet-50 is timed eager and compiled, GPT-2 eager
+    (with generation): each compile costs tens of seconds of the part's cap."""
     device = "cpu" if ctx.dry_run else "cuda"
     common = ["train.max_steps=2", "train.epochs=1", "eval.every_epochs=0", "log.progress=none",
-              "log.tensorboard=false", "data.name=synthetic", f"train.device={device}"]
+              "log.tensorboard=false", "data.name=synthetic", "train.compile=false", f"train.device={device}"]
     if ctx.dry_run:
         resnet = ["model.name=resnet18", "data.shape=[3,16,16]", "data.num_samples=64", "train.batch_size=8"]
         gpt = ["model.name=gpt", "model.preset=tiny", "data.task=lm", "data.seq_len=32", "data.num_samples=64",
                "train.batch_size=8"]
-        bench = ["--batch", "1,4", "--repeats", "3", "--threads", "1", "--modes", "eager"]  # compile: minutes on a CPU
+        timing = ["--repeats", "3", "--threads", "1"]
+        batches, modes = {"resnet50": "1,4", "gpt2": "1,4"}, {"resnet50": "eager", "gpt2": "eager"}  # compile: minutes on a CPU
     else:
         resnet = ["model.name=resnet50", "data.shape=[3,224,224]", "data.num_samples=512", "train.batch_size=64",
                   "train.precision=bf16"]
         gpt = ["model.name=gpt", "model.preset=gpt2-124m", "data.task=lm", "data.seq_len=1024",
                "data.vocab_size=50304", "data.num_samples=256", "train.batch_size=8", "train.precision=bf16"]
-        bench = ["--batch", "1,64", "--repeats", "30", "--modes", "eager,compile"]
-    bench += ["--device", device, "--json"]
-    return {"resnet50": {"train": common + resnet, "bench": bench},
-            "gpt2": {"train": common + gpt, "bench": [*bench[:1], "1,16", *bench[2:]] if not ctx.dry_run else bench}}
+        timing = ["--repeats", "30"]
+        batches, modes = {"resnet50": "1,64", "gpt2": "1,16"}, {"resnet50": "eager,compile", "gpt2": "eager"}
+    return {name: {"train": common + extra,
+                   "bench": ["--batch", batches[name], *timing, "--modes", modes[name], "--device", device, "--json"]}
+            for name, extra in (("resnet50", resnet), ("gpt2", gpt))}
 
 
 def part_bench_infer(ctx: Context) -> dict[str, Any]:
@@ -138,12 +145,22 @@ def part_bench_infer(ctx: Context) -> dict[str, Any]:
             if code != 0:
                 raise RuntimeError(f"gputrain bench-infer ({name}) exit {code}: {out[-400:]}")
             results[name] = json.loads(out)
-    shown = []
+            print(f"{name}: {json.dumps(results[name]['results'])}", flush=True)  # in the log if the cap cuts the next
+    shown, figures = [], {}
     for name, report in results.items():
-        rows = report.get("results") or report.get("rows") or []
-        fast = [r for r in rows if isinstance(r, dict)]
-        shown.append(f"{name}: {len(fast)} rows")
-    return {"summary": "; ".join(shown), "reports": results}
+        rows = [r for r in report["results"] if not r.get("skipped")]
+        wrong = sorted({r["device"] for r in rows} - {str(ctx.device.type)})
+        if not rows or wrong:
+            raise RuntimeError(f"bench-infer ({name}) measured {len(rows)} modes, on {wrong or 'no device'}")
+        figures[name] = {r["mode"]: {"p50_ms": r["p50_ms"], "samples_per_s": r["samples_per_s"],
+                                     "throughput_batch": r["throughput_batch"], "setup_s": r["setup_s"]} for r in rows}
+        generation = {("cached" if g["cache"] else "uncached"): g["tokens_per_s"] for g in report.get("generation", [])}
+        if generation:
+            figures[name]["generation_tokens_per_s"] = generation
+        shown.append(f"{name}: " + ", ".join(f"{r['mode']} {r['p50_ms']:.2f} ms p50, {r['samples_per_s']:,.0f}/s at "
+                                             f"{r['throughput_batch']}" for r in rows)
+                     + (f", generation {generation.get('cached', 0):,.0f} tokens/s" if generation else ""))
+    return {"summary": f"on {ctx.device.type}: " + "; ".join(shown), "figures": figures, "reports": results}
 
 
 def _largest_that_fits(fits: Any, start: int, ceiling: int) -> tuple[int, int]:
@@ -197,6 +214,7 @@ def part_batch_auto(ctx: Context) -> dict[str, Any]:
         trainer.fit()
         auto = int(trainer.config.train.batch_size)
     del trainer
+    gc.collect()  # the Trainer's model and optimizer state off the device before the search
     if job.device.type == "cuda":
         torch.cuda.empty_cache()
     model = gpu_gpt2.build(job).to(job.device)
