@@ -200,19 +200,28 @@ def install_wheels(folder: Path, work: Path) -> list[str]:
     """pip-installs the wheels in `folder` (no index, no dependencies: the machine has no network and
     its own torch) into a folder put first on this process's and every part's path."""
     wheels = sorted(folder.glob("*.whl"))
-    if not wheels:
+    if not wheels:  # said, not fatal: the parts that need a missing package fail with its name
+        print(f"gpu_proof: no wheels in {folder} (was it named in the device call's carry?)", flush=True)
         return []
     target = work / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--no-cache-dir", "--target", str(target), *map(str, wheels)], check=True, timeout=120)
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--no-cache-dir", "--target", str(target), *map(str, wheels)], check=True, timeout=120)
+    except (subprocess.SubprocessError, OSError) as err:  # the parts that need them fail naming the package
+        print(f"gpu_proof: installing {', '.join(w.name for w in wheels)} failed: {err}", flush=True)
+        return []
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, str(target))
     return [w.name for w in wheels]
 
 
-def write_proof(out_dir: Path, proof: dict[str, Any]) -> None:
+def write_proof(out_dir: Path, proof: dict[str, Any], work: Path) -> None:
+    """gpu_proof.json, .md and .log (every part's output so far, from the parts' logs in `work`)."""
     (out_dir / "gpu_proof.json").write_text(json.dumps(proof, indent=2, default=str))
     (out_dir / "gpu_proof.md").write_text(render_markdown(proof))
+    names = [r["part"] for r in proof["parts"] if (work / f"{r['part']}.log").exists()]
+    logs = "".join(f"===== {name} =====\n{(work / f'{name}.log').read_text(errors='replace')}\n" for name in names)
+    (out_dir / "gpu_proof.log").write_text(logs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,12 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                 records.append(run_part(ctx, name, module, budget, args.dry_run, work))
             print(f"{name:12s} {records[-1]['status']:8s} {records[-1]['seconds']:6.1f} s  "
                   f"{records[-1].get('result', {}).get('summary') or records[-1].get('error', '')}", flush=True)
-            write_proof(args.out_dir, proof_of(records))  # a command killed from outside still leaves these
-        logs = "".join(f"===== {name} =====\n{(work / f'{name}.log').read_text(errors='replace')}\n"
-                       for name, _, _ in every if (work / f"{name}.log").exists())
-    proof = proof_of(records)
-    write_proof(args.out_dir, proof)
-    (args.out_dir / "gpu_proof.log").write_text(logs)
+            write_proof(args.out_dir, proof_of(records), work)  # a command killed from outside still leaves these
+        proof = proof_of(records)
+        write_proof(args.out_dir, proof, work)
     failed = [r["part"] for r in records if r["status"] != "ok"]
     print(f"gpu_proof: {len(records) - len(failed)} of {len(records)} parts ran in {proof['wall_s']} s"
           + (f"; not ok: {', '.join(failed)}" if failed else "") + f" -> {args.out_dir}/gpu_proof.md")

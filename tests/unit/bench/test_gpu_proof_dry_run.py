@@ -121,3 +121,37 @@ def test_gpu_plan_of_the_parts_the_cpu_cannot_run():
 
     assert sum(cap for _, _, cap in gpu_proof.PARTS) <= gpu_proof.DEADLINE_S <= 9 * 60 - 30
     assert gpu_gpt2.ABLATIONS[0][0].startswith("hand loop, whole")
+
+
+def test_verdicts_on_a_gpu_run_and_the_largest_batch_search():
+    """The verdict per issue goal as a GPU run would give it (met, missed, unmeasured with why), and
+    the bisection that finds the largest batch that fits: a dry run can reach neither."""
+    sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
+    import gpu_proof
+    import proof_issue28
+    from proof_parts import goal
+
+    records = [
+        {"part": "gpt2", "status": "ok", "result": {"goals": [goal("GPT-2 124M MFU (bf16 datasheet peak)", 0.41, 0.40),
+                                                               goal("GPT-2 124M gputrain / hand loop", 0.97, 1.0)]}},
+        {"part": "fp8_large", "status": "timeout", "error": "stopped at its cap of 75 s"},
+        {"part": "batch_auto", "status": "ok", "result": {"goals": [goal("batch_size=auto / largest", 0.93, 0.9)]}},
+    ]
+    got = {v["goal"]: (v["verdict"], v["value"]) for v in gpu_proof.verdicts(records, dry_run=False)}
+    assert got["GPT-2 124M MFU ≥ 40% of the bf16 datasheet peak"] == ("met", 0.41)
+    assert got["GPT-2 124M ≥ 1.00× the hand loop compiled whole"] == ("missed", 0.97)
+    assert got["fp8 ≥ 1.15× bf16 at d_model ≥ 2048"] == ("unmeasured (fp8_large: timeout)", None)
+    assert got["prefetcher hides ≥ 90% of host→device time"] == ("unmeasured (pipeline: not run)", None)
+    assert got["batch_size=auto within 10% of the largest batch that fits"] == ("met", 0.93)
+
+    for largest in (1, 7, 50, 63, 64, 100, 127):
+        tried: list[int] = []
+
+        def fits(micro: int, largest: int = largest, tried: list[int] = tried) -> bool:
+            tried.append(micro)
+            return micro <= largest
+
+        found, trials = proof_issue28._largest_that_fits(fits, 64, 128)
+        assert found <= largest and found >= largest * 0.98 - 1 and trials == len(tried) <= 10, (largest, tried)
+    assert proof_issue28._largest_that_fits(lambda micro: True, 64, 128) == (128, 2)  # the ceiling, said as such
+    assert proof_issue28._largest_that_fits(lambda micro: False, 64, 128)[0] == 0
