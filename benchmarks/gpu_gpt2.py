@@ -78,7 +78,9 @@ def build(job: GptJob, seed: int = 0):  # type: ignore[no-untyped-def]
 def flops_per_step(job: GptJob) -> float:
     from gputrain.observe.flops import gpt_dims, gpt_flops_per_token
 
-    dims = gpt_dims(build(job), job.seq_len)
+    with torch.device("meta"):  # shapes only: a d_model-2048 model on the host would take seconds to initialise
+        model = build(job)
+    dims = gpt_dims(model, job.seq_len)
     assert dims is not None
     per_token = gpt_flops_per_token(dims.n_params, dims.n_layer, dims.n_head, dims.head_dim, job.seq_len)
     return float(per_token * job.batch * job.seq_len)
