@@ -54,12 +54,12 @@ PARTS: list[tuple[str, str, int]] = [
     ("gpt2", "proof_models", 80),
     ("fp8_large", "proof_issue28", 75),
     ("ablate", "proof_issue28", 70),
-    ("resnet50", "proof_models", 50),
+    ("resnet50", "proof_models", 45),
     ("fp8", "proof_models", 35),
     ("pipeline", "proof_pipeline", 25),
     ("batch_auto", "proof_issue28", 25),
     ("bench_infer", "proof_issue28", 50),
-    ("in_memory", "proof_issue28", 15),
+    ("in_memory", "proof_issue28", 20),
     ("tests_gpu", "proof_parts", 70),
 ]
 EXTRA_PARTS: list[tuple[str, str, int]] = [

@@ -261,7 +261,7 @@ def part_in_memory(ctx: Context) -> dict[str, Any]:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
         config = {"train.device": str(ctx.device), "log.progress": "none", "log.tensorboard": False,
-                  "train.epochs": 1 if ctx.dry_run else 3, "checkpoint.enabled": False, "data.num_workers": "auto",
+                  "train.epochs": 1 if ctx.dry_run else 2, "checkpoint.enabled": False, "data.num_workers": "auto",
                   "eval.every_epochs": 0}
         with tempfile.TemporaryDirectory(dir=ctx.work) as tmp:
             started = time.perf_counter()
