@@ -78,7 +78,9 @@ def build(job: GptJob, seed: int = 0):  # type: ignore[no-untyped-def]
 def flops_per_step(job: GptJob) -> float:
     from gputrain.observe.flops import gpt_dims, gpt_flops_per_token
 
-    dims = gpt_dims(build(job), job.seq_len)
+    with torch.device("meta"):  # shapes only: a d_model-2048 model on the host would take seconds to initialise
+        model = build(job)
+    dims = gpt_dims(model, job.seq_len)
     assert dims is not None
     per_token = gpt_flops_per_token(dims.n_params, dims.n_layer, dims.n_head, dims.head_dim, job.seq_len)
     return float(per_token * job.batch * job.seq_len)
@@ -164,20 +166,33 @@ ABLATIONS: list[tuple[str, dict[str, Any] | None]] = [
 hand loop with gputrain's compile granularity. Each row ~30 s on an H100/H200 (compile included)."""
 
 
-def ablate(job: GptJob, data: Any) -> None:
-    """One line per ABLATIONS row: step ms, tokens/s, and the ratio to the first (whole-model hand loop)."""
+def ablate(job: GptJob, data: Any, known: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """One line per ABLATIONS row: step ms, tokens/s, and the ratio to the first (whole-model hand loop).
+    `known`: step seconds of rows already measured (gpu_proof.py's gpt2 part ran the first and third
+    with the same job), which are reported, not rerun. Returns the rows."""
     first: float | None = None
+    rows = []
     for name, extra in ABLATIONS:
-        torch.cuda.empty_cache()
-        torch._dynamo.reset()  # each row compiles afresh, as a new process would
-        if name.startswith("hand"):
-            run = run_hand_loop(job, data, per_block=bool(extra))
+        compiled = None
+        if known and name in known:
+            step_s = known[name]
         else:
-            run = run_gputrain(job, data, extra=extra)
-        first = first or run["step_s"]
-        compiled = f"  train.compile: {run['summary']['train'].get('compile')}" if "summary" in run else ""
-        print(f"{name:42s} step {1000 * run['step_s']:7.2f} ms  {job.batch * job.seq_len / run['step_s']:10,.0f} "
-              f"tokens/s  hand/this {first / run['step_s']:.3f}{compiled}", flush=True)
+            if job.device.type == "cuda":
+                torch.cuda.empty_cache()
+            torch._dynamo.reset()  # each row compiles afresh, as a new process would
+            if name.startswith("hand"):
+                run = run_hand_loop(job, data, per_block=bool(extra))
+            else:
+                run = run_gputrain(job, data, extra=extra)
+                compiled = run["summary"]["train"].get("compile")
+            step_s = run["step_s"]
+        first = first or step_s
+        rows.append({"row": name, "step_s": step_s, "tokens_per_s": job.batch * job.seq_len / step_s,
+                     "hand_over_this": first / step_s, "compile": compiled, "measured": not (known and name in known)})
+        shown = f"  train.compile: {compiled}" if compiled is not None else ""
+        print(f"{name:42s} step {1000 * step_s:7.2f} ms  {job.batch * job.seq_len / step_s:10,.0f} "
+              f"tokens/s  hand/this {first / step_s:.3f}{shown}", flush=True)
+    return rows
 
 
 def main() -> None:

@@ -19,7 +19,14 @@ def render_markdown(proof: dict[str, Any]) -> str:
     parts = proof["parts"]
     title = "GPU proof" + (" — DRY RUN on CPU (tiny sizes; figures are not GPU figures)" if proof["dry_run"] else "")
     lines = [f"# {title}", "", f"Started {proof['started']}, {proof['wall_s']} s in all.", "",
-             "| part | status | seconds (cap) | result |", "| --- | --- | --- | --- |"]
+             ]
+    facts = proof.get("machine") or {}
+    if facts:
+        lines += ["| machine | |", "| --- | --- |", *(f"| {k} | {_cell(_value(v))} |" for k, v in facts.items()), ""]
+    if proof.get("verdicts"):
+        lines += ["| issue goal | value | verdict |", "| --- | --- | --- |",
+                  *(f"| {_cell(v['goal'])} | {_value(v['value'])} | {v['verdict']} |" for v in proof["verdicts"]), ""]
+    lines += ["| part | status | seconds (cap) | result |", "| --- | --- | --- | --- |"]
     for r in parts:
         outcome = r.get("result", {}).get("summary") if r["status"] == "ok" else r.get("error", "")
         lines.append(f"| {r['part']} | {r['status']} | {r['seconds']} ({r['budget_s']}) | {_cell(outcome)} |")
