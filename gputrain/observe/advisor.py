@@ -200,7 +200,7 @@ def check_fp8_pays(f: RunFacts) -> Finding | None:
         "fp8 not expected to pay",
         f"{plan['converted']} of {plan['linear_layers']} Linear layers in float8 ({plan['recipe']}; bf16: {skipped}); "
         f"{plan['expectation']}",
-        "train.precision=bf16 (fp8 pays on larger layers: d_model >= 2048)",
+        "train.precision=bf16 (float8 pays where most of the matmul work is in large layers: d_model 2048 and up)",
     )
 
 
