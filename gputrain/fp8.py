@@ -9,7 +9,20 @@ Which layers: float8 pays only where a matmul is large enough that casting and s
 than the faster matmul gains. The thresholds are torchao's, measured on an H100
 (torchao/float8/README.md, "performance"; the same rules as its `_auto_filter_for_recipe`). Both
 dimensions must be multiples of 16 (cuBLAS/CUTLASS float8 kernels require it). The output head is
-kept in bf16: its logits feed the loss directly, and a head tied to the embedding shares its weight.
+kept in bf16, as torchtitan keeps its `output` layer: its logits feed the loss directly, and a head
+tied to the embedding shares its weight.
+
+Compile is required (torchao: float8 training is meant to run under torch.compile; torchtitan's
+float8 recipes all run with compile on): the casts and amax reductions around each float8 matmul are
+separate kernels in eager mode, and fused into the neighbouring ops only when compiled. Eager fp8
+ran at 0.45× bf16's tokens/s on an H200 (benchmarks/RESULTS.md), so fp8 without train.compile is
+refused with the config, before the run starts (config/validate.py's check_fp8_compile).
+
+Whether the whole run gains: float8 matmuls run at most twice bf16's rate, so a plan that converts a
+share s of the Linear layers' matmul work saves at most s/2 of it, before the casts are paid. Below
+FP8_PAYS_SHARE the plan says fp8 is not expected to pay (GPT-2 124M: d_model 768, its 768-wide
+projections and the 50k-wide head stay in bf16: 40% converted; a 24-layer GPT of d_model 2048: 92%).
+The share is a heuristic from the shapes; the GPU proof measures it (benchmarks/gpu_proof.py).
 """
 
 from __future__ import annotations
@@ -17,7 +30,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -43,6 +56,10 @@ def check_fp8_supported(device: torch.device) -> None:
 
 
 _FALLBACK = "; use train.precision=bf16 here"
+
+FP8_PAYS_SHARE = 0.5
+"""Share of the Linear layers' matmul work a plan must put in float8 for the run to be expected to gain
+(at most half of it is saved, before the casts: below this the casts eat what is left)."""
 
 
 def skip_reason(module: nn.Module, recipe: Recipe) -> str | None:
@@ -76,6 +93,39 @@ class Fp8Plan:
     converted: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     """layer name -> reason"""
+    share: float = 0.0
+    """Share of the Linear layers' matmul work (weight elements: FLOPs per token) the converted layers do."""
+
+    @property
+    def expected_to_pay(self) -> bool:
+        return self.share >= FP8_PAYS_SHARE
+
+    def expectation(self) -> str:
+        """Whether float8 is expected to make this run faster than bf16, and why."""
+        if not self.converted:
+            return "no layer is large enough for float8 to pay: this run is bf16"
+        pct = f"{self.share:.0%} of the Linear matmul work"
+        if self.expected_to_pay:
+            return f"float8 covers {pct}: expected to pay (compiled)"
+        return (
+            f"not expected to pay: float8 covers only {pct} (at most half of it saved, before the casts), "
+            "the rest is small or the output head; a GPT of d_model 2048 puts 92% of it in float8"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """What env.json's "run" block and the advisor record of the plan."""
+        by_reason: dict[str, list[str]] = {}
+        for name, reason in self.skipped.items():
+            by_reason.setdefault(reason, []).append(name)
+        return {
+            "recipe": self.recipe,
+            "converted": len(self.converted),
+            "linear_layers": len(self.converted) + len(self.skipped),
+            "skipped": by_reason,
+            "share": round(self.share, 4),
+            "expected_to_pay": self.expected_to_pay,
+            "expectation": self.expectation(),
+        }
 
     def describe(self) -> str:
         total = len(self.converted) + len(self.skipped)
@@ -85,23 +135,26 @@ class Fp8Plan:
         kept = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
         line = f"fp8 ({self.recipe}): {len(self.converted)} of {total} Linear layers in float8"
         line += f"; bf16: {kept}" if kept else ""
-        if not self.converted:
-            line += " — no layer is large enough for float8 to pay: this run is bf16"
-        return line
+        return f"{line} — {self.expectation()}"
 
 
 def plan_fp8(model: nn.Module, recipe: Recipe) -> Fp8Plan:
     """Decide, layer by layer, without changing the model (testable without torchao)."""
     plan = Fp8Plan(recipe)
     heads = output_heads(model)
+    work = converted = 0
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
             continue
+        size = module.in_features * module.out_features
+        work += size
         reason = "output head" if name in heads else skip_reason(module, recipe)
         if reason is None:
             plan.converted.append(name)
+            converted += size
         else:
             plan.skipped[name] = reason
+    plan.share = converted / work if work else 0.0
     return plan
 
 
@@ -111,13 +164,12 @@ def module_filter(plan: Fp8Plan) -> Callable[[nn.Module, str], bool]:
     return lambda module, fqn: fqn in chosen
 
 
-def apply_fp8(model: nn.Module, recipe: Recipe) -> Fp8Plan:
+def apply_fp8(model: nn.Module, plan: Fp8Plan) -> Fp8Plan:
     """Swap the planned Linear layers for torchao's Float8Linear, in place; before compile and
     data parallelism (torchtitan's order for model converters). Returns the plan applied."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    plan = plan_fp8(model, recipe)
     if plan.converted:
-        config = Float8LinearConfig.from_recipe_name(recipe)
+        config = Float8LinearConfig.from_recipe_name(plan.recipe)
         convert_to_float8_training(model, config=config, module_filter_fn=module_filter(plan))
     return plan

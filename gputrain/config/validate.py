@@ -142,6 +142,23 @@ def check_cuda_graphs(cuda_graphs: bool, strategy: str, chosen_by_auto: bool = F
         )
 
 
+EAGER_FP8_SPEED = 0.45
+"""fp8 without compile against bf16's tokens/s, measured (H200, GPT-2 124M; benchmarks/RESULTS.md)."""
+
+
+def check_fp8_compile(precision: str, compile: bool) -> None:
+    """train.precision=fp8 needs train.compile: torchao's float8 casts and amax reductions are separate
+    kernels in eager mode, fused only by torch.compile (torchtitan runs its float8 recipes compiled).
+    Refused rather than turned on: compiling changes the run's start-up and memory, the user decides."""
+    if precision == "fp8" and not compile:
+        raise ConfigError(
+            "train.compile",
+            "train.precision=fp8 needs train.compile=true: torchao's float8 casts and scales are fused only "
+            f"by torch.compile (eager fp8 ran at {EAGER_FP8_SPEED}× bf16's tokens/s); set train.compile=true",
+            compile,
+        )
+
+
 def check_pipeline_precision(precision: str, pipelined: bool) -> None:
     """fp16 needs a GradScaler to scale the loss before backward; a pipeline schedule runs the
     backward passes itself, so there is no loss to scale."""
@@ -221,6 +238,7 @@ def validate_config(config: Config) -> None:
             config.train.clip_grad_value,
         )
     check_cuda_graphs(config.train.cuda_graphs, config.parallel.strategy)
+    check_fp8_compile(config.train.precision, config.train.compile)
     check_pipeline_precision(
         config.train.precision,
         config.parallel.strategy == "pp" or (config.parallel.strategy == "hybrid" and config.parallel.pp > 1),

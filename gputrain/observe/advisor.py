@@ -71,6 +71,8 @@ class RunFacts:
     strategy: str = "none"
     """parallel.strategy as resolved for the run."""
     grad_accum: int = 1
+    fp8: dict[str, Any] | None = None
+    """precision=fp8: which Linear layers went to float8 (fp8.py's Fp8Plan.to_dict); None otherwise."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -187,6 +189,21 @@ def check_comm_bound(f: RunFacts) -> Finding | None:
     )
 
 
+def check_fp8_pays(f: RunFacts) -> Finding | None:
+    """fp8 whose plan leaves too little in float8 to gain: decided from the layers' shapes (torchao's
+    thresholds), so it holds on any device, before a GPU measures it."""
+    plan = f.fp8
+    if f.precision != "fp8" or plan is None or plan.get("expected_to_pay", True):
+        return None
+    skipped = ", ".join(f"{len(names)} {reason}" for reason, names in sorted(plan["skipped"].items()))
+    return Finding(
+        "fp8 not expected to pay",
+        f"{plan['converted']} of {plan['linear_layers']} Linear layers in float8 ({plan['recipe']}; bf16: {skipped}); "
+        f"{plan['expectation']}",
+        "train.precision=bf16 (float8 pays where most of the matmul work is in large layers: d_model 2048 and up)",
+    )
+
+
 RULES: tuple[Callable[[RunFacts], Finding | None], ...] = (
     check_data_bound,
     check_comm_bound,
@@ -196,6 +213,7 @@ RULES: tuple[Callable[[RunFacts], Finding | None], ...] = (
     check_own_syncs,
     check_utilisation,
     check_channels_last,
+    check_fp8_pays,
 )
 
 

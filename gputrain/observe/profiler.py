@@ -55,6 +55,8 @@ class ProfileTarget:
     pin_memory: bool
     loader_applies: bool
     """The data comes through a DataLoader (in-memory tensors do not: worker advice does not apply)."""
+    fp8: dict[str, Any] | None = None
+    """precision=fp8: the plan of which layers went to float8 (fp8.py's Fp8Plan.to_dict)."""
 
 
 @dataclass(slots=True)
@@ -155,6 +157,7 @@ def collect_facts(target: ProfileTarget, prof: Any, active_steps: int, summary: 
         comm_fraction=breakdown.get("comm"),
         strategy=target.strategy,
         grad_accum=target.grad_accum,
+        fp8=target.fp8,
     )
     if target.device.type == "cuda":
         kernels = _device_kernels(events)

@@ -39,7 +39,7 @@ from gputrain.env.threads import apply_threads, local_ranks
 from gputrain.errors import ConfigError
 from gputrain.evaluate.evaluator import EarlyStopping, EvalSpec, Evaluator, evaluation_plan
 from gputrain.evaluate.layout import REPLICATED, eval_layout
-from gputrain.fp8 import apply_fp8
+from gputrain.fp8 import Fp8Plan, apply_fp8, plan_fp8
 from gputrain.models.meta import MetaInit, build_on_meta, is_meta, prepare_meta_init
 from gputrain.models.plans import tp_plan_for
 from gputrain.observe.console import RunConsole
@@ -88,6 +88,8 @@ class Placement:
     """What the console says about it first: the device line, the layout line."""
     allocator: str | None = None
     """The C allocator setting in force in this process (distributed/allocator.py), described."""
+    fp8: Fp8Plan | None = None
+    """precision=fp8: which Linear layers go to float8 and why the others stay in bf16 (fp8.py)."""
 
     def start_facts(self) -> dict[str, Any]:
         """What the run resolved at its start (config.toml keeps `auto`): device, precision, world
@@ -101,6 +103,7 @@ class Placement:
             "world_size": world,
             "layout": layout,
             "allocator": self.allocator,
+            **({"fp8": self.fp8.to_dict()} if self.fp8 is not None else {}),
         }
 
 
@@ -153,6 +156,7 @@ def place_run(
         grad_accum=resolve_grad_accum(cfg, dist.dp_size),
         lines=(device_line, describe_choice(choice, dist)),
         allocator=allocator.describe(),
+        fp8=plan_fp8(model, cfg.train.fp8_recipe) if precision == "fp8" else None,  # shapes only: nothing changes
     )
 
 
@@ -276,8 +280,8 @@ def build_training(
         log.info("FLOPs are not counted under pipeline parallelism: MFU stays null for this run")
 
     precision = Precision(place.precision, device)
-    if place.precision == "fp8":  # a model converter: before compile and data parallelism wrap the layers
-        console.info(apply_fp8(model, cfg.train.fp8_recipe).describe())
+    if place.fp8 is not None:  # a model converter: before compile and data parallelism wrap the layers
+        console.info(apply_fp8(model, place.fp8).describe())
     # parallelize before the optimizer: FSDP/TP replace the parameters, PP keeps only this rank's stage
     par = parallelize(
         model,
@@ -446,6 +450,7 @@ def profile_target(
         grad_accum=place.grad_accum,
         strategy=place.choice.strategy,
         compiled=config.train.compile,
+        fp8=place.fp8.to_dict() if place.fp8 is not None else None,
         loader_workers=loader.num_workers if loader is not None else 0,
         pin_memory=bool(loader.pin_memory) if loader is not None else False,
         loader_applies=parts.feed.tensors is None,

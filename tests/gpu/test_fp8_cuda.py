@@ -33,9 +33,9 @@ def _run(precision: str, run_dir: Path) -> tuple[list[float], Trainer]:
     start = torch.randint(0, V, (256, 1), generator=torch.Generator().manual_seed(0))
     tokens = (start + 7 * torch.arange(T + 1)) % V  # each sequence steps by 7: learnable in a few steps
     data = TensorData(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
-    config = {"train.precision": precision, "train.max_steps": 40, "train.epochs": 100, "train.batch_size": 32,
-              "optim.lr": 1e-3, "log.every_steps": 1, "log.progress": "none", "log.tensorboard": False,
-              "checkpoint.enabled": False, "eval.every_epochs": 0}
+    config = {"train.precision": precision, "train.compile": True, "train.max_steps": 40, "train.epochs": 100,
+              "train.batch_size": 32, "optim.lr": 1e-3, "log.every_steps": 1, "log.progress": "none",
+              "log.tensorboard": False, "checkpoint.enabled": False, "eval.every_epochs": 0}
     trainer = Trainer(model, data, spec=spec, config=config, run_dir=run_dir)
     summary = trainer.fit()
     assert summary["status"] == "completed" and summary["precision"] == precision
@@ -48,5 +48,7 @@ def test_fp8_trains_like_bf16(tmp_path: Path) -> None:
     fp8, trainer = _run("fp8", tmp_path / "fp8")
     kinds = {type(m).__name__ for m in trainer.model.modules()}
     assert "Float8Linear" in kinds and type(trainer.model.lm_head) is torch.nn.Linear  # the head stays bf16
+    plan = json.loads((tmp_path / "fp8" / "env.json").read_text())["run"]["fp8"]  # recorded as decided
+    assert (plan["converted"], plan["skipped"]["output head"]) == (4, ["lm_head"]), plan
     assert fp8[-1] < 0.5 * fp8[0], fp8
     assert abs(sum(fp8[-5:]) - sum(bf16[-5:])) / sum(bf16[-5:]) < 0.05, (fp8[-5:], bf16[-5:])

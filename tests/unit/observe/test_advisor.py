@@ -86,3 +86,30 @@ def test_comm_bound_suggests_more_samples_per_exchange() -> None:
     fsdp = only(advise(healthy_gpu(comm_fraction=0.3, strategy="fsdp", grad_accum=2)))
     assert fsdp.change.startswith("train.grad_accum=4 (2 now)") and "parallel.strategy=ddp" in fsdp.change
     assert advise(healthy_gpu(comm_fraction=0.19, strategy="ddp")) == []
+
+
+def _fp8_plan(preset: dict[str, object], recipe: str = "tensorwise") -> dict[str, object]:
+    import torch
+
+    from gputrain.config.schema import ModelConfig
+    from gputrain.data.spec import DataSpec
+    from gputrain.fp8 import plan_fp8
+    from gputrain.models import build_model
+
+    spec = DataSpec(task="lm", input_shape=(1024,), vocab_size=50304)
+    with torch.device("meta"):
+        model = build_model(ModelConfig(name="gpt", vocab_size=50304, dropout=0.0, **preset), spec)  # type: ignore[arg-type]
+    return plan_fp8(model, recipe).to_dict()  # type: ignore[arg-type]
+
+
+def test_fp8_at_gpt2_124m_is_said_not_to_pay() -> None:
+    found = only(advise(healthy_gpu(precision="fp8", conv_net=False, fp8=_fp8_plan({"preset": "gpt2-124m"}))))
+    assert found.bottleneck == "fp8 not expected to pay"
+    assert "24 of 49 Linear layers in float8 (tensorwise; bf16: 1 output head, 24 too small to gain)" in found.evidence
+    assert "d_model 2048" in found.evidence and found.change.startswith("train.precision=bf16")
+
+
+def test_fp8_at_d_model_2048_is_quiet() -> None:
+    plan = _fp8_plan({"n_layer": 24, "n_head": 16, "d_model": 2048})  # the 1.3B GPT: 92% in float8
+    assert advise(healthy_gpu(precision="fp8", conv_net=False, fp8=plan)) == []
+    assert advise(healthy_gpu(precision="bf16", conv_net=False, fp8=None)) == []
