@@ -39,6 +39,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from gputrain.checkpoint.io import fsync_dir
 from gputrain.checkpoint.matching import canonical_name
 from gputrain.checkpoint.st_layout import Layout, layout
 from gputrain.disk_full import removed_if_failed
@@ -326,8 +327,4 @@ def _pwrite_all(fd: int, data: memoryview, at: int) -> None:
 def _commit(tmp: Path, path: Path) -> None:
     """Rank 0, once every rank has written and fsynced its part: into place, then the folder fsynced."""
     tmp.replace(path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)

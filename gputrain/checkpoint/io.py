@@ -76,7 +76,8 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (a rename into it) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -132,7 +133,7 @@ def commit_checkpoint_dir(
     # the marker carries the manifest's own checksum, so a damaged manifest is caught too
     (tmp / CHECKPOINT_MARKER).write_text(f"{step} {_sha256(tmp / CHECKPOINT_MANIFEST)}\n")
     _fsync_file(tmp / CHECKPOINT_MARKER)
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     _phase()
     if final.exists():  # re-saving a step (after a resume): swap, never leave a half state
         trash = final.with_name(f".{final.name}.old-{os.getpid()}")
@@ -142,7 +143,7 @@ def commit_checkpoint_dir(
         shutil.rmtree(trash, ignore_errors=True)
     else:
         tmp.rename(final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     return final
 
 
