@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             with recording_start_up(run_dir):
-                trainer = Trainer.from_config(config, run_dir=run_dir, evaluate=False)  # the training step only
+                trainer = Trainer.from_config(config, run_dir=run_dir, evaluate=False).setup()  # the step only
             report = trainer.profile(top=args.top)
         finally:
             shutdown_distributed()

@@ -41,6 +41,6 @@ def run(args: argparse.Namespace) -> int:
     def build() -> Trainer:
         from gputrain.train.trainer import Trainer
 
-        return Trainer.from_config(config, run_dir=run_dir)
+        return Trainer.from_config(config, run_dir=run_dir).setup()  # built where a failure is recorded
 
     return train_here("train", run_dir, build)

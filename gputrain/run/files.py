@@ -133,6 +133,30 @@ def check_run_dir(run_dir: Path, keep: bool = False) -> None:
                 path.rmdir()
 
 
+@contextlib.contextmanager
+def left_as_found(run_dir: Path) -> Iterator[None]:
+    """Within it, a failure leaves the directories it made for `run_dir` (and its missing parents)
+    removed again, where they are still empty: bad input found while a run is built (a split the
+    evaluation cannot take, a state too large) leaves no trace. Never removes a file or a directory
+    that held anything; another rank's removal or entry is no error."""
+    made = [p for p in (run_dir, *run_dir.parents) if not _exists(p)]
+    try:
+        yield
+    except BaseException:
+        for path in made:  # deepest first
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise
+
+
+def _exists(path: Path) -> bool:
+    """Whether `path` exists; a name the system refuses (too long, a file as a parent) is never made."""
+    try:
+        return path.exists()
+    except OSError:
+        return True
+
+
 def check_not_inside_a_run(run_dir: Path) -> None:
     """A run's directory is not one of another run's own folders (its checkpoints, one checkpoint,
     its TensorBoard logs) nor a checkpoint: the second run would write over the first's files, its

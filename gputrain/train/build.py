@@ -50,7 +50,7 @@ from gputrain.optim import build_optimizer, build_schedule
 from gputrain.optim.states import optimizer_states_per_param
 from gputrain.plan.batch import resolve_auto_batch
 from gputrain.precision import Precision, resolve_precision
-from gputrain.run.files import check_run_dir, default_run_dir, run_dir_path
+from gputrain.run.files import check_run_dir, default_run_dir, left_as_found, run_dir_path
 from gputrain.run.prior import claim_run_dir
 from gputrain.switches import apply_process_switches
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
@@ -208,8 +208,11 @@ def build_training(
     run_dir: str | Path | None = None,
     names: tuple[str, str] | None = None,
     tp_plan: UserTPPlan | None = None,
+    eval_splits: Mapping[str, Dataset | DataLoader] | None = None,
 ) -> TrainingParts:
-    """All the parts of a training run of `model` on `train_data` under `config`.
+    """All the parts of a training run of `model` on `train_data` under `config`; `eval_splits`
+    ({"val": data, ...}) are checked against the evaluation now (their first samples evaluated), so a
+    split it cannot take fails here rather than after an epoch.
 
     `model` may be on the meta device (or a zero-argument function, called on meta): it is then
     parallelised there and only this rank's part materialised on the device (models/meta.py).
@@ -234,140 +237,143 @@ def build_training(
     install_test_fault(model, dist.rank)  # no-op unless GPUTRAIN_TEST_FAULT is set (tests only)
 
     plan, global_batch = _batch_plan(cfg, train_data, place)
-    claim_run_dir(run_path, cfg)  # the last check before anything heavy: the directory, and a run it holds
-    shards = dims.dp_shard * dims.tp * dims.pp  # what holds 1/N of the weights and their state
-    states = optimizer_states_per_param(cfg.optim.name, cfg.optim.momentum)
-    check_training_state_fits(cfg, model, states, shards, *state_memory(device, cfg.parallel.cpu_offload))
-    if meta_init is None:
-        model = model.to(device)  # else materialised, this rank's part only, once parallelised
-    channels_last = apply_channels_last(model, device, sharded=dims.fsdp_enabled, pipelined=dims.pp_enabled)
-    # data-parallel gradient traffic is timed apart from backward; a pipeline runs its own backward
-    time_comm = (dims.ddp_enabled or dims.fsdp_enabled) and not dims.pp_enabled
-    speed = SpeedMeter(
-        model,
-        device,
-        place.precision,
-        dist.world_size,
-        global_batch,
-        task.tokens_per_sample,
-        cfg.log.breakdown_every,
-        count_flops=not dims.pp_enabled,
-        comm_timed=time_comm,
-        rank=dist.rank,
-    )
-    pixels = pixel_scaler_for(spec, train_data, device)  # uint8 images become floats on the device
-    feed = BatchFeed(
-        train_data,
-        plan,
-        device,
-        cfg.data.num_workers,
-        on_error=cfg.data.on_error,
-        grad_accum=place.grad_accum,
-        transform=build_batch_transform(cfg.data.augment, channels_last, pixels),
-        timer=speed.timer,
-    )
-    if feed.steps_per_epoch == 0:
-        raise ConfigError(
-            "train.grad_accum", "the DataLoader has fewer batches than one accumulation", place.grad_accum
+    with left_as_found(run_path):  # bad input found from here on leaves no directory behind
+        claim_run_dir(run_path, cfg)  # the last check before anything heavy: the directory, and a run it holds
+        shards = dims.dp_shard * dims.tp * dims.pp  # what holds 1/N of the weights and their state
+        states = optimizer_states_per_param(cfg.optim.name, cfg.optim.momentum)
+        check_training_state_fits(cfg, model, states, shards, *state_memory(device, cfg.parallel.cpu_offload))
+        if meta_init is None:
+            model = model.to(device)  # else materialised, this rank's part only, once parallelised
+        channels_last = apply_channels_last(model, device, sharded=dims.fsdp_enabled, pipelined=dims.pp_enabled)
+        # data-parallel gradient traffic is timed apart from backward; a pipeline runs its own backward
+        time_comm = (dims.ddp_enabled or dims.fsdp_enabled) and not dims.pp_enabled
+        speed = SpeedMeter(
+            model,
+            device,
+            place.precision,
+            dist.world_size,
+            global_batch,
+            task.tokens_per_sample,
+            cfg.log.breakdown_every,
+            count_flops=not dims.pp_enabled,
+            comm_timed=time_comm,
+            rank=dist.rank,
         )
-    total_steps = cfg.train.epochs * feed.steps_per_epoch
-    if cfg.train.max_steps is not None:
-        total_steps = min(total_steps, cfg.train.max_steps)
-    cuda_graphs = cfg.train.cuda_graphs and device.type == "cuda"
-    if cfg.train.cuda_graphs and not cuda_graphs:
-        console.info(f"train.cuda_graphs: ignored on {device.type} (CUDA graphs need a CUDA device)")
-    if dims.pp_enabled:
-        log.info("FLOPs are not counted under pipeline parallelism: MFU stays null for this run")
+        pixels = pixel_scaler_for(spec, train_data, device)  # uint8 images become floats on the device
+        feed = BatchFeed(
+            train_data,
+            plan,
+            device,
+            cfg.data.num_workers,
+            on_error=cfg.data.on_error,
+            grad_accum=place.grad_accum,
+            transform=build_batch_transform(cfg.data.augment, channels_last, pixels),
+            timer=speed.timer,
+        )
+        if feed.steps_per_epoch == 0:
+            raise ConfigError(
+                "train.grad_accum", "the DataLoader has fewer batches than one accumulation", place.grad_accum
+            )
+        total_steps = cfg.train.epochs * feed.steps_per_epoch
+        if cfg.train.max_steps is not None:
+            total_steps = min(total_steps, cfg.train.max_steps)
+        cuda_graphs = cfg.train.cuda_graphs and device.type == "cuda"
+        if cfg.train.cuda_graphs and not cuda_graphs:
+            console.info(f"train.cuda_graphs: ignored on {device.type} (CUDA graphs need a CUDA device)")
+        if dims.pp_enabled:
+            log.info("FLOPs are not counted under pipeline parallelism: MFU stays null for this run")
 
-    precision = Precision(place.precision, device)
-    if place.fp8 is not None:  # a model converter: before compile and data parallelism wrap the layers
-        console.info(apply_fp8(model, place.fp8).describe())
-    # parallelize before the optimizer: FSDP/TP replace the parameters, PP keeps only this rank's stage
-    par = parallelize(
-        model,
-        dist,
-        cfg,
-        device,
-        place.choice,
-        place.precision,
-        place.grad_accum,
-        tp_plan=_tp_plan(tp_plan, model, dims),
-        loss_fn=task.loss_fn if step_fn is None else None,
-        meta_init=meta_init,
-    )
-    optimizer = build_optimizer(par.model.parameters(), cfg.optim, global_batch, device)
-    pipeline = par.pipeline
-    if pipeline is not None and pipeline.tied is not None:  # the last stage's copy of a tied matrix follows the first's
-        optimizer.register_step_post_hook(lambda *_: pipeline.sync_tied())
-    scheduler = build_schedule(optimizer, cfg.optim, total_steps)
-    guard = build_guard(
-        cfg.train.on_nonfinite,
-        optimizer,
-        precision,
-        device=device,
-        distributed=dist.enabled,
-        pipelined=dims.pp_enabled,
-        window=cfg.log.every_steps,
-    )
-    compute_loss = loss_of_batch(task, step_fn)
-    step = StepParts(
-        model=par.step_model,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        precision=precision,
-        compute_loss=compute_loss,
-        clip_grad_norm=cfg.train.clip_grad_norm,
-        clip_grad_value=cfg.train.clip_grad_value,
-        pipeline=par.pipeline,
-        pp_group=pp_group(dist),
-        timer=speed.timer,
-        guard=guard,
-        time_comm=time_comm,
-        params=list(par.step_model.parameters()),
-        persistent_grads=cuda_graphs,
-    )
-    # how the ranks share a split: plain DDP's replicas each take a share; FSDP, hybrid and TP
-    # beside data parallelism too, each data-parallel rank in lockstep; pipeline stages do not
-    layout = eval_layout(dist, device, max(1, global_batch // place.grad_accum), dims, graphed=cuda_graphs)
-    evaluator = Evaluator(
-        par.step_model,
-        par.model,
-        EvalSpec(task, metric_names, precision.autocast, step_fn=eval_fn or step_fn),
-        layout,
-        batch_transform=pixels,
-        on_error=cfg.data.on_error,
-    )
-    checkpointer = Checkpointer(cfg.checkpoint, run_path, dist, par.model, optimizer, pipelined=dims.pp_enabled)
-    compile_check = None
-    if cfg.train.compile or cuda_graphs:
-        compile_check = CompileCheck(par.model, compute_loss, precision.autocast, device, dist)
-        if cuda_graphs or (dist.enabled and layout.sharing != REPLICATED):
-            # a second pass would replay the graphs' pools, or gather and reduce FSDP's shards /
-            # TP's and a pipeline's activations once more
-            compile_check.skip("CUDA graphs" if cuda_graphs else "sharded or split models")
-    metrics = MetricsLogger(
-        cfg.log, run_path, dist, console, speed, optimizer, global_batch, total_steps, task.tokens_per_sample
-    )
-    return TrainingParts(
-        place,
-        task,
-        par.model,
-        optimizer,
-        scheduler,
-        precision,
-        step,
-        feed,
-        global_batch,
-        total_steps,
-        speed,
-        evaluator,
-        early_stopping,
-        checkpointer,
-        metrics,
-        console,
-        run_path,
-        compile_check,
-    )
+        precision = Precision(place.precision, device)
+        if place.fp8 is not None:  # a model converter: before compile and data parallelism wrap the layers
+            console.info(apply_fp8(model, place.fp8).describe())
+        # parallelize before the optimizer: FSDP/TP replace the parameters, PP keeps only this rank's stage
+        par = parallelize(
+            model,
+            dist,
+            cfg,
+            device,
+            place.choice,
+            place.precision,
+            place.grad_accum,
+            tp_plan=_tp_plan(tp_plan, model, dims),
+            loss_fn=task.loss_fn if step_fn is None else None,
+            meta_init=meta_init,
+        )
+        optimizer = build_optimizer(par.model.parameters(), cfg.optim, global_batch, device)
+        pipeline = par.pipeline
+        if pipeline is not None and pipeline.tied is not None:  # the last stage's tied copy follows the first's
+            optimizer.register_step_post_hook(lambda *_: pipeline.sync_tied())
+        scheduler = build_schedule(optimizer, cfg.optim, total_steps)
+        guard = build_guard(
+            cfg.train.on_nonfinite,
+            optimizer,
+            precision,
+            device=device,
+            distributed=dist.enabled,
+            pipelined=dims.pp_enabled,
+            window=cfg.log.every_steps,
+        )
+        compute_loss = loss_of_batch(task, step_fn)
+        step = StepParts(
+            model=par.step_model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            precision=precision,
+            compute_loss=compute_loss,
+            clip_grad_norm=cfg.train.clip_grad_norm,
+            clip_grad_value=cfg.train.clip_grad_value,
+            pipeline=par.pipeline,
+            pp_group=pp_group(dist),
+            timer=speed.timer,
+            guard=guard,
+            time_comm=time_comm,
+            params=list(par.step_model.parameters()),
+            persistent_grads=cuda_graphs,
+        )
+        # how the ranks share a split: plain DDP's replicas each take a share; FSDP, hybrid and TP
+        # beside data parallelism too, each data-parallel rank in lockstep; pipeline stages do not
+        layout = eval_layout(dist, device, max(1, global_batch // place.grad_accum), dims, graphed=cuda_graphs)
+        evaluator = Evaluator(
+            par.step_model,
+            par.model,
+            EvalSpec(task, metric_names, precision.autocast, step_fn=eval_fn or step_fn),
+            layout,
+            batch_transform=pixels,
+            on_error=cfg.data.on_error,
+        )
+        for split, data in (eval_splits or {}).items():
+            evaluator.check(data, split)
+        checkpointer = Checkpointer(cfg.checkpoint, run_path, dist, par.model, optimizer, pipelined=dims.pp_enabled)
+        compile_check = None
+        if cfg.train.compile or cuda_graphs:
+            compile_check = CompileCheck(par.model, compute_loss, precision.autocast, device, dist)
+            if cuda_graphs or (dist.enabled and layout.sharing != REPLICATED):
+                # a second pass would replay the graphs' pools, or gather and reduce FSDP's shards /
+                # TP's and a pipeline's activations once more
+                compile_check.skip("CUDA graphs" if cuda_graphs else "sharded or split models")
+        metrics = MetricsLogger(
+            cfg.log, run_path, dist, console, speed, optimizer, global_batch, total_steps, task.tokens_per_sample
+        )
+        return TrainingParts(
+            place,
+            task,
+            par.model,
+            optimizer,
+            scheduler,
+            precision,
+            step,
+            feed,
+            global_batch,
+            total_steps,
+            speed,
+            evaluator,
+            early_stopping,
+            checkpointer,
+            metrics,
+            console,
+            run_path,
+            compile_check,
+        )
 
 
 def build_model_and_data(config: Config, run_dir: str | Path | None = None) -> tuple[nn.Module, DataBundle]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +19,20 @@ from torch.utils.data import DataLoader, Dataset
 from gputrain.config import Config, load_config
 from gputrain.data.spec import DataSpec
 from gputrain.data.tensors import as_tensor_data
+from gputrain.env.device import resolve_device
+from gputrain.errors import UsageError
 from gputrain.evaluate.scores import save_scores
 from gputrain.observe.own_sync import own_sync
 from gputrain.observe.profiler import ProfileReport, profile_run
+from gputrain.precision import resolve_precision
+from gputrain.run.files import run_dir_path
 from gputrain.run.layout import scores_name
 from gputrain.run.record import LoopFigures
 from gputrain.run.shell import LoopShape, RunShell
-from gputrain.train.build import UserTPPlan, build_model_and_data, build_training, profile_target
+from gputrain.run.signals import StopRequest
+from gputrain.train.build import TrainingParts, UserTPPlan, build_model_and_data, build_training, profile_target
 from gputrain.train.nonfinite import BadStep, note_bad_steps
+from gputrain.train.state import LoopState
 from gputrain.train.step import StepResult, train_step
 from gputrain.train.tasks import ComputeLoss, LossFn
 
@@ -51,8 +58,81 @@ _IN_PARTS = {
 """Attributes a Trainer had before it kept its parts in one place: where each is now."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Given:
+    """What the Trainer was given, kept as given until the run is built."""
+
+    model: nn.Module | Callable[[], nn.Module]
+    train_data: Dataset | DataLoader
+    loss_fn: LossFn | None
+    step_fn: ComputeLoss | None
+    eval_fn: ComputeLoss | None
+    run_dir: Path | None
+    spec: DataSpec | None
+    names: tuple[str, str] | None
+    tp_plan: UserTPPlan | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Built:
+    parts: TrainingParts
+    shell: RunShell
+
+
+def _checked_config(config: ConfigLike) -> Config:
+    """The config, loaded and checked (fields, values, their combinations, a device and precision this
+    machine has): no process group, no file, no process switch."""
+    cfg = config if isinstance(config, Config) else load_config(config)
+    resolve_precision(cfg.train.precision, resolve_device(cfg.train.device)[0])
+    return cfg
+
+
+def _is_data(data: object) -> bool:
+    """A DataLoader, a Dataset, or anything a DataLoader reads by index (a list of samples)."""
+    return isinstance(data, (Dataset, DataLoader)) or (hasattr(data, "__getitem__") and hasattr(data, "__len__"))
+
+
+def _check_given(
+    model: object,
+    train_data: object,
+    val_data: object,
+    test_data: object,
+    functions: tuple[object, object, object],
+    tp_plan: object,
+) -> None:
+    """What the Trainer's arguments alone can tell, told at once (one line each).
+
+    Raises:
+        UsageError: naming the argument and what it takes.
+    """
+    if not isinstance(model, nn.Module) and not callable(model):
+        raise UsageError(
+            f"model: got {type(model).__name__}; give an nn.Module, or a zero-argument function that builds one"
+        )
+    for name, data in (("train_data", train_data), ("val_data", val_data), ("test_data", test_data)):
+        if (data is not None or name == "train_data") and not _is_data(data):
+            raise UsageError(
+                f"{name}: got {type(data).__name__}; give a Dataset (samples by index, with a length) or a DataLoader"
+            )
+    for name, function in zip(("loss_fn", "step_fn", "eval_fn"), functions, strict=True):
+        if function is not None and not callable(function):
+            raise UsageError(f"{name}: got {type(function).__name__}; give a function")
+    if tp_plan is not None and not (isinstance(tp_plan, Mapping) or callable(tp_plan)):
+        raise UsageError(
+            f"tp_plan: got {type(tp_plan).__name__}; give {{module name: ParallelStyle}} or a function "
+            "(module, tp degree) -> that dict"
+        )
+
+
 class Trainer:
     """Train any `nn.Module` on a Dataset or DataLoader with the config's practices.
+
+    Building a Trainer is cheap: it keeps its arguments and checks what they alone can tell (the
+    config's fields and values, the arguments' kinds), so a notebook can build one, look at it and
+    change `trainer.config` freely. The run is built by `fit()` (or `setup()`, or reading one of the
+    built attributes below): that joins the job's process group, sets the process switches, runs
+    `train.batch_size=auto`'s trial steps, claims the run directory and places the model. Bad input
+    found while building leaves no directory behind.
 
     Args:
         model: the module to train; one on the meta device (or a zero-argument function that builds
@@ -61,30 +141,42 @@ class Trainer:
             where it has one), drawn as an eager build would have from the global generator.
         train_data: a Dataset (gputrain builds the loader from `train.batch_size`) or a DataLoader
             (its batches are the micro-batches).
-        loss_fn: `loss_fn(outputs, targets)` for batches of (inputs, targets); default from the task. A
-            model returning a Hugging Face ModelOutput has its `.logits` read; dict batches go to
-            `model(**batch)`, whose `.loss` is the loss.
+        loss_fn: `loss_fn(outputs, targets)` for batches of (inputs, targets): the model's outputs
+            and the batch's targets (not the whole batch); default from the task. A model returning a
+            Hugging Face ModelOutput has its `.logits` read; dict batches go to `model(**batch)`,
+            whose `.loss` is the loss.
         step_fn: `step_fn(model, batch) -> loss` for any other batch structure; validation and test
             then report its loss (no grad, eval mode), or `eval_fn`'s where given.
         eval_fn: `eval_fn(model, batch) -> loss` for evaluation, where it should differ from step_fn.
         val_data, test_data: evaluated every `eval.every_epochs` epochs and at the end.
         config: a Config, a dict of dotted keys, or a TOML path.
         run_dir: where the run's files go (default `runs/<model>-<data>-<time>/`).
+        spec: what the data is (gputrain.data.spec.DataSpec: the task, the input shape, the number
+            of classes or the vocabulary), where you know it: the task is then not told by running
+            the model on the first samples. The registries' data sources give one.
+        names: (model name, data name) for the default run directory's name and the report (default:
+            the classes' names, lower case).
         tp_plan: for `parallel.strategy=tp` with a model of your own: {module name: ColwiseParallel(),
             ...} (torch.distributed.tensor.parallel), or a function (module, tp degree) -> that dict.
 
     Attributes:
-        config: the run's config, with train.batch_size=auto resolved (what config.toml records).
-        model: the module holding this rank's parameters.
+        config: the run's config: as given until the run is built (assignable until then), then
+            with train.batch_size=auto resolved (what config.toml records).
+        val_data, test_data: the evaluation splits.
+        built: whether the run is built.
+    Built attributes (reading one builds the run, as `setup()` does):
+        model: the module holding this rank's parameters (the one you gave may be replaced:
+            materialised from meta, sharded, converted).
         optimizer, scheduler: the run's optimizer and LR schedule.
         run_dir: where the run's files go.
         state: the loop's counters (global_step, epoch, best_step, ...), current during `fit`.
         stop: the signal handler (setting `stop.requested` stops the run as a signal would).
-        parts: every part of the run, built (train/build.py's TrainingParts: the step, the feed, the
+        parts: every part of the run (train/build.py's TrainingParts: the step, the feed, the
             evaluator, the checkpointer, the metrics logger, where the run executes, ...).
 
     Raises:
-        UsageError (ConfigError, DataError): bad config or input, before anything heavy starts.
+        UsageError (ConfigError, DataError): from the constructor, a bad config or argument; from
+            `setup()`/`fit()`, input found bad while building (data, a run directory), before any step.
     """
 
     def __init__(
@@ -103,39 +195,130 @@ class Trainer:
         names: tuple[str, str] | None = None,
         tp_plan: UserTPPlan | None = None,
     ) -> None:
-        self.parts = parts = build_training(
-            config if isinstance(config, Config) else load_config(config),
-            model,
-            train_data,
+        # Only what the arguments alone can tell is checked here: nothing joins a process group,
+        # runs a forward pass or a trial step, or touches the file system before `setup()`.
+        self._config = _checked_config(config)
+        _check_given(model, train_data, val_data, test_data, (loss_fn, step_fn, eval_fn), tp_plan)
+        self._given = _Given(
+            model=model,
+            train_data=train_data,
             loss_fn=loss_fn,
             step_fn=step_fn,
             eval_fn=eval_fn,
+            run_dir=run_dir_path(run_dir) if run_dir is not None else None,
             spec=spec,
-            run_dir=run_dir,
             names=names,
             tp_plan=tp_plan,
         )
-        self.config = parts.place.config
-        self.model, self.optimizer, self.scheduler, self.run_dir = (
-            parts.model,
-            parts.optimizer,
-            parts.scheduler,
-            parts.run_dir,
-        )
-        self.val_data, self.test_data = as_tensor_data(val_data), as_tensor_data(test_data)
-        for split, data in (("val", self.val_data), ("test", self.test_data)):
-            if data is not None:  # a split its evaluation cannot take fails now, not after an epoch
-                parts.evaluator.check(data, split)
+        self.val_data, self.test_data = val_data, test_data
         self.val: dict[str, float] = {}
         self.test: dict[str, float] = {}
         """The last validation's and the test's metrics (summary.json)."""
         self._last: StepResult | None = None
+        self._built: _Built | None = None
+
+    # ----------------------------------------------------------------- building
+    def setup(self) -> Trainer:
+        """Build the run now (what `fit()` does first): join the job's process group, set the process
+        switches, resolve `train.batch_size=auto` by trial steps, claim the run directory, place and
+        parallelise the model, build the optimizer and every other part. Once only; returns self.
+
+        Raises:
+            UsageError (ConfigError, DataError): bad config or input.
+        """
+        if self._built is None:
+            self._built = self._build()
+        return self
+
+    def _build(self) -> _Built:
+        given = self._given
+        try:
+            return self._build_from(given)
+        except AttributeError as error:  # a property's AttributeError would read as a missing attribute
+            raise RuntimeError(f"building the run failed: {error}") from error
+
+    def _build_from(self, given: _Given) -> _Built:
+        val, test = as_tensor_data(self.val_data), as_tensor_data(self.test_data)
+        parts = build_training(
+            self._config,
+            given.model,
+            given.train_data,
+            loss_fn=given.loss_fn,
+            step_fn=given.step_fn,
+            eval_fn=given.eval_fn,
+            spec=given.spec,
+            run_dir=given.run_dir,
+            names=given.names,
+            tp_plan=given.tp_plan,
+            eval_splits={split: data for split, data in (("val", val), ("test", test)) if data is not None},
+        )
+        self.val_data, self.test_data = val, test
         task = parts.task
         shape = LoopShape(
             total=parts.total_steps, meta={"task": task.kind, "num_classes": task.num_classes}, before_save=self._settle
         )
-        self.shell = RunShell(parts, self.config, shape, self._figures)
-        self.state, self.stop = self.shell.state, self.shell.stop
+        return _Built(parts, RunShell(parts, parts.place.config, shape, self._figures))
+
+    @property
+    def built(self) -> bool:
+        """Whether the run is built (`setup()`, `fit()`, or reading one of the built attributes)."""
+        return self._built is not None
+
+    @property
+    def config(self) -> Config:
+        """The run's config: as given until the run is built, then resolved (train.batch_size=auto
+        decided: what config.toml records). Assignable until then (a Config, a dict of dotted keys
+        or a TOML path, checked at once)."""
+        return self._built.parts.place.config if self._built is not None else self._config
+
+    @config.setter
+    def config(self, value: ConfigLike) -> None:
+        if self._built is not None:
+            raise UsageError("Trainer.config: the run is already built; make a new Trainer for another config")
+        self._config = _checked_config(value)
+
+    @property
+    def parts(self) -> TrainingParts:
+        """Every part of the run (train/build.py's TrainingParts); reading it builds the run."""
+        return self.setup()._run.parts
+
+    @property
+    def shell(self) -> RunShell:
+        return self.setup()._run.shell
+
+    @property
+    def model(self) -> nn.Module:
+        """The module holding this rank's parameters; reading it builds the run (the module you gave
+        may be replaced: materialised from meta, sharded, converted)."""
+        return self.parts.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.parts.optimizer
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        return self.parts.scheduler
+
+    @property
+    def run_dir(self) -> Path:
+        """Where the run's files go (the default's time stamp is taken when the run is built)."""
+        return self.parts.run_dir
+
+    @property
+    def state(self) -> LoopState:
+        """The loop's counters (global_step, epoch, best_step, ...), current during `fit`."""
+        return self.shell.state
+
+    @property
+    def stop(self) -> StopRequest:
+        """The signal handler: setting `stop.requested` stops the run as a signal would."""
+        return self.shell.stop
+
+    @property
+    def _run(self) -> _Built:
+        assert self._built is not None, "setup() builds the run first"
+        return self._built
 
     def __getattr__(self, name: str) -> Any:
         # only for names not found the usual way: one a Trainer used to have says where it is now
@@ -174,6 +357,7 @@ class Trainer:
         Args:
             on_step: called after each optimizer step (a profiler's step clock).
         """
+        self.setup()
         self.model.train()
         self.parts.step.model.train()
         # the feed's loader workers end with the run, however it ends

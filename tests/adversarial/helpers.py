@@ -32,8 +32,8 @@ def linear_data(n: int = 64) -> TensorData:
 
 
 def linear_trainer(run_dir: Path, **config: Any) -> Trainer:
-    """A linear classifier on `linear_data`, QUIET with `config` on top; with a held-out split where
-    the config stops early on it."""
+    """A linear classifier on `linear_data`, QUIET with `config` on top, built; with a held-out split
+    where the config stops early on it."""
     torch.manual_seed(0)
     val = linear_data(16) if "eval.early_stop_metric" in config else None
     return Trainer(
@@ -43,7 +43,7 @@ def linear_trainer(run_dir: Path, **config: Any) -> Trainer:
         loss_fn=F.cross_entropy,
         config={**QUIET, **config},
         run_dir=run_dir,
-    )
+    ).setup()  # built at once: these cases are about what the build refuses
 
 
 def fingerprint(run_dir: Path) -> dict[str, str]:

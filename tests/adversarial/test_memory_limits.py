@@ -98,7 +98,7 @@ def test_the_trainer_refuses_before_the_model_is_materialised(tmp_path: Path, mo
     monkeypatch.setattr(meta.MetaInit, "materialize", lambda *a, **k: (materialised.append(True), real(*a, **k)))
     with pytest.raises(ConfigError) as err:
         Trainer.from_config(None, run_dir=tmp_path / "r", overrides={
-            **QUIET, "model.name": "mlp", "model.hidden_sizes": [512, 512]})
+            **QUIET, "model.name": "mlp", "model.hidden_sizes": [512, 512]}).setup()
     assert err.value.field == "model.hidden_sizes" and "(a test limit)" in str(err.value)
     assert not materialised
 
@@ -107,7 +107,7 @@ def test_a_users_own_model_is_refused_without_a_field(tmp_path: Path, monkeypatc
     monkeypatch.setattr("gputrain.train.build.state_memory", lambda *_: ((2**10, "a test limit"), "the host"))
     data = TensorData(torch.randn(64, 64), torch.randint(0, 3, (64,)))
     with pytest.raises(UsageError) as err:
-        Trainer(nn.Linear(64, 3), data, loss_fn=F.cross_entropy, config=QUIET, run_dir=tmp_path / "r")
+        Trainer(nn.Linear(64, 3), data, loss_fn=F.cross_entropy, config=QUIET, run_dir=tmp_path / "r").setup()
     assert not isinstance(err.value, ConfigError)
     assert str(err.value).startswith("the model's 195 parameters need ") and "use a smaller model" in str(err.value)
 

@@ -62,7 +62,7 @@ def test_python_api_refuses_before_building(tmp_path):
     model = nn.Sequential(nn.Linear(8, 2))
     config = {"train.precision": "fp8", "train.device": "cpu", "train.compile": True}
     with pytest.raises(ConfigError, match="fp8 needs"):
-        Trainer(model, data, config=config, run_dir=tmp_path / "run")
+        Trainer(model, data, config=config, run_dir=tmp_path / "run").setup()
     assert not (tmp_path / "run").exists()
 
 
@@ -89,7 +89,7 @@ def test_fp8_without_compile_is_refused_with_the_config():
 def test_python_api_refuses_fp8_without_compile(tmp_path):
     data = TensorData(torch.randn(64, 8), torch.randint(0, 2, (64,)))
     with pytest.raises(ConfigError, match=r"train\.compile.*needs train\.compile=true"):
-        Trainer(nn.Linear(8, 2), data, config={"train.precision": "fp8"}, run_dir=tmp_path / "run")
+        Trainer(nn.Linear(8, 2), data, config={"train.precision": "fp8"}, run_dir=tmp_path / "run").setup()
     assert not (tmp_path / "run").exists()
 
 

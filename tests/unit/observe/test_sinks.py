@@ -85,7 +85,7 @@ def test_a_missing_tensorboard_is_a_usage_error_of_the_api(tmp_path: Path, monke
     monkeypatch.setitem(sys.modules, "tensorboard.compat.proto.summary_pb2", None)  # as if not installed
     data = TensorDataset(torch.randn(128, 4), torch.randint(0, 2, (128,)))
     with pytest.raises(UsageError) as err:
-        Trainer(torch.nn.Linear(4, 2), data, config={"train.device": "cpu", "log.progress": "none"}, run_dir=tmp_path)
+        Trainer(torch.nn.Linear(4, 2), data, config={"train.device": "cpu", "log.progress": "none"}, run_dir=tmp_path).setup()
     assert str(err.value) == ("config error: log.tensorboard: the tensorboard package is not installed: pip install "
                               "tensorboard, or set log.tensorboard=false")
 

@@ -36,7 +36,7 @@ def test_auto_is_resolved_into_a_new_config_which_config_toml_records(
 ) -> None:
     given = load_config(None, [*overrides, *QUIET])
     model, data = _model_and_data()
-    trainer = Trainer(model, data, config=given, run_dir=tmp_path / "run")
+    trainer = Trainer(model, data, config=given, run_dir=tmp_path / "run").setup()
     assert getattr(given.train, field) == "auto"  # the caller's config is not written into
     resolved = trainer.config.train
     assert isinstance(getattr(resolved, field), int) and isinstance(resolved.grad_accum, int)
@@ -62,5 +62,5 @@ def test_the_batch_is_decided_after_the_process_switches(monkeypatch: pytest.Mon
     monkeypatch.setattr(build, "apply_process_switches", switches)
     monkeypatch.setattr(build, "resolve_auto_batch", auto_batch)
     model, data = _model_and_data()
-    Trainer(model, data, config=load_config(None, ["train.batch_size=auto", *QUIET]), run_dir=tmp_path / "run")
+    Trainer(model, data, config=load_config(None, ["train.batch_size=auto", *QUIET]), run_dir=tmp_path / "run").setup()
     assert calls == ["switches", "auto batch"]

@@ -128,7 +128,7 @@ def test_an_eval_fn_alone_reports_its_loss_and_nothing_it_cannot_give(tmp_path: 
     assert summary["val"] == {"loss": pytest.approx(7.0)}  # no accuracy of outputs it never saw
     with pytest.raises(UsageError) as err:  # refused before training: nothing is written
         Trainer(nn.Linear(5, 3), data, eval_fn=eval_fn, val_data=data, run_dir=tmp_path / "b",
-                config={**QUIET, "eval.early_stop_metric": "accuracy"})
+                config={**QUIET, "eval.early_stop_metric": "accuracy"}).setup()
     assert str(err.value) == ("config error: eval.early_stop_metric = 'accuracy': is not among the validation "
                               "metrics: loss (eval_fn= computes the evaluation's loss and no other figure)")
     assert not (tmp_path / "b").exists()
@@ -148,7 +148,7 @@ def test_a_validation_split_the_evaluation_cannot_take_is_refused_before_trainin
     x, y = _blobs()
     with pytest.raises(UsageError) as err:
         Trainer(nn.Linear(5, 3), Records(), step_fn=_step, val_data=TensorDataset(x, y), config=QUIET,
-                run_dir=tmp_path / "a")
+                run_dir=tmp_path / "a").setup()
     assert str(err.value).startswith(
         "val_data cannot be evaluated: its first batch ((inputs, targets) tensors) fails in the evaluation's "
         "function (eval_fn=, or step_fn= without one): TypeError: tuple indices must be integers or slices, "
@@ -156,12 +156,13 @@ def test_a_validation_split_the_evaluation_cannot_take_is_refused_before_trainin
     assert str(err.value).endswith("test_python_api.py:42 in _step); give it batches that function takes, or pass "
                                    "the Trainer an eval_fn=(model, batch) -> loss for these")
     with pytest.raises(UsageError) as err:
-        Trainer(nn.Linear(5, 3), TensorDataset(x, y), test_data=Records(), config=QUIET, run_dir=tmp_path / "b")
+        Trainer(nn.Linear(5, 3), TensorDataset(x, y), test_data=Records(), config=QUIET,
+                run_dir=tmp_path / "b").setup()
     assert str(err.value) == (
         "test_data cannot be evaluated: its first batch (dicts with keys features, label) fails in (inputs, "
         "targets), as in training: KeyError: 0; give it (inputs, targets) samples as training has, or pass "
         "eval_fn=(model, batch) -> loss to the Trainer")
-    assert not any((tmp_path / "a").iterdir()) and not any((tmp_path / "b").iterdir())  # nothing trained
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # nothing trained, nothing left
 
 
 class _Mlp(nn.Module):
@@ -194,14 +195,14 @@ def test_the_check_of_the_evaluation_splits_compiles_nothing(tmp_path: Path) -> 
 
 def test_dict_batches_without_labels_are_refused_before_training(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as err:
-        Trainer(_tiny_gpt2(), TokenRecords(["input_ids"]), config=QUIET, run_dir=tmp_path)
+        Trainer(_tiny_gpt2(), TokenRecords(["input_ids"]), config=QUIET, run_dir=tmp_path).setup()
     assert str(err.value) == (
         "train_data: model(**batch) returns no .loss for its batches, dicts with keys input_ids, and its batches "
         "have no 'labels': give each sample its labels (a Hugging Face model computes its loss from them), or "
         "pass step_fn=(model, batch) -> loss to the Trainer")
     with pytest.raises(UsageError) as err:
         Trainer(_tiny_gpt2(), TokenRecords(["input_ids", "labels"]), val_data=TokenRecords(["input_ids"]),
-                config=QUIET, run_dir=tmp_path)
+                config=QUIET, run_dir=tmp_path).setup()
     assert str(err.value) == (
         "val_data has no labels (dicts with keys input_ids): model(**batch) gives no loss without them; give its "
         "samples training's keys (with labels), or pass eval_fn=(model, batch) -> loss to the Trainer")
@@ -214,7 +215,7 @@ def test_the_models_own_error_on_the_first_samples_is_reported(tmp_path: Path) -
     x, _ = _tokens()
     with pytest.raises(UsageError) as err:  # token ids past the vocabulary: the model's own IndexError
         Trainer(transformers.GPT2ForSequenceClassification(config), TensorDataset(x + 50, torch.zeros(64).long()),
-                config=QUIET, run_dir=tmp_path)
+                config=QUIET, run_dir=tmp_path).setup()
     message = str(err.value)
     assert message.startswith("the model raises on train_data's first samples, model(inputs) with inputs "
                               "int64 [2, 12]: IndexError: index out of range in self (at transformers/models/gpt2/"
@@ -266,7 +267,7 @@ def test_an_unknown_task_names_both_ways_out_before_training(tmp_path: Path) -> 
     x = torch.randn(32, 4)
     with pytest.raises(UsageError, match=r"cannot tell the task from outputs \(2, 4, 2\) and targets \(2,\): "
                                          r"pass loss_fn=\(outputs, targets\) -> loss, or step_fn="):
-        Trainer(Odd(), TensorDataset(x, torch.randint(0, 3, (32,))), config=QUIET, run_dir=tmp_path)
+        Trainer(Odd(), TensorDataset(x, torch.randint(0, 3, (32,))), config=QUIET, run_dir=tmp_path).setup()
 
 
 def test_an_interrupted_fit_says_how_to_resume_in_python(tmp_path: Path) -> None:

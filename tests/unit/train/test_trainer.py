@@ -102,7 +102,7 @@ def test_batch_larger_than_the_data_is_a_config_error(tmp_path):
 
     n_train = digits_train_size()
     with pytest.raises(ConfigError, match=f"train.batch_size.*larger than the {n_train} training samples"):
-        make_trainer(tmp_path / "b", **{"train.batch_size": n_train + 1})
+        make_trainer(tmp_path / "b", **{"train.batch_size": n_train + 1}).setup()
 
 
 def test_bf16_autocast_trains_on_cpu(tmp_path):
