@@ -42,6 +42,14 @@ def _time(fn: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
+def hidden_share(t_copy: float, t_compute: float, t_both: float, batches: int) -> float:
+    """The share of the copy time that can hide which did: what running both together saved, over
+    min(t_copy, t_compute)·(N−1)/N (the first copy has no compute before it; no more than the shorter
+    of the two can run under the other). 0 when nothing overlapped, 1 when all that can hide did."""
+    hideable = min(t_copy, t_compute) * (batches - 1) / batches
+    return min(1.0, max(0.0, (t_copy + t_compute - t_both) / hideable))
+
+
 def _median_time(fn: Callable[[], None], repeats: int = 3) -> float:
     return sorted(_time(fn) for _ in range(repeats))[repeats // 2]
 
@@ -89,10 +97,8 @@ def measure_overlap(device: torch.device, batch_bytes: int, batches: int, matmul
     t_copy = _median_time(copies)
     t_compute = _median_time(lambda: [compute(resident) for _ in range(batches)])
     t_both = _median_time(through_prefetcher)
-    saved = t_copy + t_compute - t_both
-    hideable = min(t_copy, t_compute) * (batches - 1) / batches
-    return {"hidden_share": min(1.0, max(0.0, saved / hideable)),
-            "hidden_of_copy": min(1.0, max(0.0, saved / t_copy)), "host_memory": "pinned" if pinned else "pageable",
+    return {"hidden_share": hidden_share(t_copy, t_compute, t_both, batches),
+            "hidden_of_copy": min(1.0, max(0.0, (t_copy + t_compute - t_both) / t_copy)), "host_memory": "pinned" if pinned else "pageable",
             "pinned_on_the_fly": not pinned and pin_on_the_fly,
             "t_copy_s": t_copy, "t_compute_s": t_compute, "t_both_s": t_both, "batches": batches,
             "batch_bytes": batch_bytes, "h2d_bytes_per_s": batch_bytes * batches / t_copy,

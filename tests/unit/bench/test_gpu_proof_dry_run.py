@@ -167,3 +167,20 @@ def test_verdicts_on_a_gpu_run_and_the_largest_batch_search():
         assert found <= largest and found >= largest * 0.98 - 1 and trials == len(tried) <= 10, (largest, tried)
     assert proof_issue28._largest_that_fits(lambda micro: True, 64, 128) == (128, 2)  # the ceiling, said as such
     assert proof_issue28._largest_that_fits(lambda micro: False, 64, 128)[0] == 0
+
+
+def test_the_hidden_share_is_of_what_can_hide():
+    """Issue 28's first run: 40 copies of 1.25 ms and a step of one matmul (0.22 ms). At most the
+    compute can hide under the copies (17% of the copy time); the old share, of all copy time, read
+    one-off costs of the cold compute run as overlap (56%). Of what can hide, a perfect overlap is 1
+    whichever is longer, and running them one after the other is 0."""
+    sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
+    import proof_pipeline
+
+    copy, compute, n = 40 * 1.25e-3, 40 * 0.22e-3, 40
+    perfect = max(copy, compute) + min(copy, compute) / n  # the first copy (or step) alone
+    assert proof_pipeline.hidden_share(copy, compute, perfect, n) == pytest.approx(1.0)
+    assert proof_pipeline.hidden_share(copy, compute, copy + compute, n) == 0.0
+    assert proof_pipeline.hidden_share(copy, compute, copy + compute / 2, n) == pytest.approx(0.5 * n / (n - 1))
+    long_compute = 40 * 1.9e-3  # the remade test: each step 1.5x its copy
+    assert proof_pipeline.hidden_share(copy, long_compute, long_compute + copy / n, n) == pytest.approx(1.0)

@@ -226,11 +226,12 @@ def test_kernel_launches_are_counted_per_step_and_named_by_the_op_that_made_them
         _event("cudaLaunchKernel", 45, 46),
         _event("cudaGraphLaunch", 47, 48),
         _event("cudaLaunchKernel", 60, 61),
+        _event("cudaLaunchKernel", 20, 21),  # where step 1 ends and step 2 starts: step 2's
         _event("cudaMemcpyAsync", 15, 16),
     ]
     first, second = anatomy._launches(events, steps=2)
     assert first == {"aten::linear": 2}
-    assert second == {anatomy.COMPILED_REGION: 1, "cudaLaunchKernel": 1, "cudaGraphLaunch": 1}
+    assert second == {anatomy.COMPILED_REGION: 1, "cudaLaunchKernel": 2, "cudaGraphLaunch": 1}
 
 
 def test_host_waits_are_the_sync_debug_modes_per_call_warnings_only() -> None:
