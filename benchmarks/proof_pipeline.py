@@ -98,7 +98,8 @@ def measure_overlap(device: torch.device, batch_bytes: int, batches: int, matmul
     t_compute = _median_time(lambda: [compute(resident) for _ in range(batches)])
     t_both = _median_time(through_prefetcher)
     return {"hidden_share": hidden_share(t_copy, t_compute, t_both, batches),
-            "hidden_of_copy": min(1.0, max(0.0, (t_copy + t_compute - t_both) / t_copy)), "host_memory": "pinned" if pinned else "pageable",
+            "hidden_of_copy": min(1.0, max(0.0, (t_copy + t_compute - t_both) / t_copy)),
+            "host_memory": "pinned" if pinned else "pageable",
             "pinned_on_the_fly": not pinned and pin_on_the_fly,
             "t_copy_s": t_copy, "t_compute_s": t_compute, "t_both_s": t_both, "batches": batches,
             "batch_bytes": batch_bytes, "h2d_bytes_per_s": batch_bytes * batches / t_copy,
@@ -192,6 +193,7 @@ def part_pipeline(ctx: Context) -> dict[str, Any]:
         hides = f"no prefetcher on a CPU (copies stand in: {100 * overlap['hidden_share']:.0f}%)"
     return {"summary": f"{hides} ({overlap['h2d_bytes_per_s'] / 1e9:.1f} GB/s, {overlap['matmuls_per_step']} "
                        f"matmuls a step); {kind} per non-logging step ≤ {worst}",
-            "overlap": overlap, "overlap_pageable": pageable, "overlap_pageable_as_is": pageable_as_is, "syncs": syncs, "sync_counting": kind,
+            "overlap": overlap, "overlap_pageable": pageable, "overlap_pageable_as_is": pageable_as_is,
+            "syncs": syncs, "sync_counting": kind,
             "goals": [goal("prefetcher: share of hideable host→device time hidden", overlap["hidden_share"], 0.90),
                       goal(f"{kind} per non-logging step (max)", worst, 0, higher_is_better=False)]}
