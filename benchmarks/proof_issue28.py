@@ -278,3 +278,34 @@ def part_in_memory(ctx: Context) -> dict[str, Any]:
                                                                   for k, r in rows.items()),
             "rows": rows,
             "goals": [goal("tensor-backed data sets fed by batch indexing (share)", in_memory / len(tensor_kinds), 1.0)]}
+
+
+def part_anatomy(ctx: Context) -> dict[str, Any]:
+    """benchmarks/step_anatomy.py on the GPU (`--device cuda`): per step, the kernel launches and the
+    host waits torch's sync debug mode reports, gputrain against the hand loop compiled whole, on the
+    2-layer GPT-2-shaped GPT in bf16, eager and compiled. The dry run counts the same code on the
+    CPU's tiny GPT, eagerly (no launches there; the syncing ops stand in for host waits)."""
+    import step_anatomy
+
+    device = str(ctx.device)
+    case = step_anatomy.CASES["gpt-tiny" if ctx.dry_run else "gpt2-2layer"]()
+    precision = "fp32" if ctx.dry_run else "bf16"
+    rows = []
+    for compiled in (False,) if ctx.dry_run else (False, True):
+        hand = step_anatomy.measure(case, "hand", compiled, 8, 4, precision=precision, device=device)
+        ours = step_anatomy.measure(case, "gputrain", compiled, 8, 4, precision=precision, device=device)
+        rows.append(step_anatomy.summary(ours, hand))
+        print(step_anatomy.cuda_row(ours, hand), flush=True)  # in the log if the cap cuts the next
+    last = rows[-1]
+    extra = last["launches_per_step"]["gputrain"] - last["launches_per_step"]["hand"]
+    waits = max(r["host_waits_per_step"]["gputrain_quiet"] + r["syncing_ops"]["gputrain_quiet"] for r in rows)
+    mode = "compiled" if last["compiled"] else "eager"
+    return {"summary": f"{case.name} {mode}, {precision}: kernel launches a quiet step hand "
+                       f"{last['launches_per_step']['hand']} / gputrain {last['launches_per_step']['gputrain']}; "
+                       f"host waits on a quiet step {waits}; compiled regions a step "
+                       f"{last['regions_per_step']['hand']} / {last['regions_per_step']['gputrain']}; "
+                       f"violations {sum(len(r['violations']) for r in rows)}",
+            "rows": rows, "launch_handful": step_anatomy.LAUNCH_HANDFUL,
+            "goals": [goal("anatomy: host waits on a quiet step (gputrain)", waits, 0, higher_is_better=False),
+                      goal("anatomy: kernel launches a quiet step beyond the hand loop's", extra,
+                           step_anatomy.LAUNCH_HANDFUL, higher_is_better=False)]}

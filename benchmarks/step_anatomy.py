@@ -9,7 +9,7 @@ shows here, not on a rare GPU.
 
 For each model, eager and compiled, both loops train the same model (same weights, data, batch
 order, precision (fp32, or bf16 autocast in both), fused AdamW, gradient clipping or none, the
-same compile scope: gputrain's `compile_in_place`, block by block where the model has blocks) for
+same compile scope: gputrain's `compile_in_place`, the whole model as nanoGPT compiles it) for
 a few steps, each step inside a `record_function` range, under
 torch.profiler (which, unlike a TorchDispatchMode, leaves dynamo's compiled code running; under a
 dispatch mode dynamo runs a compiled frame eagerly). Per step, from step 3 on:
@@ -28,6 +28,13 @@ dispatch mode dynamo runs a compiled frame eagerly). Per step, from step 3 on:
 - **frames / graphs / breaks / recompiles**: torch._dynamo's counters (frames compiled, unique
   graphs, graph breaks); a recompile is any frame compiled after step 2.
 
+On a GPU (`--device cuda`, benchmarks/gpu_proof.py's anatomy part) two counts are added per step:
+- **launches**: kernel launches the host made (the profiler's CUDA runtime and driver events:
+  `cudaLaunchKernel`, inductor's Triton kernels' `cuLaunchKernel`, a CUDA graph's one
+  `cudaGraphLaunch`), what the host pays per step whatever the kernels do;
+- **device syncs**: the calls that made the host wait for the GPU, as torch's sync debug mode
+  ("warn") reports them, `.cpu()` and pageable copies included, which the CPU count cannot see.
+
 gputrain runs `Trainer.fit` on the model and data (build_training's parts, as `gputrain train`
 builds them), with the GPU's non-finite guard (the
 device-side one, device_guard.py: on a CPU a run gets the host guard, one read a step, because there
@@ -41,7 +48,8 @@ zero_grad, schedule step.
 `measure` and `violations` are what tests/unit/train/test_step_anatomy.py and
 tests/adversarial/test_step_anatomy.py assert on; ALLOWED_EXTRA names every op gputrain's quiet
 step may dispatch beyond the hand loop's, and why. For compiled runs the hand loop is also run
-with the whole model compiled (nanoGPT's scope), to show what the scope costs.
+with its blocks compiled one by one (gputrain's scope under FSDP, TP, activation checkpointing or a
+pipeline; its only scope before issue 28), to show what the scope costs.
 """
 
 from __future__ import annotations
@@ -78,6 +86,12 @@ SYNC_OPS = frozenset({
 Counted where the host calls them (outermost aten ops), not where a CPU kernel reads a number
 inside itself (the CPU's fused AdamW reads each step count so; on a GPU that is one kernel)."""
 COMPILED_REGION = "Torch-Compiled Region"
+LAUNCH_MARKS = ("LaunchKernel", "LaunchCooperativeKernel", "cudaGraphLaunch")
+"""Substrings of the CUDA runtime/driver calls that launch work: cudaLaunchKernel(ExC), cuLaunchKernel(Ex)
+(inductor's Triton kernels), a cooperative launch, a CUDA graph's replay."""
+SYNC_WARNING = "called a synchronizing CUDA operation"
+"""torch.cuda.set_sync_debug_mode("warn")'s per-call warning (the mode also warns, once, that it is a
+prototype: not counted)."""
 
 
 GUARD = "the non-finite guard (device_guard.py)"
@@ -102,6 +116,12 @@ ALLOWED_EXTRA: dict[str, tuple[int, str]] = {
 """The ops gputrain's quiet step may dispatch beyond the hand loop's, each named; every other
 extra op is a finding. On a GPU the guard's five are kernels (the flag check, add_, eq, where and
 the step counts' _foreach_sub_), the second group's two as well; the rest launch nothing."""
+
+LAUNCH_HANDFUL = 10
+"""Kernel launches gputrain's quiet step may make beyond the hand loop's on a GPU: ALLOWED_EXTRA's
+kernels (the guard's flag check, add_, eq, where and two _foreach_sub_, the second parameter group's
+fused AdamW and step counts: 8, each one multi-tensor launch at these parameter counts), and two to
+spare for the clip's add and a fill the CUDA guard's flag may need. The others are views or casts."""
 
 PER_MICRO_BATCH = {"aten::detach": 1, "aten::flatten": 2, "aten::to": 1}
 """Of ALLOWED_EXTRA, what each micro-batch adds (the loss's detach, the LM loss's flattens and cast)."""
@@ -204,6 +224,14 @@ class StepCount:
     """Frames dynamo compiled during this step."""
     graphs: int
     breaks: int
+    launches: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    """Kernel launches by the op or compiled region that made them (on a GPU; none on a CPU)."""
+    device_syncs: int = 0
+    """Host waits the sync debug mode reported (on a GPU)."""
+
+    @property
+    def n_launches(self) -> int:
+        return sum(self.launches.values())
 
     @property
     def n_ops(self) -> int:
@@ -230,6 +258,7 @@ class Anatomy:
     break_reasons: list[str]
     accum: int = 1
     """Micro-batches a step."""
+    device: str = "cpu"
 
     def after_warmup(self) -> list[tuple[int, StepCount]]:
         return [(i + 1, s) for i, s in enumerate(self.steps) if i >= 2]
@@ -251,6 +280,14 @@ class Anatomy:
         """The most syncs of a step after warm-up, logging steps or the others."""
         return max((s.n_syncs for i, s in self.after_warmup() if self.logging(i) == logging), default=0)
 
+    def device_syncs(self, logging: bool) -> int:
+        """The most host waits the sync debug mode saw in a step after warm-up (a GPU's)."""
+        return max((s.device_syncs for i, s in self.after_warmup() if self.logging(i) == logging), default=0)
+
+    def launches_per_step(self) -> int:
+        """The most kernel launches of a quiet step after warm-up (a GPU's)."""
+        return max((s.n_launches for i, s in self.after_warmup() if not self.logging(i)), default=0)
+
     def regions_per_step(self) -> int:
         return min(s.regions for _, s in self.after_warmup())
 
@@ -263,18 +300,18 @@ class _Recorder:
     """Opens one profiler range a step: `next()` ends the current step and starts the next; the
     dynamo counters are read at each boundary."""
 
-    def __init__(self) -> None:
-        self.bounds: list[tuple[int, int, int]] = []
+    def __init__(self, device_syncs: Callable[[], int] = lambda: 0) -> None:
+        self.bounds: list[tuple[int, int, int, int]] = []
         self._range: Any = None
+        self._device_syncs = device_syncs
 
     def next(self) -> None:
         from torch._dynamo.utils import counters
 
         if self._range is not None:
             self._range.__exit__(None, None, None)
-        self.bounds.append(
-            (counters["frames"]["total"], counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()))
-        )
+        self.bounds.append((counters["frames"]["total"], counters["stats"]["unique_graphs"],
+                            sum(counters["graph_break"].values()), self._device_syncs()))
         self._range = torch.profiler.record_function(f"{STEP}:{len(self.bounds)}")
         self._range.__enter__()
 
@@ -312,13 +349,47 @@ def _outermost(event: Any, names: Callable[[str], bool]) -> bool:
     return True
 
 
+def _on_host(event: Any) -> bool:
+    return str(getattr(event, "device_type", "CPU")).endswith("CPU")
+
+
+def _launcher(event: Any) -> str:
+    """What made a launch: the outermost aten op or compiled region above it, else the call's name."""
+    found = event.name
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::") or parent.name.startswith(COMPILED_REGION):
+            found = parent.name
+        parent = parent.cpu_parent
+    return found
+
+
+def _launches(events: list[Any], steps: int) -> list[collections.Counter]:
+    """Kernel launches per step, by what made them (`_launcher`): each runtime/driver launch call in
+    the step's range (by time, on the host's side: runtime calls need not nest under the step's range)."""
+    ranges = sorted((e.time_range.start, e.time_range.end, int(e.name.rsplit(":", 1)[1]))
+                    for e in events if e.name.startswith(STEP + ":") and _on_host(e))
+    launches: list[collections.Counter] = [collections.Counter() for _ in range(steps)]
+    for event in events:
+        if not (_on_host(event) and any(mark in event.name for mark in LAUNCH_MARKS)):
+            continue
+        for start, end, step in ranges:
+            if start <= event.time_range.start < end and step <= steps:
+                launches[step - 1][_launcher(event)] += 1
+                break
+    return launches
+
+
 def _count(prof: Any, recorder: _Recorder, steps: int) -> list[StepCount]:
     """Split the profile's events by step range."""
     ops: list[collections.Counter] = [collections.Counter() for _ in range(steps)]
     syncs: list[collections.Counter] = [collections.Counter() for _ in range(steps)]
     regions = [0] * steps
-    for event in prof.events():
+    events = list(prof.events())
+    for event in events:
         name = event.name
+        if not _on_host(event):  # a GPU's copy of a range or op (kernels, annotations)
+            continue
         is_aten = name.startswith("aten::")
         if not (is_aten or name.startswith(COMPILED_REGION)):
             continue
@@ -332,54 +403,80 @@ def _count(prof: Any, recorder: _Recorder, steps: int) -> list[StepCount]:
             ops[step - 1][name] += 1
             if name in SYNC_OPS:
                 syncs[step - 1][name] += 1
+    launches = _launches(events, steps)
     bounds = recorder.bounds
     counts = []
     for i in range(steps):
         # bounds[i] is read when step i+1 starts, bounds[i+1] when it ends
-        (f0, g0, b0), (f1, g1, b1) = bounds[i], bounds[i + 1]
-        counts.append(StepCount(ops[i], syncs[i], regions[i], f1 - f0, g1 - g0, b1 - b0))
+        (f0, g0, b0, s0), (f1, g1, b1, s1) = bounds[i], bounds[i + 1]
+        counts.append(StepCount(ops[i], syncs[i], regions[i], f1 - f0, g1 - g0, b1 - b0, launches[i], s1 - s0))
     return counts
 
 
+@contextlib.contextmanager
+def _sync_warnings(device: torch.device) -> Iterator[Callable[[], int]]:
+    """On CUDA, torch's sync debug mode in "warn": yields a count of the host waits it reported so far."""
+    if device.type != "cuda":
+        yield lambda: 0
+        return
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield lambda: sum(SYNC_WARNING in str(w.message) for w in caught)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+
 def _profiled(run: Callable[[_Recorder], None], case: Case, loop: str, compiled: bool, steps: int,
-              log_every: int) -> Anatomy:
+              log_every: int, device: torch.device) -> Anatomy:
     from torch._dynamo.utils import counters
 
-    recorder = _Recorder()
-    with _fresh_dynamo(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with _fresh_dynamo(), _sync_warnings(device) as device_syncs, torch.profiler.profile(activities=activities) as prof:
+        recorder = _Recorder(device_syncs)
         try:
             run(recorder)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # after the last step's range: not counted as a step's
         finally:
             recorder.close()
-    total = recorder.bounds[-1]
+    frames, graphs, breaks, _ = recorder.bounds[-1]
     reasons = sorted(str(r) for r in counters["graph_break"])
-    return Anatomy(loop, case.name, compiled, log_every, _count(prof, recorder, steps), *total, reasons)
+    return Anatomy(loop, case.name, compiled, log_every, _count(prof, recorder, steps), frames, graphs, breaks,
+                   reasons, device=device.type)
 
 
 def hand_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: float | None = None,
-              whole: bool = False, precision: str = "fp32", accum: int = 1) -> Anatomy:
-    """The hand loop: plain PyTorch on the same model, data order, fused AdamW and compile scope
-    (`whole`: the whole model compiled as one, nanoGPT's and gpu_gpt2.py's scope, instead)."""
+              scope: str = "model", precision: str = "fp32", accum: int = 1, device: str = "cpu") -> Anatomy:
+    """The hand loop: plain PyTorch on the same model, data order and fused AdamW, compiled as
+    nanoGPT and gpu_gpt2.py compile it: `torch.compile` of the whole model's forward (`scope`
+    "blocks": each block of the stack instead, distributed/compiling.py's)."""
     from gputrain.distributed.compiling import compile_in_place
 
-    model = case.make_model()
-    if compiled and whole:
+    on = torch.device(device)
+    model = case.make_model().to(on)
+    if compiled and scope == "model":  # nanoGPT's own call, not gputrain's
         model.forward = types.MethodType(torch.compile(type(model).forward), model)  # type: ignore[method-assign]
     elif compiled:
-        compile_in_place(model)
+        compile_in_place(model, scope="blocks")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     plan = BatchPlan(num_samples=len(case.data), global_batch=case.batch, grad_accum=accum, seed=0)
-    inputs, targets = case.data.inputs, case.data.targets
+    inputs, targets = case.data.inputs.to(on), case.data.targets.to(on)  # on the GPU, as gputrain's are
 
     def autocast() -> contextlib.AbstractContextManager[Any]:
         if precision == "bf16":
-            return torch.autocast("cpu", dtype=torch.bfloat16)
+            return torch.autocast(on.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def run(recorder: _Recorder) -> None:
         model.train()
-        order = iter(plan.micro_batches(0))
+        order = iter(plan.micro_batches(0, device=on))
         recorder.next()
         for _ in range(steps):
             for idx in next(order):  # nanoGPT's accumulation: each micro-batch's loss / accum
@@ -393,7 +490,7 @@ def hand_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: 
             scheduler.step()
             recorder.next()
 
-    return _profiled(run, case, "hand", compiled, steps, log_every)
+    return _profiled(run, case, "hand", compiled, steps, log_every, on)
 
 
 @contextlib.contextmanager
@@ -409,14 +506,17 @@ def _device_guard_on_cpu() -> Iterator[None]:
 
 
 def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: float | None = None,
-                  precision: str = "fp32", accum: int = 1) -> Anatomy:
+                  precision: str = "fp32", accum: int = 1, device: str = "cpu") -> Anatomy:
     """`Trainer.fit` on the same model and data, as `gputrain train` builds it (fp32, fused AdamW,
     the device-side non-finite guard), logging every `log_every` steps."""
     from gputrain import Trainer
 
+    on = torch.device(device)
+
     def run(recorder: _Recorder) -> None:
-        with tempfile.TemporaryDirectory() as run_dir, _device_guard_on_cpu():
-            config = {"train.device": "cpu", "train.precision": precision, "train.compile": compiled,
+        guard = _device_guard_on_cpu() if on.type == "cpu" else contextlib.nullcontext()
+        with tempfile.TemporaryDirectory() as run_dir, guard:
+            config = {"train.device": device, "train.precision": precision, "train.compile": compiled,
                       "train.batch_size": case.batch, "train.max_steps": steps, "train.epochs": 10**6,
                       "train.seed": 0, "log.every_steps": log_every, "log.progress": "none",
                       "log.tensorboard": False, "checkpoint.enabled": False, "eval.every_epochs": 0,
@@ -428,16 +528,17 @@ def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, cl
             summary = trainer.fit(on_step=recorder.next)
         assert summary["global_step"] == steps, summary
 
-    return _profiled(run, case, "gputrain", compiled, steps, log_every)
+    return _profiled(run, case, "gputrain", compiled, steps, log_every, on)
 
 
 def measure(case: Case, loop: str, compiled: bool, steps: int = 6, log_every: int = 4,
-            clip: float | None = None, precision: str = "fp32", accum: int = 1) -> Anatomy:
+            clip: float | None = None, precision: str = "fp32", accum: int = 1, device: str = "cpu") -> Anatomy:
     """One loop's anatomy: `loop` is "hand" or "gputrain"; `clip`: both clip the gradients' norm
     (train.clip_grad_norm; the hand loop's `clip_grad_norm_`); `precision`: fp32, or bf16 (both
-    under autocast); `accum`: micro-batches per step (train.grad_accum)."""
+    under autocast); `accum`: micro-batches per step (train.grad_accum); `device`: cpu, or cuda
+    (kernel launches and the sync debug mode's host waits counted too)."""
     run = hand_loop if loop == "hand" else gputrain_loop
-    anatomy = run(case, compiled, steps, log_every, clip, precision=precision, accum=accum)
+    anatomy = run(case, compiled, steps, log_every, clip, precision=precision, accum=accum, device=device)
     anatomy.accum = accum
     return anatomy
 
@@ -461,9 +562,11 @@ def violations(ours: Anatomy, hand: Anatomy) -> list[str]:
     regions, frames, graphs and graph breaks equal to the hand loop's, no frame compiled after
     step 2, no sync on a quiet (non-logging) step, and no op beyond ALLOWED_EXTRA."""
     found = []
-    if ours.regions_per_step() < hand.regions_per_step():
+    if ours.regions_per_step() != hand.regions_per_step():
+        # fewer: something ran eagerly; more: a narrower compile scope (blocks), the code between them eager
+        why = "something ran eagerly" if ours.regions_per_step() < hand.regions_per_step() else "a narrower scope"
         found.append(f"compiled regions run per step: {ours.regions_per_step()} against the hand loop's "
-                     f"{hand.regions_per_step()} (something ran eagerly)")
+                     f"{hand.regions_per_step()} ({why})")
     for what in ("frames", "graphs", "breaks"):
         if getattr(ours, what) != getattr(hand, what):
             found.append(f"{what}: {getattr(ours, what)} against the hand loop's {getattr(hand, what)}"
@@ -473,6 +576,9 @@ def violations(ours: Anatomy, hand: Anatomy) -> list[str]:
     quiet_syncs = [(i, s.syncs) for i, s in ours.after_warmup() if not ours.logging(i) and s.syncs]
     if quiet_syncs:
         found.append(f"syncs on non-logging steps: {quiet_syncs}")
+    device_syncs = [(i, s.device_syncs) for i, s in ours.after_warmup() if not ours.logging(i) and s.device_syncs]
+    if device_syncs:
+        found.append(f"syncs on non-logging steps (sync debug mode): {device_syncs}")
     more, _ = extra_ops(ours, hand)
     beyond = {op: n for op, n in more.items() if n > allowed_extra(op, ours.accum)}
     if beyond:
@@ -503,6 +609,70 @@ HEADER = (
 )
 
 
+CUDA_HEADER = (
+    "| model | mode | kernel launches/step hand | gputrain | host waits/step hand | gputrain quiet / logging | "
+    "ops/step hand / gputrain | compiled regions/step hand / gputrain | graphs hand / gputrain |\n"
+    "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+)
+
+
+def cuda_row(ours: Anatomy, hand: Anatomy) -> str:
+    """A GPU's counts: launches and the sync debug mode's host waits, beside the ops."""
+    mode = "compiled" if ours.compiled else "eager"
+    return (
+        f"| {ours.case} | {mode} | {hand.launches_per_step()} | {ours.launches_per_step()} | "
+        f"{hand.device_syncs(False)} | {ours.device_syncs(False)} / {ours.device_syncs(True)} | "
+        f"{hand.ops_per_step()} / {ours.ops_per_step()} | {hand.regions_per_step()} / {ours.regions_per_step()} | "
+        f"{hand.graphs} / {ours.graphs} |"
+    )
+
+
+def summary(ours: Anatomy, hand: Anatomy) -> dict[str, Any]:
+    """The figures of one model and mode, both loops (gpu_proof.py's anatomy part keeps these)."""
+    more, fewer = extra_ops(ours, hand)
+    quiet_launches = ours.quiet_step().launches - hand.quiet_step().launches
+    return {
+        "case": ours.case, "compiled": ours.compiled, "device": ours.device,
+        "launches_per_step": {"hand": hand.launches_per_step(), "gputrain": ours.launches_per_step()},
+        "extra_launches_quiet_step": dict(quiet_launches),
+        "host_waits_per_step": {"hand": hand.device_syncs(False), "gputrain_quiet": ours.device_syncs(False),
+                                "gputrain_logging": ours.device_syncs(True)},
+        "ops_per_step": {"hand": hand.ops_per_step(), "gputrain": ours.ops_per_step()},
+        "syncing_ops": {"hand": hand.syncs(False), "gputrain_quiet": ours.syncs(False),
+                        "gputrain_logging": ours.syncs(True)},
+        "regions_per_step": {"hand": hand.regions_per_step(), "gputrain": ours.regions_per_step()},
+        "graphs": {"hand": hand.graphs, "gputrain": ours.graphs},
+        "breaks": {"hand": hand.breaks, "gputrain": ours.breaks},
+        "recompiles": {"hand": hand.recompiles, "gputrain": ours.recompiles},
+        "extra_ops": dict(more), "fewer_ops": dict(fewer), "violations": violations(ours, hand),
+    }
+
+
+def compile_seconds(case: Case, scope: str, device: str = "cpu") -> float:
+    """Seconds the first compiled forward and backward of one micro-batch take beyond an eager one:
+    what `scope` ("model" or "blocks", distributed/compiling.py's) costs to compile, cold."""
+    from gputrain.distributed.compiling import compile_in_place
+
+    on = torch.device(device)
+    model = case.make_model().to(on)
+    idx = torch.arange(case.batch)
+    inputs, targets = case.data.inputs[idx].to(on), case.data.targets[idx].to(on)
+
+    def step() -> float:
+        start = time.perf_counter()
+        case.loss(model(inputs), targets).backward()
+        if on.type == "cuda":
+            torch.cuda.synchronize(on)
+        return time.perf_counter() - start
+
+    step()  # eager, warm
+    eager = step()
+    # inductor's on-disk caches off: a cold compile, as a new graph (or a new torch) costs it
+    with _fresh_dynamo(), torch._inductor.config.patch(force_disable_caches=True):
+        compile_in_place(model, scope=scope)  # type: ignore[arg-type]
+        return step() - eager
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=["mlp", "gpt-tiny", "gpt2-2layer", "resnet18"],
@@ -515,36 +685,58 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--accum", type=int, default=1, help="micro-batches per step (train.grad_accum)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: also kernel launches and host waits (sync debug mode) per step")
+    parser.add_argument("--compile-time", action="store_true",
+                        help="also the seconds a cold compile takes, whole model against block by block")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("step_anatomy.py: --device cuda: no CUDA device here (torch "
+                         f"{torch.__version__}); run it on a GPU machine, or without --device")
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} thread(s), {time.strftime('%Y-%m-%d %H:%M')}; steps 3..{args.steps}, "
           f"logging every {args.log_every}, {args.precision}, grad_accum {args.accum}"
-          + (f", clip_grad_norm {args.clip}" if args.clip else ""))
+          + (f", clip_grad_norm {args.clip}" if args.clip else "") + f", {args.device}")
     print(HEADER)
     scopes: list[str] = []
+    gpu_rows: list[str] = []
     for name in args.cases:
         case = CASES[name]()
         for compiled in (False,) if args.no_compile else (False, True):
-            hand = measure(case, "hand", compiled, args.steps, args.log_every, args.clip, args.precision, args.accum)
+            hand = measure(case, "hand", compiled, args.steps, args.log_every, args.clip, args.precision, args.accum,
+                           args.device)
             ours = measure(case, "gputrain", compiled, args.steps, args.log_every, args.clip, args.precision,
-                           args.accum)
+                           args.accum, args.device)
             print(row(ours, hand), flush=True)
-            if compiled:  # the scope's cost: gputrain compiles blocks, nanoGPT the whole model
-                whole = hand_loop(case, True, args.steps, args.log_every, args.clip, True, args.precision, args.accum)
-                scopes.append(f"| {name} | {hand.regions_per_step()} | {hand.ops_per_step()} | "
-                              f"{whole.regions_per_step()} | {whole.ops_per_step()} | {whole.graphs} | "
-                              f"{whole.breaks} |")
+            gpu_rows.append(cuda_row(ours, hand))
+            if compiled:  # the scope's cost: blocks one by one (under FSDP, TP, AC, PP) against the whole model
+                blocks = hand_loop(case, True, args.steps, args.log_every, args.clip, "blocks", args.precision,
+                                   args.accum, args.device)
+                seconds = ""
+                if args.compile_time:
+                    whole_s, blocks_s = (compile_seconds(case, s, args.device) for s in ("model", "blocks"))
+                    seconds = f" {whole_s:.1f} | {blocks_s:.1f} |"
+                scopes.append(f"| {name} | {blocks.regions_per_step()} | {blocks.ops_per_step()} | "
+                              f"{blocks.graphs} | {hand.regions_per_step()} | {hand.ops_per_step()} | "
+                              f"{hand.graphs} | {hand.breaks} |{seconds}")
             for problem in violations(ours, hand):
                 print(f"  VIOLATION ({name}, {'compiled' if compiled else 'eager'}): {problem}")
             for anatomy in (hand, ours):
                 for reason in anatomy.break_reasons:
                     print(f"  graph break ({anatomy.loop}): {reason}")
     if scopes:
-        print("\nCompile scope, hand loop: block by block (gputrain's) or the whole model (nanoGPT's)\n")
-        print("| model | regions/step, blocks | ops/step, blocks | regions/step, whole | ops/step, whole "
-              "| graphs, whole | graph breaks, whole |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("\nCompile scope, hand loop: block by block (gputrain's under FSDP/TP/AC/PP) or the whole model "
+              "(nanoGPT's; gputrain's otherwise)\n")
+        timed = " compile s, whole | compile s, blocks |" if args.compile_time else ""
+        print("| model | regions/step, blocks | ops/step, blocks | graphs, blocks | regions/step, whole | "
+              "ops/step, whole | graphs, whole | graph breaks, whole |" + timed + "\n"
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if timed else ""))
         print("\n".join(scopes))
+    if args.device == "cuda":
+        print(f"\nOn {torch.cuda.get_device_name()}: kernel launches and host waits per step\n")
+        print(CUDA_HEADER)
+        print("\n".join(gpu_rows))
 
 
 if __name__ == "__main__":

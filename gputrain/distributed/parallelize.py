@@ -19,7 +19,7 @@ from torch import nn
 
 from gputrain.config.schema import Config
 from gputrain.distributed.auto import StrategyChoice
-from gputrain.distributed.compiling import compile_in_place
+from gputrain.distributed.compiling import CompileScope, compile_in_place
 from gputrain.distributed.context import DistContext
 from gputrain.distributed.parallel_dims import ParallelDims, dims_for_strategy
 from gputrain.errors import ConfigError
@@ -151,15 +151,26 @@ def _shard_in_order(
         model = apply_ac(model, choice.activation_checkpointing)
     cuda_graphs = config.train.cuda_graphs and device.type == "cuda"
     if config.train.compile or cuda_graphs:
-        # FSDP's hooks and the checkpoint wrappers sit around each child of a Sequential: compiled inside them
-        per_block = (dims is not None and dims.fsdp_enabled) or choice.activation_checkpointing != "none"
-        compile_in_place(model, "reduce-overhead" if cuda_graphs else None, per_block=per_block)
+        compile_in_place(model, "reduce-overhead" if cuda_graphs else None, scope=compile_scope(dims, choice))
     if dims is not None and dims.fsdp_enabled:
         from gputrain.distributed.fsdp import apply_fsdp
 
         dp_mesh = mesh["dp_replicate", "dp_shard"] if dims.dp_replicate > 1 else mesh["dp_shard"]
         apply_fsdp(model, dp_mesh, precision, config.parallel.cpu_offload)
     return model
+
+
+def compile_scope(dims: ParallelDims | None, choice: StrategyChoice) -> CompileScope:
+    """The whole model where nothing wraps its blocks (one process, DDP: torch's DDPOptimizer splits
+    the graph at the gradient buckets, so the all-reduces still overlap backward); block by block
+    under tensor parallelism and in a pipeline stage (torchtitan's scope); every child of an
+    nn.Sequential too under FSDP and activation checkpointing, whose hooks and wrappers sit around
+    each child: compiled inside them."""
+    if (dims is not None and dims.fsdp_enabled) or choice.activation_checkpointing != "none":
+        return "children"
+    if dims is not None and (dims.tp_enabled or dims.pp_enabled):
+        return "blocks"
+    return "model"
 
 
 def describe_choice(choice: StrategyChoice, ctx: DistContext) -> str:

@@ -97,6 +97,12 @@ def _compile_dropped(mp: pytest.MonkeyPatch) -> None:
     _around_train_step(mp, lambda parts: remove_compile(parts.model))
 
 
+def _compiled_per_child(mp: pytest.MonkeyPatch) -> None:
+    from gputrain.distributed import parallelize
+
+    mp.setattr(parallelize, "compile_scope", lambda dims, choice: "children")  # FSDP's scope, with no FSDP
+
+
 def _around_update(mp: pytest.MonkeyPatch, before: Callable[[torch.Tensor], torch.Tensor]) -> None:
     from gputrain.train import step
 
@@ -152,6 +158,7 @@ MUTATIONS = [
     Mutation("issue-28: FLOP counter without force_eager", True, ("compiled regions",), patch=_flop_counter_as_before),
     Mutation("a dispatch mode around every step", True, ("compiled regions",), patch=_dispatch_mode_every_step),
     Mutation("compile taken off after step 1", True, ("compiled regions",), patch=_compile_dropped),
+    Mutation("each layer compiled alone (a narrower scope)", True, ("compiled regions",), patch=_compiled_per_child),
     Mutation(".item() in forward, eager", False, ("syncs on non-logging",), extra=_item),
     Mutation(".item() in forward, compiled", True, ("breaks", "syncs on non-logging"), extra=_item),
     Mutation("print in forward", True, ("breaks",), extra=_print),

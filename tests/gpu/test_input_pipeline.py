@@ -29,3 +29,13 @@ def test_conv_net_weights_channels_last_on_cuda() -> None:
     assert apply_channels_last(model, torch.device("cuda", 0))
     assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
     assert not apply_channels_last(nn.Linear(2, 2).cuda(), torch.device("cuda", 0))
+
+
+def test_pageable_batches_are_pinned_on_the_fly_and_arrive_equal() -> None:
+    """A user's DataLoader without pin_memory: the prefetcher pins each batch before its copy."""
+    device = torch.device("cuda", 0)
+    host = [[(torch.randn(64, 3, 32, 32), torch.arange(64))] for _ in range(4)]
+    assert not host[0][0][0].is_pinned()
+    got = list(prefetch_to_cuda(iter(host), device, lambda b: to_device(b, device), StepTimer(device, 0)))
+    for (h,), (d,) in zip(host, got):
+        assert torch.equal(d[0].cpu(), h[0]) and torch.equal(d[1].cpu(), h[1])

@@ -13,7 +13,7 @@ from gputrain.config import load_config
 from gputrain.distributed.auto import StrategyChoice
 from gputrain.distributed.context import DistContext
 from gputrain.distributed.parallel_dims import dims_for_strategy
-from gputrain.distributed.parallelize import parallelize, setup_parallel
+from gputrain.distributed.parallelize import compile_scope, parallelize, setup_parallel
 from gputrain.errors import ConfigError
 
 CPU = torch.device("cpu")
@@ -38,3 +38,24 @@ def test_a_user_model_under_tp_without_a_plan_is_a_config_error_naming_tp_plan()
         parallelize(model, ctx, config, CPU, StrategyChoice("tp", "none"), tp_plan=None)
     assert err.value.field == "parallel.tp"
     assert "tp_plan={'layer.name': ColwiseParallel(), ...}" in str(err.value) and "Sequential" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "world", "ac", "scope"),
+    [
+        ("none", 1, "none", "model"),  # nanoGPT's scope: one graph, nothing eager between the blocks
+        ("ddp", 2, "none", "model"),  # DDPOptimizer splits the graph at the buckets
+        ("none", 1, "full", "children"),  # the checkpoint wrappers sit around each block
+        ("ddp", 2, "selective", "children"),
+        ("fsdp", 2, "none", "children"),  # FSDP's gathers between the blocks
+        ("tp", 2, "none", "blocks"),  # torchtitan's: the redistributions stay between the blocks
+        ("pp", 2, "none", "blocks"),  # a stage's chunk
+    ],
+)
+def test_the_compile_scope_is_the_whole_model_where_nothing_wraps_the_blocks(
+    strategy: str, world: int, ac: str, scope: str
+) -> None:
+    config = load_config(None, [f"parallel.strategy={strategy}"])
+    dims = dims_for_strategy(strategy, config.parallel, world)  # type: ignore[arg-type]
+    assert compile_scope(dims, StrategyChoice(strategy, ac)) == scope  # type: ignore[arg-type]
+    assert compile_scope(None, StrategyChoice("none", "none")) == "model"

@@ -58,7 +58,8 @@ def test_gputrain_step_does_no_more_than_the_hand_loop(name: str, compiled: bool
         assert hand.graphs >= 1 and hand.regions_per_step() >= 1
         # gputrain's own models compile whole: a graph break in one shows in both loops alike
         assert hand.breaks == ours.breaks == 0, ours.break_reasons
-        assert ours.regions_per_step() == hand.regions_per_step()
+        # the whole model in one graph, as nanoGPT compiles it: one region a step, no eager code between blocks
+        assert ours.graphs == hand.graphs == 1 and ours.regions_per_step() == hand.regions_per_step() == 1
     else:
         assert hand.frames == ours.frames == 0
     # a logging step reads the guard's flag, the loss and the gradient norm, no more: the counter
@@ -99,7 +100,7 @@ def test_with_gradient_accumulation_too(name: str, compiled: bool) -> None:
     assert anatomy.violations(ours, hand) == []
     assert ours.quiet_step().ops["aten::detach"] >= 2  # two micro-batches ran
     if compiled:
-        assert ours.regions_per_step() == hand.regions_per_step() == 4  # 2 blocks × 2 micro-batches
+        assert ours.regions_per_step() == hand.regions_per_step() == 2  # the whole model × 2 micro-batches
 
 
 def test_dropout_costs_one_graph_more_on_the_first_step_only() -> None:
@@ -113,7 +114,7 @@ def test_dropout_costs_one_graph_more_on_the_first_step_only() -> None:
         "graphs: 2 against the hand loop's 1",
     ]
     assert (ours.steps[0].frames, ours.steps[0].graphs) == (2, 2)
-    assert ours.regions_per_step() == hand.regions_per_step() == 2
+    assert ours.regions_per_step() == hand.regions_per_step() == 1
 
 
 def test_the_profile_counts_compiled_code_not_its_eager_twin() -> None:
@@ -185,3 +186,56 @@ def test_an_extra_op_and_a_sync_in_the_step_are_caught(monkeypatch: pytest.Monke
     found = anatomy.violations(ours, hand)
     assert any("syncs on non-logging steps" in v for v in found), found
     assert any("ops beyond" in v and "aten::mul" in v for v in found), found
+
+
+def test_compiling_block_by_block_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gputrain's scope before issue 28: each block compiled, the embedding, final norm, head and the
+    code between them eager (2 regions a step against 1, and their ops dispatched one by one)."""
+    from gputrain.distributed import parallelize
+
+    monkeypatch.setattr(parallelize, "compile_scope", lambda dims, choice: "blocks")
+    ours, hand = _both(anatomy.CASES["gpt-tiny"](), compiled=True)
+    found = anatomy.violations(ours, hand)
+    assert "compiled regions run per step: 2 against the hand loop's 1 (a narrower scope)" in found
+    assert any(v.startswith("ops beyond") and "aten::embedding" in v for v in found), found
+
+
+def _event(name: str, start: int, end: int, parent: Any = None, device: str = "DeviceType.CPU") -> Any:
+    import types
+
+    return types.SimpleNamespace(
+        name=name, time_range=types.SimpleNamespace(start=start, end=end), cpu_parent=parent, device_type=device
+    )
+
+
+def test_kernel_launches_are_counted_per_step_and_named_by_the_op_that_made_them() -> None:
+    """The CUDA mode's count (`--device cuda`), on profiler events made by hand: a launch belongs to the
+    step whose range holds it on the host, and is named by the outermost op or compiled region above it;
+    a GPU's copy of a step range, and launches outside every step, count nowhere."""
+    step = anatomy.STEP
+    linear = _event("aten::linear", 12, 18)
+    addmm = _event("aten::addmm", 13, 17, parent=linear)
+    region = _event(anatomy.COMPILED_REGION, 30, 40)
+    events = [
+        _event(f"{step}:1", 10, 20),
+        _event(f"{step}:2", 20, 50),
+        _event(f"{step}:2", 0, 99, device="DeviceType.CUDA"),
+        _event("cudaLaunchKernel", 14, 15, parent=addmm),
+        _event("cudaLaunchKernel", 16, 17, parent=addmm),
+        _event("cuLaunchKernel", 31, 32, parent=region),
+        _event("cudaLaunchKernel", 45, 46),
+        _event("cudaGraphLaunch", 47, 48),
+        _event("cudaLaunchKernel", 60, 61),
+        _event("cudaLaunchKernel", 20, 21),  # where step 1 ends and step 2 starts: step 2's
+        _event("cudaMemcpyAsync", 15, 16),
+    ]
+    first, second = anatomy._launches(events, steps=2)
+    assert first == {"aten::linear": 2}
+    assert second == {anatomy.COMPILED_REGION: 1, "cudaLaunchKernel": 2, "cudaGraphLaunch": 1}
+
+
+def test_host_waits_are_the_sync_debug_modes_per_call_warnings_only() -> None:
+    """On a CPU the mode is not set (nothing is counted); the count takes only the per-call warning."""
+    with anatomy._sync_warnings(torch.device("cpu")) as count:
+        assert count() == 0
+    assert "synchronizing" in anatomy.SYNC_WARNING
