@@ -28,6 +28,7 @@ from gputrain.train.build import UserTPPlan, build_model_and_data, build_trainin
 from gputrain.train.nonfinite import BadStep, note_bad_steps
 from gputrain.train.step import StepResult, train_step
 from gputrain.train.tasks import ComputeLoss, LossFn
+from gputrain.train.user_optim import OptimizerArg, SchedulerArg, check_given
 
 ConfigLike = Config | Mapping[str, Any] | str | Path | None
 
@@ -72,6 +73,27 @@ class Trainer:
         run_dir: where the run's files go (default `runs/<model>-<data>-<time>/`).
         tp_plan: for `parallel.strategy=tp` with a model of your own: {module name: ColwiseParallel(),
             ...} (torch.distributed.tensor.parallel), or a function (module, tp degree) -> that dict.
+        optimizer: your own optimizer instead of the config's `optim.*` one: a `torch.optim.Optimizer`
+            instance (its parameter groups kept as they are), or a factory called with the
+            parameters as the step trains them, e.g. `functools.partial(torch.optim.AdamW, lr=1e-3)`.
+            FSDP, TP, pipeline stages, fp8 and a meta-device model replace the parameters: there an
+            instance is refused (UsageError) and a factory is what works. The factory gets a
+            `TrainParams` (gputrain.optim.params): a plain list of the trainable parameters with
+            `.names` (yours, without `_orig_mod.`-style wrapper segments), `.named()` and `.module`,
+            for parameter groups; `weight_decay_groups(params, wd)` makes the decay / no-decay pair.
+            Any class works (the fused/foreach path is the class's own: `fused=True` is yours to
+            pass); train.on_nonfinite guards it on the device where it is torch's fused Adam, AdamW,
+            SGD or Adagrad, else on the host. Its state is checkpointed and resumed with the run.
+        scheduler: your own LR scheduler instead of the config's schedule: an `LRScheduler` over
+            the optimizer in use (only with an `optimizer=` instance), or a factory `optimizer ->
+            LRScheduler` (e.g. `lambda opt: OneCycleLR(opt, max_lr=1e-2, total_steps=1000)`). Stepped
+            once per applied optimizer step (a step the non-finite guard skips does not move it) and
+            checkpointed. Without `scheduler=` the config's schedule runs over your optimizer (each
+            group's LR is its peak). The config may not set an `optim.*` field that `optimizer=` or
+            `scheduler=` replaces (a dict or TOML naming it, or a Config whose value differs from the
+            default): one UsageError names them. `gputrain lr-find` and `gputrain plan` read the
+            config's optimizer only; summary.json's "optimizer" block records a user's (its class,
+            parameter groups, kernel path, where the non-finite guard decides).
 
     Attributes:
         config: the run's config, with train.batch_size=auto resolved (what config.toml records).
@@ -84,7 +106,9 @@ class Trainer:
             evaluator, the checkpointer, the metrics logger, where the run executes, ...).
 
     Raises:
-        UsageError (ConfigError, DataError): bad config or input, before anything heavy starts.
+        UsageError (ConfigError, DataError): bad config or input, before anything heavy starts
+            (an optimizer= instance a sharded layout replaces the parameters of, before the run
+            directory is claimed; a factory's failure once the model is parallelised).
     """
 
     def __init__(
@@ -102,9 +126,13 @@ class Trainer:
         spec: DataSpec | None = None,
         names: tuple[str, str] | None = None,
         tp_plan: UserTPPlan | None = None,
+        optimizer: OptimizerArg | None = None,
+        scheduler: SchedulerArg | None = None,
     ) -> None:
+        cfg = config if isinstance(config, Config) else load_config(config)
+        check_given(optimizer, scheduler, config, cfg)  # what the arguments alone tell
         self.parts = parts = build_training(
-            config if isinstance(config, Config) else load_config(config),
+            cfg,
             model,
             train_data,
             loss_fn=loss_fn,
@@ -114,6 +142,8 @@ class Trainer:
             run_dir=run_dir,
             names=names,
             tp_plan=tp_plan,
+            user_optimizer=optimizer,
+            user_scheduler=scheduler,
         )
         self.config = parts.place.config
         self.model, self.optimizer, self.scheduler, self.run_dir = (
@@ -318,4 +348,5 @@ class Trainer:
             test=self.test,
             eval_skipped=self.parts.evaluator.skipped,
             compile=check.status if check is not None else None,
+            blocks={"optimizer": self.parts.optimizer_record} if self.parts.optimizer_record is not None else {},
         )
