@@ -206,7 +206,7 @@ def make_optimizer(
 
 def _name_of(factory: Any) -> str:
     target = factory.func if isinstance(factory, functools.partial) else factory
-    return getattr(target, "__qualname__", type(target).__name__)
+    return getattr(target, "__name__", type(target).__name__)
 
 
 def _check_holds(
