@@ -28,7 +28,7 @@ from gputrain.train.build import UserTPPlan, build_model_and_data, build_trainin
 from gputrain.train.nonfinite import BadStep, note_bad_steps
 from gputrain.train.step import StepResult, train_step
 from gputrain.train.tasks import ComputeLoss, LossFn
-from gputrain.train.user_optim import OptimizerArg, SchedulerArg, check_given
+from gputrain.train.user_optim import OptimizerArg, SchedulerArg, check_given, config_note
 
 ConfigLike = Config | Mapping[str, Any] | str | Path | None
 
@@ -162,7 +162,10 @@ class Trainer:
         self._last: StepResult | None = None
         task = parts.task
         shape = LoopShape(
-            total=parts.total_steps, meta={"task": task.kind, "num_classes": task.num_classes}, before_save=self._settle
+            total=parts.total_steps,
+            meta={"task": task.kind, "num_classes": task.num_classes},
+            before_save=self._settle,
+            config_note=config_note(parts.optimizer_record) if parts.optimizer_record is not None else None,
         )
         self.shell = RunShell(parts, self.config, shape, self._figures)
         self.state, self.stop = self.shell.state, self.shell.stop

@@ -331,3 +331,19 @@ def describe_line(record: dict[str, Any]) -> str:
         f"{'s' * (len(groups) != 1)}), {record['kernel']} step, LR schedule {record['scheduler']}, "
         f"non-finite guard {record['nonfinite_guard']}"
     )
+
+
+def config_note(record: dict[str, Any]) -> str:
+    """config.toml's head for such a run: which of its optim.* fields the run did not use."""
+    given = record["given"]
+    replaced = []
+    if "optimizer=" in given:
+        groups = len(record["param_groups"])
+        kind = f"{record['class']}, {groups} parameter group{'s' * (groups != 1)}"
+        replaced.append(f"the optimizer ({kind}: the Trainer's optimizer=)")
+    if "scheduler=" in given:
+        replaced.append(f"the LR schedule ({record['scheduler']}: the Trainer's scheduler=)")
+    return (
+        f"[optim] below is not what this run used for {' and '.join(replaced)};\n"
+        'summary.json\'s "optimizer" block records their settings.'
+    )

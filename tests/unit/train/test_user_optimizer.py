@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
+from gputrain.config import load_config
 from gputrain.data.tensors import TensorData
 from gputrain.errors import RunError
 from gputrain.optim.params import TrainParams, train_params, weight_decay_groups
@@ -158,6 +159,12 @@ def test_parameter_groups_and_onecycle_are_the_users(tmp_path: Path) -> None:
     assert trainer.scheduler.last_epoch == STEPS
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["optimizer"] == record
+    # config.toml says its [optim] was not this run's optimizer, and still loads as a config
+    head = (tmp_path / "config.toml").read_text().splitlines()[:2]
+    assert head == ["# [optim] below is not what this run used for the optimizer (torch.optim.adamw.AdamW, 3 parameter "
+                    "groups: the Trainer's optimizer=) and the LR schedule (OneCycleLR: the Trainer's scheduler=);",
+                    '# summary.json\'s "optimizer" block records their settings.']
+    assert load_config(tmp_path / "config.toml").optim == load_config(QUIET).optim
 
 
 def test_an_instance_is_trained_as_it_is(tmp_path: Path) -> None:
