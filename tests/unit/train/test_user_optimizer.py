@@ -17,7 +17,7 @@ from torch import nn
 
 from gputrain.config import load_config
 from gputrain.data.tensors import TensorData
-from gputrain.errors import RunError
+from gputrain.errors import RunError, UsageError
 from gputrain.optim.params import TrainParams, train_params, weight_decay_groups
 from gputrain.train import device_guard
 from gputrain.train.device_guard import DeviceGuard
@@ -276,3 +276,20 @@ def test_a_users_fused_adamw_gets_the_device_guard(tmp_path: Path, monkeypatch: 
     assert trainer.state.global_step == 5 and trainer.scheduler.last_epoch == 5
     own = _trainer(tmp_path / "own", optimizer=lambda p: OwnStep(p, lr=1e-2, fused=True))
     assert isinstance(own.parts.step.guard, NonFiniteGuard)
+
+
+def test_the_state_memory_check_counts_an_instance_and_skips_a_factory(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """195 parameters: 1560 bytes of weights and gradients fit 2 KiB, AdamW's two moments more do not;
+    SGD without momentum keeps none. A factory's optimizer exists only once the model is built."""
+    monkeypatch.setattr("gputrain.train.build.state_memory", lambda *_: ((2**11, "a test limit"), "the host"))
+    data = TensorData(torch.randn(64, 64), torch.randint(0, 3, (64,)))
+
+    def build(model: nn.Module, optimizer: Any, name: str) -> Trainer:
+        return Trainer(model, data, loss_fn=F.cross_entropy, config=QUIET, run_dir=tmp_path / name, optimizer=optimizer)
+
+    model = nn.Linear(64, 3)
+    with pytest.raises(UsageError, match=r"^the model's 195 parameters need .* of AdamW state = .*\(a test limit\)"):
+        build(model, torch.optim.AdamW(model.parameters()), "adamw")
+    build(model, torch.optim.SGD(model.parameters(), lr=0.1), "sgd")
+    build(nn.Linear(64, 3), functools.partial(torch.optim.AdamW, lr=1e-3), "factory")
