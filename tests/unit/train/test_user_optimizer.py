@@ -293,3 +293,33 @@ def test_the_state_memory_check_counts_an_instance_and_skips_a_factory(tmp_path:
         build(model, torch.optim.AdamW(model.parameters()), "adamw")
     build(model, torch.optim.SGD(model.parameters(), lr=0.1), "sgd")
     build(nn.Linear(64, 3), functools.partial(torch.optim.AdamW, lr=1e-3), "factory")
+
+
+def test_sigkill_then_resume_equals_the_unbroken_run_bit_for_bit(tmp_path: Path) -> None:
+    """The process SIGKILLed in step 27 (checkpoints every 10 steps), run again: metrics.jsonl, the
+    final weights and the last checkpoint's optimizer state (both groups), schedule, RNGs and
+    counters are the unbroken run's, bit for bit."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.unit.reliability.chaos import REPO, compare_runs
+    from tests.waiting import wait_until
+
+    def start(run_dir: Path, *hold: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(Path(__file__).with_name("user_optim_run.py")), str(run_dir),
+                                 *hold], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    assert start(reference).wait(timeout=300) == 0
+    proc = start(killed, "27")
+    wait_until(lambda: killed.with_suffix(".held").exists() or proc.poll() is not None, 300, "step 27")
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert not (killed / "summary.json").exists()  # killed: nothing recorded the end
+    resumed = start(killed)
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()[-2000:] if resumed.stderr else ""
+    assert compare_runs(reference, killed) == []
