@@ -57,6 +57,12 @@ def _emptied_instance(model: nn.Module, _: Path) -> dict[str, Any]:
     return {"optimizer": optimizer}
 
 
+def _meta_model_instance(model: nn.Module, _: Path) -> dict[str, Any]:
+    with torch.device("meta"):
+        on_meta = nn.Linear(6, 3)
+    return {"model": on_meta, "optimizer": torch.optim.SGD(on_meta.parameters(), lr=0.1)}
+
+
 def _toml(text: str) -> Args:
     def args(model: nn.Module, scratch: Path) -> dict[str, Any]:
         path = scratch / "config.toml"
@@ -94,6 +100,14 @@ CASES: list[tuple[str, Args, str, str]] = [
      BUILD),
     ("factory over another model's parameters", lambda m, s: {"optimizer": lambda p: torch.optim.SGD(_other(), lr=.1)},
      r"optimizer= factory SGD holds tensors that are not the model's parameters as the step trains them", BUILD),
+    ("factory leaving out the bias", lambda m, s: {"optimizer": lambda params: torch.optim.SGD(params[:1], lr=0.1)},
+     r"optimizer= leaves out 1 trained parameter \(bias\): their gradients would pile up unzeroed; .*"
+     r"set requires_grad=False", BUILD),
+    ("instance leaving out the weight", lambda m, s: {"optimizer": torch.optim.SGD([m.bias], lr=0.1)},
+     r"optimizer= leaves out 1 trained parameter \(weight\)", BUILD),
+    ("instance over a meta-device model", _meta_model_instance,
+     r"optimizer= is an instance over parameters the training step does not update \(the model is on the meta "
+     r"device and is materialised rank by rank\): pass a factory", CONSTRUCTOR),
     ("partial with a bad setting", lambda m, s: {"optimizer": functools.partial(torch.optim.SGD, lr=-1.0)},
      r"optimizer= factory SGD raised ValueError: Invalid learning rate: -1\.0$", BUILD),
     # what scheduler= is
@@ -162,6 +176,7 @@ def test_a_wrong_optimizer_or_scheduler_is_one_line(tmp_path: Path, args: Args, 
     model = nn.Linear(6, 3)
     kwargs = args(model, tmp_path)
     config = kwargs.pop("config", {})
+    model = kwargs.pop("model", model)
     if isinstance(config, dict):
         config = {**QUIET, **config}
     run_dir = tmp_path / "run"

@@ -1,7 +1,8 @@
 """A user's optimizer under 2-rank FSDP (issue 29 §1): a factory gets the sharded parameters by the
 model's names and trains, with its parameter groups and a OneCycleLR; a third-party class with two
 groups resumes bit for bit through the sharded checkpoint; an instance over the unsharded model is
-refused in one line that says to pass a factory, before the run directory is made."""
+refused in one line that says to pass a factory, before the run directory is made (under DDP, which
+keeps the parameters, an instance trains)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from safetensors.torch import load_file
 from tests.dist.harness import run_ranks
 from tests.dist.user_optim_jobs import user_optimizer_check
 
-NAMES = ("adamw", "lion", "lion_resumed", "instance")
+NAMES = ("adamw", "lion", "lion_resumed", "ddp_instance", "instance")
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +62,4 @@ def test_an_instance_is_refused_in_one_line_before_the_run_directory(runs: tuple
                                   "(FSDP shards them): pass a factory")
         assert "functools.partial(torch.optim.AdamW, lr=1e-3)" in message
     assert not (root / "instance").exists()
+    assert all(result["ddp_instance"] == "completed" for result in by_rank)  # DDP keeps the parameters

@@ -75,6 +75,10 @@ def user_optimizer_check(rank: int, run_dirs: dict[str, str]) -> dict[str, Any]:
         out["stopped"] = str(err)
     fit("lion_resumed", lion)
     out["lion_resumed"] = out["lion_resumed"]["status"]
+    model, data = _model_and_data()  # DDP keeps the model's parameters: an instance over them trains
+    ddp = Trainer(model, data, loss_fn=F.cross_entropy, config={**CONFIG, "parallel.strategy": "ddp"},
+                  run_dir=run_dirs["ddp_instance"], optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    out["ddp_instance"] = ddp.fit()["status"]
     model, data = _model_and_data()
     try:
         Trainer(model, data, loss_fn=F.cross_entropy, config=CONFIG, run_dir=run_dirs["instance"],
