@@ -101,12 +101,16 @@ def _check_scheduler_arg(scheduler: Any, optimizer: Any) -> None:
 
 def explicit_optim_fields(source: Any, config: Config) -> set[str]:
     """The `optim.*` fields the config sets explicitly: those a dict or a TOML file names, or, for a
-    `Config` (which keeps no record of what was set), those that differ from the defaults."""
+    `Config` (which keeps no record of what was set) and for the config.toml of a run that had a
+    user's optimizer (which names every field), those that differ from the defaults."""
     if isinstance(source, Config):
         defaults = OptimConfig()
         return {f.name for f in fields(OptimConfig) if getattr(config.optim, f.name) != getattr(defaults, f.name)}
     if isinstance(source, (str, Path)):
-        source = read_toml(source)
+        path, source = source, read_toml(source)
+        if _written_with_a_users_optimizer(path):  # its [optim] is complete, and was not what that run used
+            defaults = OptimConfig()
+            return {f.name for f in fields(OptimConfig) if getattr(config.optim, f.name) != getattr(defaults, f.name)}
     if not isinstance(source, Mapping):
         return set()
     named: set[str] = set()
@@ -127,8 +131,9 @@ def check_no_mix(explicit: set[str], optimizer_given: bool, scheduler_given: boo
     mixed += sorted(f"optim.{f}" for f in explicit if scheduler_given and f in SCHEDULE_FIELDS)
     if mixed:
         given = " and ".join(n for n, on in (("optimizer=", optimizer_given), ("scheduler=", scheduler_given)) if on)
+        named = ", ".join(mixed[:6]) + (f" and {len(mixed) - 6} more" if len(mixed) > 6 else "")
         raise UsageError(
-            f"{given} and the config's {', '.join(mixed)} would both set the run's "
+            f"{given} and the config's {named} would both set the run's "
             f"{'optimizer' if optimizer_given else 'schedule'}: the config's optim.* is the CLI's way; "
             f"remove {'it' if len(mixed) == 1 else 'them'} from the config or leave out {given}"
         )
@@ -218,7 +223,7 @@ def _check_holds(
     on_meta: bool,
     fp8: bool,
 ) -> None:
-    """Every parameter the optimizer holds is one the step trains, held once."""
+    """Every parameter the optimizer holds is one the step trains, held once, and it holds them all."""
     trained = {id(p) for p in model.parameters()}
     held = [p for group in optimizer.param_groups for p in group["params"]]
     if not held:
@@ -226,6 +231,7 @@ def _check_holds(
     if len({id(p) for p in held}) != len(held):  # torch refuses this when built; a group added later is not
         raise UsageError("optimizer= holds a parameter in two parameter groups: give each parameter one group")
     if all(id(p) in trained for p in held):
+        _check_covers(params, {id(p) for p in held})
         return
     if instance:
         raise _refuse_instance(_replaced_by(dims, on_meta, fp8) or "they are not the model's parameters")
@@ -233,6 +239,19 @@ def _check_holds(
         f"optimizer= factory {type(optimizer).__name__} holds tensors that are not the model's parameters as "
         "the step trains them: build it over the params the factory is given"
     )
+
+
+def _check_covers(params: TrainParams, held: set[int]) -> None:
+    """Every parameter the step trains is in the optimizer: one left out would still get a gradient
+    each step that nothing zeroes, piling up in the gradient norm the run logs, clips and guards."""
+    left_out = [name for name, p in params.named() if id(p) not in held]
+    if left_out:
+        named = ", ".join(left_out[:3]) + (f" and {len(left_out) - 3} more" if len(left_out) > 3 else "")
+        raise UsageError(
+            f"optimizer= leaves out {len(left_out)} trained parameter{'s' * (len(left_out) != 1)} ({named}): "
+            "their gradients would pile up unzeroed; give the optimizer every parameter, or set "
+            "requires_grad=False on those it should not train"
+        )
 
 
 def _check_fused(optimizer: torch.optim.Optimizer) -> None:
@@ -333,6 +352,18 @@ def describe_line(record: dict[str, Any]) -> str:
     )
 
 
+_NOTE_START = "[optim] below is not what this run used for "
+
+
+def _written_with_a_users_optimizer(path: str | Path) -> bool:
+    """Whether `path` is the config.toml of a run with a user's optimizer or scheduler (`config_note`)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.readline().removeprefix("\ufeff").startswith(f"# {_NOTE_START}")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def config_note(record: dict[str, Any]) -> str:
     """config.toml's head for such a run: which of its optim.* fields the run did not use."""
     given = record["given"]
@@ -343,7 +374,4 @@ def config_note(record: dict[str, Any]) -> str:
         replaced.append(f"the optimizer ({kind}: the Trainer's optimizer=)")
     if "scheduler=" in given:
         replaced.append(f"the LR schedule ({record['scheduler']}: the Trainer's scheduler=)")
-    return (
-        f"[optim] below is not what this run used for {' and '.join(replaced)};\n"
-        'summary.json\'s "optimizer" block records their settings.'
-    )
+    return f'{_NOTE_START}{" and ".join(replaced)};\nsummary.json\'s "optimizer" block records their settings.'

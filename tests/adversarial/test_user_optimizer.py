@@ -19,7 +19,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR, OneCycleLR, ReduceLROnPlateau, StepLR
 
 from gputrain import Trainer
-from gputrain.config import load_config
+from gputrain.config import config_to_toml, load_config
 from gputrain.errors import UsageError
 from gputrain.train.user_optim import OPTIMIZER_FIELDS, SCHEDULE_FIELDS
 from tests.adversarial.helpers import QUIET, linear_data
@@ -143,6 +143,9 @@ CASES: list[tuple[str, Args, str, str]] = [
      r"optimizer= and the config's optim\.name would both set", CONSTRUCTOR),
     ("TOML file optim.lr and betas", _toml('[optim]\nlr = 0.1\nbetas = [0.9, 0.95]\n'),
      r"the config's optim\.betas, optim\.lr would both set the run's optimizer: .*remove them", CONSTRUCTOR),
+    ("a CLI run's whole config.toml", _toml(config_to_toml(load_config(QUIET))),
+     r"^optimizer= and the config's optim\.base_batch_size, optim\.betas, optim\.decay, optim\.eps, optim\.lr, "
+     r"optim\.momentum and 4 more would both set the run's optimizer", CONSTRUCTOR),
     ("Config object with optim.eps", lambda m, s: {"optimizer": _sgd, "config": load_config(None, {**QUIET,
                                                                                                "optim.eps": 1e-6})},
      r"optimizer= and the config's optim\.eps", CONSTRUCTOR),

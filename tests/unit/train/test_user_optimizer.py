@@ -165,6 +165,10 @@ def test_parameter_groups_and_onecycle_are_the_users(tmp_path: Path) -> None:
                     "groups: the Trainer's optimizer=) and the LR schedule (OneCycleLR: the Trainer's scheduler=);",
                     '# summary.json\'s "optimizer" block records their settings.']
     assert load_config(tmp_path / "config.toml").optim == load_config(QUIET).optim
+    # and it may be given again with the same optimizer= (its [optim] names every field, none of them set)
+    torch.manual_seed(0)
+    Trainer(Net(), _data(), loss_fn=F.cross_entropy, config=tmp_path / "config.toml", run_dir=tmp_path / "again",
+            optimizer=two_group_adamw, scheduler=one_cycle)
 
 
 def test_an_instance_is_trained_as_it_is(tmp_path: Path) -> None:
