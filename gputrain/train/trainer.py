@@ -81,6 +81,8 @@ class Trainer:
             `TrainParams` (gputrain.optim.params): a plain list of the trainable parameters with
             `.names` (yours, without `_orig_mod.`-style wrapper segments), `.named()` and `.module`,
             for parameter groups; `weight_decay_groups(params, wd)` makes the decay / no-decay pair.
+            It must hold every trainable parameter (set `requires_grad=False` on what it should not
+            train: a parameter left out would pile up gradients that nothing zeroes).
             Any class works (the fused/foreach path is the class's own: `fused=True` is yours to
             pass); train.on_nonfinite guards it on the device where it is torch's fused Adam, AdamW,
             SGD or Adagrad, else on the host. Its state is checkpointed and resumed with the run.
