@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from tests.dist.harness import run_ranks
 from tests.dist.user_optim_jobs import user_optimizer_check
 
-NAMES = ("adamw", "lion", "lion_resumed", "ddp_instance", "instance")
+NAMES = ("adamw", "lion", "lion_resumed", "ddp_instance", "instance", "fused_sgd")
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +63,10 @@ def test_an_instance_is_refused_in_one_line_before_the_run_directory(runs: tuple
         assert "functools.partial(torch.optim.AdamW, lr=1e-3)" in message
     assert not (root / "instance").exists()
     assert all(result["ddp_instance"] == "completed" for result in by_rank)  # DDP keeps the parameters
+
+
+def test_a_fused_kernel_without_a_sharding_rule_is_refused(runs: tuple[Path, list[dict[str, Any]]]) -> None:
+    """fused=True SGD over FSDP's DTensors: torch would raise at the first step; refused when made."""
+    for result in runs[1]:
+        assert result["fused_sgd"] == ("optimizer= is a SGD with fused=True, whose fused kernel cannot step these "
+                                       "(sharded) parameters: leave fused unset (torch then uses foreach)")
