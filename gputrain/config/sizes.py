@@ -187,12 +187,19 @@ def state_memory(device: Any, offload: bool = False) -> tuple[tuple[int, str] | 
 
 
 def check_training_state_fits(
-    config: Config, model: Any, states_per_param: int, shards: int, memory: tuple[int, str] | None, where: str
+    config: Config,
+    model: Any,
+    states_per_param: int,
+    shards: int,
+    memory: tuple[int, str] | None,
+    where: str,
+    optimizer_name: str | None = None,
 ) -> None:
     """Refuse, before the model is materialised, a model whose weights, gradients and optimizer state
     (`states_per_param` tensors the size of each trained parameter) alone (its parameters, real or
     on the meta device, split over `shards` ranks) exceed the memory (`memory`: bytes and what bounds
     them) of the device that holds them (`where`): it could only fail while building or at step 1.
+    `optimizer_name`: the optimizer whose state it is, where not the config's (a user's own).
 
     Raises:
         UsageError: naming the sizes, the limit and what to change (ConfigError naming the field that
@@ -209,7 +216,8 @@ def check_training_state_fits(
     size = in_unit_of(per_rank, memory[0])
     problem = (
         f"the model's {_params(count)} parameters need {size(weights)} of weights, {size(grads)} of gradients and "
-        f"{size(state)} of {cfg.name} state = {size(per_rank)} per rank{split}, before any activation, but "
+        f"{size(state)} of {optimizer_name or cfg.name} state = {size(per_rank)} per rank{split}, before any "
+        "activation, but "
         f"{where} has {size(memory[0])} ({memory[1]})"
     )
     # the field that sizes it, where the config built it (a model of the user's ignores model.*)

@@ -10,6 +10,7 @@ import torch
 
 from gputrain.config.schema import OptimConfig
 from gputrain.distributed.dtensor import is_dtensor
+from gputrain.optim.params import weight_decay_groups
 
 _CLASSES: dict[str, type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
@@ -148,6 +149,4 @@ def decay_groups(params: list[torch.nn.Parameter], config: OptimConfig) -> list[
     the model."""
     if config.decay == "all":
         return [{"params": params, "weight_decay": config.weight_decay}]
-    matrices = [p for p in params if p.dim() >= 2]
-    vectors = [p for p in params if p.dim() < 2]
-    return [{"params": matrices, "weight_decay": config.weight_decay}, {"params": vectors, "weight_decay": 0.0}]
+    return weight_decay_groups(params, config.weight_decay)

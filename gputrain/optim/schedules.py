@@ -32,12 +32,14 @@ def _decay_factor(config: OptimConfig, total_steps: int, peak_lr: float) -> Call
 
 
 def build_schedule(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int) -> LRScheduler:
-    """A scheduler stepped once per optimizer step. `warmup_steps` ramps linearly from ~0 to the peak."""
+    """A scheduler stepped once per optimizer step. `warmup_steps` ramps linearly from ~0 to the peak.
+    Each parameter group's LR is its own peak (a user's optimizer may give its groups different LRs);
+    `min_lr` is a fraction of the first group's."""
     peak_lr = optimizer.param_groups[0]["lr"]
     if config.schedule == "onecycle":
         return OneCycleLR(
             optimizer,
-            max_lr=peak_lr,
+            max_lr=[group["lr"] for group in optimizer.param_groups],  # a user's groups keep their own LRs
             total_steps=max(1, total_steps),
             pct_start=(config.warmup_steps / total_steps) if config.warmup_steps else 0.3,
             cycle_momentum=config.name in ("sgd", "rmsprop"),

@@ -91,14 +91,18 @@ class Started(Protocol):
         ...
 
 
-def write_run_files(run_dir: Path, config: Config, place: Started | None = None, kind: str = "train") -> None:
+def write_run_files(
+    run_dir: Path, config: Config, place: Started | None = None, kind: str = "train", note: str | None = None
+) -> None:
     """The files a run directory holds from its start: the resolved config (loadable with
-    --config) and the doctor's facts about this machine, with the run's `kind` (the loop that
-    trains it: prior.py's KINDS) and `place`'s `start_facts` as "run"."""
+    --config; `note`, what the run used beyond it, as comment lines at its head) and the doctor's
+    facts about this machine, with the run's `kind` (the loop that trains it: prior.py's KINDS) and
+    `place`'s `start_facts` as "run"."""
     from gputrain.env import collect_env  # the doctor's modules: only needed once a run starts
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_text(run_dir / CONFIG, config_to_toml(config))
+    head = "".join(f"# {line}\n" for line in note.splitlines()) if note else ""
+    write_text(run_dir / CONFIG, head + config_to_toml(config))
     facts = collect_env().to_dict()
     facts["run"] = {"kind": kind, **(place.start_facts() if place is not None else {})}
     write_json(run_dir / ENV, facts)

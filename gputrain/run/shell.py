@@ -71,6 +71,8 @@ class LoopShape:
     kind: str = "train"
     """The kind of run (run/prior.py's KINDS): recorded in env.json, and a directory holding another
     kind's run is refused."""
+    config_note: str | None = None
+    """Comment lines at the head of config.toml: what the run used beyond its config (a user's optimizer)."""
 
 
 class RunShell:
@@ -149,6 +151,7 @@ class RunShell:
             unit=shape.unit,
             complete=shape.complete,
             kind=shape.kind,
+            config_note=shape.config_note,
         )
 
     def _restore(self, path: Path, saved: dict[str, Any]) -> LoopState:

@@ -42,6 +42,7 @@ def start_run(
     unit: str = "step",
     complete: Complete | None = None,
     kind: str = "train",
+    config_note: str | None = None,
 ) -> bool:
     """Resume from the checkpoint the config points at (`restore` loads it), write config.toml, open
     the metrics from the resumed state (`state` where there is none) and arm the signals.
@@ -53,6 +54,7 @@ def start_run(
         complete: after a resume, whether the earlier run was complete at this checkpoint already.
         kind: the kind of run (prior.py's KINDS), recorded in env.json; a directory that holds
             another kind's run is refused.
+        config_note: comment lines written at the head of config.toml (files.py's write_run_files).
 
     Returns:
         False where the directory holds a complete run with nothing left to train: its summary is
@@ -77,7 +79,8 @@ def start_run(
             return _keep(ending, prior, parts, longer)
     ending.started = True
     if parts.place.dist.is_main:
-        write_run_files(run_dir, config, parts.place, kind)  # env.json: the kind, the start's device, precision, ranks
+        # env.json: the kind, the start's device, precision, ranks
+        write_run_files(run_dir, config, parts.place, kind, config_note)
     parts.metrics.open(state, resumed=path is not None)
     console.start(total, state.global_step)
     return True

@@ -55,11 +55,22 @@ from gputrain.run.prior import claim_run_dir
 from gputrain.switches import apply_process_switches
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
 from gputrain.train.compile_check import CompileCheck
+from gputrain.train.device_guard import DeviceGuard
 from gputrain.train.guard import build_guard
 from gputrain.train.metrics import MetricsLogger
 from gputrain.train.state import seed_everything
 from gputrain.train.step import StepParts
 from gputrain.train.tasks import ComputeLoss, LossFn, Task, loss_of_batch, resolve_task
+from gputrain.train.user_optim import (
+    OptimizerArg,
+    SchedulerArg,
+    check_instance_early,
+    describe,
+    describe_line,
+    make_optimizer,
+    make_scheduler,
+    states_per_param,
+)
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -194,6 +205,9 @@ class TrainingParts:
     run_dir: Path
     compile_check: CompileCheck | None = None
     """The compiled model's first step against eager (compile_check.py); None: not compiled."""
+    optimizer_record: dict[str, Any] | None = None
+    """summary.json's "optimizer" block where the optimizer or the scheduler is the user's
+    (train/user_optim.py's `describe`); None: both are the config's."""
 
 
 def build_training(
@@ -209,6 +223,8 @@ def build_training(
     names: tuple[str, str] | None = None,
     tp_plan: UserTPPlan | None = None,
     eval_splits: Mapping[str, Dataset | DataLoader] | None = None,
+    user_optimizer: OptimizerArg | None = None,
+    user_scheduler: SchedulerArg | None = None,
 ) -> TrainingParts:
     """All the parts of a training run of `model` on `train_data` under `config`; `eval_splits`
     ({"val": data, ...}) are checked against the evaluation now (their first samples evaluated), so a
@@ -216,6 +232,8 @@ def build_training(
 
     `model` may be on the meta device (or a zero-argument function, called on meta): it is then
     parallelised there and only this rank's part materialised on the device (models/meta.py).
+    `user_optimizer`, `user_scheduler`: the Trainer's optimizer= and scheduler= (train/user_optim.py),
+    made once the model is parallelised; None: the config's.
 
     Raises:
         UsageError (ConfigError, DataError): bad config or input, before anything heavy starts.
@@ -226,6 +244,7 @@ def build_training(
     check_resume_setting(cfg.checkpoint)
     place = place_run(cfg, model, train_data)
     cfg, device, dist, dims = place.config, place.device, place.dist, place.dims
+    check_instance_early(user_optimizer, dims, on_meta=meta_init is not None)
     console = RunConsole(cfg.log.progress, enabled=dist.is_main)
     for line in place.lines:
         console.info(line)
@@ -240,8 +259,16 @@ def build_training(
     with left_as_found(run_path):  # bad input found from here on leaves no directory behind
         claim_run_dir(run_path, cfg)  # the last check before anything heavy: the directory, and a run it holds
         shards = dims.dp_shard * dims.tp * dims.pp  # what holds 1/N of the weights and their state
-        states = optimizer_states_per_param(cfg.optim.name, cfg.optim.momentum)
-        check_training_state_fits(cfg, model, states, shards, *state_memory(device, cfg.parallel.cpu_offload))
+        if user_optimizer is None:
+            states: int | None = optimizer_states_per_param(cfg.optim.name, cfg.optim.momentum)
+        else:  # a factory's optimizer exists only once the model is parallelised: its state is not known here
+            states = states_per_param(user_optimizer)
+            if states is None:
+                console.info("the check that the optimizer state fits is skipped: optimizer= is a factory")
+        if states is not None:
+            own_name = type(user_optimizer).__name__ if user_optimizer is not None else None
+            memory = state_memory(device, cfg.parallel.cpu_offload)
+            check_training_state_fits(cfg, model, states, shards, *memory, optimizer_name=own_name)
         if meta_init is None:
             model = model.to(device)  # else materialised, this rank's part only, once parallelised
         channels_last = apply_channels_last(model, device, sharded=dims.fsdp_enabled, pipelined=dims.pp_enabled)
@@ -299,11 +326,17 @@ def build_training(
             loss_fn=task.loss_fn if step_fn is None else None,
             meta_init=meta_init,
         )
-        optimizer = build_optimizer(par.model.parameters(), cfg.optim, global_batch, device)
+        if user_optimizer is None:
+            optimizer = build_optimizer(par.model.parameters(), cfg.optim, global_batch, device)
+        else:
+            optimizer = make_optimizer(user_optimizer, par.model, dims, meta_init is not None, place.fp8 is not None)
         pipeline = par.pipeline
         if pipeline is not None and pipeline.tied is not None:  # the last stage's tied copy follows the first's
             optimizer.register_step_post_hook(lambda *_: pipeline.sync_tied())
-        scheduler = build_schedule(optimizer, cfg.optim, total_steps)
+        if user_scheduler is None:
+            scheduler = build_schedule(optimizer, cfg.optim, total_steps)
+        else:
+            scheduler = make_scheduler(user_scheduler, optimizer)
         guard = build_guard(
             cfg.train.on_nonfinite,
             optimizer,
@@ -313,6 +346,14 @@ def build_training(
             pipelined=dims.pp_enabled,
             window=cfg.log.every_steps,
         )
+        record = None
+        if user_optimizer is not None or user_scheduler is not None:
+            own = " and ".join(
+                n for n, arg in (("optimizer=", user_optimizer), ("scheduler=", user_scheduler)) if arg is not None
+            )
+            on_device = isinstance(guard, DeviceGuard)
+            record = describe(optimizer, scheduler, cfg.train.on_nonfinite, on_device, own)
+            console.info(describe_line(record))
         compute_loss = loss_of_batch(task, step_fn)
         step = StepParts(
             model=par.step_model,
@@ -373,6 +414,7 @@ def build_training(
             console,
             run_path,
             compile_check,
+            record,
         )
 
 

@@ -24,6 +24,7 @@ no GradScaler (`fits`); elsewhere the host guard's one sync per step remains, an
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -47,12 +48,20 @@ costs ~36 us (tiny MLP, `benchmarks/overhead_cpu.py`). Several ranks keep the de
 flags meet in one collective on logging steps. Tests set it to run the GPU's code path on CPU tensors."""
 
 
+_FOUND_INF_STEPS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)
+"""The optimizers whose step (torch's own, not overridden) skips a fused update on `found_inf`."""
+
+
 def fits(optimizer: torch.optim.Optimizer, mode: str, scaler_active: bool, distributed: bool = False) -> bool:
     """Whether the device-side guard can and should guard this run: `stop` mode, parameters on an
-    accelerator (see ON_CPU), a fused optimizer over plain tensors and no GradScaler (it owns
-    `found_inf` itself)."""
+    accelerator (see ON_CPU), a fused optimizer of torch's (a user's subclass too, where it keeps
+    torch's step) over plain tensors and no GradScaler (it owns `found_inf` itself); any other
+    optimizer, a user's own class included, gets the host guard."""
     if mode != "stop" or scaler_active or not optimizer.defaults.get("fused"):
         return False
+    # torch wraps each optimizer class's step in a profiling hook of its own: compare what is wrapped
+    if not any(inspect.unwrap(type(optimizer).step) is inspect.unwrap(cls.step) for cls in _FOUND_INF_STEPS):
+        return False  # a class of the user's with a `fused` setting of its own may not read found_inf
     first = next((p for group in optimizer.param_groups for p in group["params"]), None)
     if first is not None and first.device.type == "cpu" and not ON_CPU and not distributed:
         return False  # several CPU ranks keep the device guard: one collective at logging steps, not one a step

@@ -35,6 +35,7 @@ from gputrain.train.nonfinite import BadStep, note_bad_steps
 from gputrain.train.state import LoopState
 from gputrain.train.step import StepResult, train_step
 from gputrain.train.tasks import ComputeLoss, LossFn
+from gputrain.train.user_optim import OptimizerArg, SchedulerArg, check_given, config_note
 
 ConfigLike = Config | Mapping[str, Any] | str | Path | None
 
@@ -71,6 +72,8 @@ class _Given:
     spec: DataSpec | None
     names: tuple[str, str] | None
     tp_plan: UserTPPlan | None
+    optimizer: OptimizerArg | None
+    scheduler: SchedulerArg | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +161,29 @@ class Trainer:
             the classes' names, lower case).
         tp_plan: for `parallel.strategy=tp` with a model of your own: {module name: ColwiseParallel(),
             ...} (torch.distributed.tensor.parallel), or a function (module, tp degree) -> that dict.
+        optimizer: your own optimizer instead of the config's `optim.*` one: a `torch.optim.Optimizer`
+            instance (its parameter groups kept as they are), or a factory called with the
+            parameters as the step trains them, e.g. `functools.partial(torch.optim.AdamW, lr=1e-3)`.
+            FSDP, TP, pipeline stages, fp8 and a meta-device model replace the parameters: there an
+            instance is refused (UsageError) and a factory is what works. The factory gets a
+            `TrainParams` (gputrain.optim.params): a plain list of the trainable parameters with
+            `.names` (yours, without `_orig_mod.`-style wrapper segments), `.named()` and `.module`,
+            for parameter groups; `weight_decay_groups(params, wd)` makes the decay / no-decay pair.
+            It must hold every trainable parameter (set `requires_grad=False` on what it should not
+            train: a parameter left out would pile up gradients that nothing zeroes).
+            Any class works (the fused/foreach path is the class's own: `fused=True` is yours to
+            pass); train.on_nonfinite guards it on the device where it is torch's fused Adam, AdamW,
+            SGD or Adagrad, else on the host. Its state is checkpointed and resumed with the run.
+        scheduler: your own LR scheduler instead of the config's schedule: an `LRScheduler` over
+            the optimizer in use (only with an `optimizer=` instance), or a factory `optimizer ->
+            LRScheduler` (e.g. `lambda opt: OneCycleLR(opt, max_lr=1e-2, total_steps=1000)`). Stepped
+            once per applied optimizer step (a step the non-finite guard skips does not move it) and
+            checkpointed. Without `scheduler=` the config's schedule runs over your optimizer (each
+            group's LR is its peak). The config may not set an `optim.*` field that `optimizer=` or
+            `scheduler=` replaces (a dict or TOML naming it, or a Config whose value differs from the
+            default): one UsageError names them. `gputrain lr-find` and `gputrain plan` read the
+            config's optimizer only; summary.json's "optimizer" block records a user's (its class,
+            parameter groups, kernel path, where the non-finite guard decides).
 
     Attributes:
         config: the run's config: as given until the run is built (assignable until then), then
@@ -176,7 +202,8 @@ class Trainer:
 
     Raises:
         UsageError (ConfigError, DataError): from the constructor, a bad config or argument; from
-            `setup()`/`fit()`, input found bad while building (data, a run directory), before any step.
+            `setup()`/`fit()`, input found bad while building (data, a run directory, an optimizer=
+            instance whose parameters a sharded layout replaces, a factory's failure), before any step.
     """
 
     def __init__(
@@ -194,11 +221,14 @@ class Trainer:
         spec: DataSpec | None = None,
         names: tuple[str, str] | None = None,
         tp_plan: UserTPPlan | None = None,
+        optimizer: OptimizerArg | None = None,
+        scheduler: SchedulerArg | None = None,
     ) -> None:
         # Only what the arguments alone can tell is checked here: nothing joins a process group,
         # runs a forward pass or a trial step, or touches the file system before `setup()`.
         self._config = _checked_config(config)
         _check_given(model, train_data, val_data, test_data, (loss_fn, step_fn, eval_fn), tp_plan)
+        check_given(optimizer, scheduler, config, self._config)  # the optimizer's and the schedule's
         self._given = _Given(
             model=model,
             train_data=train_data,
@@ -209,6 +239,8 @@ class Trainer:
             spec=spec,
             names=names,
             tp_plan=tp_plan,
+            optimizer=optimizer,
+            scheduler=scheduler,
         )
         self.val_data, self.test_data = val_data, test_data
         self.val: dict[str, float] = {}
@@ -251,11 +283,16 @@ class Trainer:
             names=given.names,
             tp_plan=given.tp_plan,
             eval_splits={split: data for split, data in (("val", val), ("test", test)) if data is not None},
+            user_optimizer=given.optimizer,
+            user_scheduler=given.scheduler,
         )
         self.val_data, self.test_data = val, test
         task = parts.task
         shape = LoopShape(
-            total=parts.total_steps, meta={"task": task.kind, "num_classes": task.num_classes}, before_save=self._settle
+            total=parts.total_steps,
+            meta={"task": task.kind, "num_classes": task.num_classes},
+            before_save=self._settle,
+            config_note=config_note(parts.optimizer_record) if parts.optimizer_record is not None else None,
         )
         return _Built(parts, RunShell(parts, parts.place.config, shape, self._figures))
 
@@ -275,7 +312,9 @@ class Trainer:
     def config(self, value: ConfigLike) -> None:
         if self._built is not None:
             raise UsageError("Trainer.config: the run is already built; make a new Trainer for another config")
-        self._config = _checked_config(value)
+        config = _checked_config(value)
+        check_given(self._given.optimizer, self._given.scheduler, value, config)
+        self._config = config
 
     @property
     def parts(self) -> TrainingParts:
@@ -502,4 +541,5 @@ class Trainer:
             test=self.test,
             eval_skipped=self.parts.evaluator.skipped,
             compile=check.status if check is not None else None,
+            blocks={"optimizer": self.parts.optimizer_record} if self.parts.optimizer_record is not None else {},
         )
