@@ -188,7 +188,7 @@ def user_tp_check(rank: int, run_dirs: dict[str, str]) -> dict[str, Any]:
         shards[name] = [tuple(trainer.model[i].weight.to_local().shape) for i in (0, 2)]
     model, data = user_model_and_data()
     try:
-        Trainer(model, data, loss_fn=F.cross_entropy, config=config, run_dir=run_dirs["none"])
+        Trainer(model, data, loss_fn=F.cross_entropy, config=config, run_dir=run_dirs["none"]).setup()
         error = None
     except ConfigError as err:
         error = str(err)

@@ -82,14 +82,14 @@ def user_optimizer_check(rank: int, run_dirs: dict[str, str]) -> dict[str, Any]:
     model, data = _model_and_data()
     try:
         Trainer(model, data, loss_fn=F.cross_entropy, config=CONFIG, run_dir=run_dirs["instance"],
-                optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
+                optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3)).setup()
         out["instance"] = None
     except UsageError as err:
         out["instance"] = str(err)
     model, data = _model_and_data()  # torch has no sharding rule for fused SGD's kernel: it would fail at step 1
     try:
         Trainer(model, data, loss_fn=F.cross_entropy, config=CONFIG, run_dir=run_dirs["fused_sgd"],
-                optimizer=functools.partial(torch.optim.SGD, lr=0.1, fused=True))
+                optimizer=functools.partial(torch.optim.SGD, lr=0.1, fused=True)).setup()
         out["fused_sgd"] = None
     except UsageError as err:
         out["fused_sgd"] = str(err)
