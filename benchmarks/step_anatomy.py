@@ -409,9 +409,10 @@ def _device_guard_on_cpu() -> Iterator[None]:
 
 
 def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: float | None = None,
-                  precision: str = "fp32", accum: int = 1) -> Anatomy:
+                  precision: str = "fp32", accum: int = 1, callbacks: tuple[Any, ...] = ()) -> Anatomy:
     """`Trainer.fit` on the same model and data, as `gputrain train` builds it (fp32, fused AdamW,
-    the device-side non-finite guard), logging every `log_every` steps."""
+    the device-side non-finite guard), logging every `log_every` steps; with `callbacks`, their
+    hooks' work counts in the step that ran them."""
     from gputrain import Trainer
 
     def run(recorder: _Recorder) -> None:
@@ -422,7 +423,7 @@ def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, cl
                       "log.tensorboard": False, "checkpoint.enabled": False, "eval.every_epochs": 0,
                       "train.clip_grad_norm": clip, "train.grad_accum": accum}
             trainer = Trainer(case.make_model(), case.data, config=config, run_dir=run_dir, spec=case.spec,
-                              loss_fn=None if case.spec is not None else F.cross_entropy)
+                              loss_fn=None if case.spec is not None else F.cross_entropy, callbacks=callbacks)
             assert trainer.optimizer.defaults.get("fused"), "the anatomy compares fused AdamW with fused AdamW"
             recorder.next()
             summary = trainer.fit(on_step=recorder.next)
@@ -432,12 +433,16 @@ def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, cl
 
 
 def measure(case: Case, loop: str, compiled: bool, steps: int = 6, log_every: int = 4,
-            clip: float | None = None, precision: str = "fp32", accum: int = 1) -> Anatomy:
+            clip: float | None = None, precision: str = "fp32", accum: int = 1,
+            callbacks: tuple[Any, ...] = ()) -> Anatomy:
     """One loop's anatomy: `loop` is "hand" or "gputrain"; `clip`: both clip the gradients' norm
     (train.clip_grad_norm; the hand loop's `clip_grad_norm_`); `precision`: fp32, or bf16 (both
     under autocast); `accum`: micro-batches per step (train.grad_accum)."""
-    run = hand_loop if loop == "hand" else gputrain_loop
-    anatomy = run(case, compiled, steps, log_every, clip, precision=precision, accum=accum)
+    if loop == "hand":
+        anatomy = hand_loop(case, compiled, steps, log_every, clip, precision=precision, accum=accum)
+    else:  # `callbacks`: gputrain's Trainer(callbacks=...)
+        anatomy = gputrain_loop(case, compiled, steps, log_every, clip, precision=precision, accum=accum,
+                                callbacks=callbacks)
     anatomy.accum = accum
     return anatomy
 

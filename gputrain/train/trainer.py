@@ -7,7 +7,7 @@ steps, checkpoints and evaluations; every way a run can end leaves summary.json 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from gputrain.run.layout import scores_name
 from gputrain.run.record import LoopFigures
 from gputrain.run.shell import LoopShape, RunShell
 from gputrain.train.build import UserTPPlan, build_model_and_data, build_training, profile_target
+from gputrain.train.callbacks import Callbacks
 from gputrain.train.nonfinite import BadStep, note_bad_steps
 from gputrain.train.step import StepResult, train_step
 from gputrain.train.tasks import ComputeLoss, LossFn
@@ -72,6 +73,14 @@ class Trainer:
         run_dir: where the run's files go (default `runs/<model>-<data>-<time>/`).
         tp_plan: for `parallel.strategy=tp` with a model of your own: {module name: ColwiseParallel(),
             ...} (torch.distributed.tensor.parallel), or a function (module, tp degree) -> that dict.
+        callbacks: objects with any of the hooks on_fit_start(trainer), on_step_end(trainer, step,
+            metrics), on_eval_end(trainer, split, metrics), on_checkpoint(trainer, path),
+            on_train_end(trainer, status), on_fit_end(trainer, summary) (gputrain.Callback has them
+            all, doing nothing), called on every rank in list order; `metrics` of on_step_end is the
+            logged row on a logging step and None on the others, so a hook never makes the host wait
+            for the device. One may stop the run (`trainer.request_stop(reason)`: stopped_early) and
+            keep a state in checkpoints (`state_dict`/`load_state_dict`). gputrain.EMA and
+            gputrain.StopOnMetric are two; train/callbacks.py says when each hook runs and what it may read.
 
     Attributes:
         config: the run's config, with train.batch_size=auto resolved (what config.toml records).
@@ -102,7 +111,9 @@ class Trainer:
         spec: DataSpec | None = None,
         names: tuple[str, str] | None = None,
         tp_plan: UserTPPlan | None = None,
+        callbacks: Iterable[Any] | None = None,
     ) -> None:
+        self._callbacks = Callbacks(callbacks)
         self.parts = parts = build_training(
             config if isinstance(config, Config) else load_config(config),
             model,
@@ -132,9 +143,14 @@ class Trainer:
         self._last: StepResult | None = None
         task = parts.task
         shape = LoopShape(
-            total=parts.total_steps, meta={"task": task.kind, "num_classes": task.num_classes}, before_save=self._settle
+            total=parts.total_steps,
+            meta={"task": task.kind, "num_classes": task.num_classes},
+            before_save=self._settle,
+            after_save=self._checkpointed,
         )
-        self.shell = RunShell(parts, self.config, shape, self._figures)
+        self._stop_reason: str | None = None
+        """Why the run stopped early (summary.json's stop_reason), once it has."""
+        self.shell = RunShell(parts, self.config, shape, self._figures, states={"callbacks": self._callbacks})
         self.state, self.stop = self.shell.state, self.shell.stop
 
     def __getattr__(self, name: str) -> Any:
@@ -176,14 +192,29 @@ class Trainer:
         """
         self.model.train()
         self.parts.step.model.train()
-        # the feed's loader workers end with the run, however it ends
-        return self.shell.run(lambda: self._train(on_step), closing=(self.parts.feed,))
+        try:
+            # the feed's loader workers end with the run, however it ends
+            summary = self.shell.run(lambda: self._train(on_step), closing=(self.parts.feed,))
+        except Exception:
+            ending = self.shell.last_ending
+            self._callbacks.fit_ended(self, ending.summary if ending is not None else None, failing=True)
+            raise
+        self._callbacks.fit_ended(self, summary, failing=False)
+        return summary
+
+    def request_stop(self, reason: str) -> None:
+        """End the run early (status stopped_early, a checkpoint saved, `reason` on the console and in
+        summary.json's stop_reason): after this step in one process; several ranks agree at the next
+        logging step or evaluation (whichever rank asked), so that they stop at the same step."""
+        self.shell.request_stop(str(reason))
 
     def _train(self, on_step: Callable[[], None] | None) -> str:
         """Epochs of steps until the run ends, then the test split. Returns how the run ended."""
         parts, state, shell = self.parts, self.state, self.shell
         timer, feed, metrics, check = parts.speed.timer, parts.feed, parts.metrics, parts.compile_check
         every_ckpt, total, device = self.config.checkpoint.every_steps, parts.total_steps, parts.place.device
+        callbacks = self._callbacks
+        callbacks.fit_started(self)
         status = None
         while status is None:
             clock = time.perf_counter()
@@ -197,8 +228,10 @@ class Trainer:
                 log_now = metrics.due(state.global_step + 1)
                 with parts.speed.step_context():  # counts the FLOPs of the first step only
                     self._last = train_step(parts.step, micro_batches, measure_grad_norm=log_now)
-                self._account(self._last, log_now)
+                row = self._account(self._last, log_now)
                 timer.end()
+                if callbacks.step_end:  # the row read on a logging step, None on the others: no sync
+                    callbacks.step_ended(self, state.global_step, row)
                 if on_step is not None:
                     on_step()
                 if every_ckpt and state.global_step % every_ckpt == 0:
@@ -207,7 +240,7 @@ class Trainer:
                 if shell.stop_requested(log_now):
                     state.train_time_s += time.perf_counter() - clock
                     shell.interrupted()
-                if state.global_step >= total:
+                if state.global_step >= total or self.stop.early_agreed is not None:
                     break
             if device.type == "cuda":
                 with own_sync():
@@ -217,6 +250,7 @@ class Trainer:
             status = self._end_epoch()
         if self.test_data is not None:
             self.test = self._evaluate(self.test_data, "test")
+        callbacks.call("on_train_end", self, status)
         return status
 
     def _leave_out_step(self) -> None:
@@ -226,8 +260,9 @@ class Trainer:
         self.state.step_in_epoch += 1
         self.state.skipped_samples += self.parts.feed.take_skipped()
 
-    def _account(self, result: StepResult, log_now: bool) -> None:
-        """Count a finished step, stop or skip on a non-finite one, and log it when it is due."""
+    def _account(self, result: StepResult, log_now: bool) -> dict[str, Any] | None:
+        """Count a finished step, stop or skip on a non-finite one, and log it when it is due.
+        Returns the logged row (host values), None on a step that is not logged."""
         state, parts = self.state, self.parts
         if result.verdict.kind == "nonfinite":  # the host guard's verdict, before the step is counted
             self._note_bad([BadStep(state.global_step + 1, result.verdict)])
@@ -237,9 +272,9 @@ class Trainer:
         state.skipped_samples += parts.feed.take_skipped()
         if log_now or parts.step.guard.due:
             self._settle()
-        if log_now:
-            parts.metrics.log_step(state, result)
+        row = parts.metrics.log_step(state, result) if log_now else None
         parts.console.advance(state.global_step)
+        return row
 
     def _settle(self) -> None:
         """Read the device-side guard's verdicts on the steps since the last read (one sync, on a
@@ -263,29 +298,36 @@ class Trainer:
             self.scheduler.step()  # recomputes the LR of that position, as a step to it would
 
     def _end_epoch(self) -> str | None:
-        """After an epoch's steps: evaluation, early stopping, the epoch's checkpoint. Returns how the
-        run ends now (completed, stopped_early), or None to go on."""
+        """After an epoch's steps (or the step a callback's stop was agreed at): evaluation, early
+        stopping, the epoch's checkpoint. Returns how the run ends now (completed, stopped_early), or
+        None to go on."""
         cfg, state, parts = self.config, self.state, self.parts
         if state.step_in_epoch >= parts.feed.steps_per_epoch:
             state.epoch += 1
             state.step_in_epoch = 0
         ends = state.global_step >= parts.total_steps or state.epoch >= cfg.train.epochs
+        asked = self.stop.early_agreed is not None  # a callback's stop: the run's end, mid-epoch or not
         stop_early = False
         every_eval = cfg.eval.every_epochs
-        if self.val_data is not None and ((every_eval and state.epoch % every_eval == 0) or ends):
+        if self.val_data is not None and ((every_eval and state.epoch % every_eval == 0) or ends or asked):
             self.val = self._evaluate(self.val_data, "val")
             stop_early = parts.early_stopping.update(state, self.val)
+        # a signal, and a stop a callback asked for in this evaluation, agreed by every rank together
+        signal = self.shell.stop_requested(True)
+        reason = self.stop.early_agreed
+        if reason is None and stop_early:
+            reason = f"{cfg.eval.early_stop_metric} has not improved for {cfg.eval.patience} evaluations"
         every_epoch_ckpt = cfg.checkpoint.every_epochs
-        if ends or stop_early:
+        if ends or reason is not None:
             self.shell.save()
         elif every_epoch_ckpt and state.epoch % every_epoch_ckpt == 0:
             self.shell.save(periodic=True)
-        if stop_early:
-            parts.console.info(
-                f"early stop: {cfg.eval.early_stop_metric} has not improved for {cfg.eval.patience} evaluations"
-            )
+        if reason is not None:
+            self._stop_reason = reason
+            at = f" at step {state.global_step}" if self.stop.early_agreed is not None else ""
+            parts.console.info(f"early stop{at}: {reason}")
             return "stopped_early"
-        if self.shell.stop_requested(True):
+        if signal:
             self.shell.interrupted()
         return "completed" if ends else None
 
@@ -300,6 +342,7 @@ class Trainer:
         parts.metrics.log_eval(split, self.state, result.metrics)
         if result.scores is not None and parts.place.dist.is_main:  # what the report draws ROC curves from
             save_scores(self.run_dir / scores_name(split), result.scores)
+        self._callbacks.call("on_eval_end", self, split, result.metrics)
         return result.metrics
 
     def _save_outside(self, clock: float) -> float:
@@ -307,6 +350,9 @@ class Trainer:
         self.state.train_time_s += time.perf_counter() - clock
         self.shell.save(periodic=True)
         return time.perf_counter()
+
+    def _checkpointed(self, path: Path) -> None:
+        self._callbacks.call("on_checkpoint", self, path)
 
     def _figures(self, status: str) -> LoopFigures:
         """What summary.json says of this loop beyond every run's figures."""
@@ -318,4 +364,5 @@ class Trainer:
             test=self.test,
             eval_skipped=self.parts.evaluator.skipped,
             compile=check.status if check is not None else None,
+            blocks={"stop_reason": self._stop_reason} if status == "stopped_early" else {},
         )
