@@ -19,7 +19,7 @@ def test_callbacks_under_fsdp_on_two_ranks(tmp_path: Path) -> None:
     for rank, out in enumerate(results):
         assert out["sharded"], rank
         assert out["ema_exact"], rank
-        # rank 1 asked at step 4; both stopped at the next logging step, 6, with its reason
+        # rank 1 asked at step 5; both stopped at the next logging step, 6, with its reason
         assert out["stop"] == ("stopped_early", 6, "rank 1 had enough", 6), rank
         assert out["interrupted"] and out["resumed_exact"], rank
     stopped = json.loads((tmp_path / "stop" / "summary.json").read_text())
