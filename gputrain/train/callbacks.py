@@ -29,8 +29,10 @@ Which hooks run at each ending: completed and stopped_early run on_train_end the
 interrupted (a signal: a checkpoint was saved, so on_checkpoint ran) and failed run on_fit_end
 only, with the summary's status and error; there the ranks may have ended apart, so on_fit_end must
 not call collectives, and a failure inside it is logged, not raised, so the run's own error is the
-one the caller sees. on_fit_start, on_step_end, on_eval_end, on_checkpoint and on_train_end run on
-every rank together: they may call collectives.
+one the caller sees (a second signal leaves at once, with no hook). A completed run's on_fit_end
+runs once summary.json is written: a failure there is raised, and the record stays as the run
+ended. on_fit_start, on_step_end, on_eval_end, on_checkpoint and on_train_end run on every rank
+together: they may call collectives.
 
 A stop: `trainer.request_stop(reason)` from any hook (on any rank) ends the run `stopped_early`
 after a checkpoint, the reason on the console and in summary.json's `stop_reason`. Several ranks
@@ -65,7 +67,7 @@ log = logging.getLogger("gputrain")
 HOOKS = ("on_fit_start", "on_step_end", "on_eval_end", "on_checkpoint", "on_train_end", "on_fit_end")
 
 
-class Trainer(Protocol):
+class TrainerView(Protocol):
     """What a hook is given: the `gputrain.Trainer` itself (train/trainer.py, which imports this
     module), seen through what callbacks read of it."""
 
@@ -99,22 +101,22 @@ class Callback:
 
     state_key: str | None = None
 
-    def on_fit_start(self, trainer: Trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         """After a resume (or the fresh start), before the first step."""
 
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any] | None) -> None:
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any] | None) -> None:
         """After optimizer step `step`; `metrics`: the logged row on a logging step, else None."""
 
-    def on_eval_end(self, trainer: Trainer, split: str, metrics: dict[str, float]) -> None:
+    def on_eval_end(self, trainer: TrainerView, split: str, metrics: dict[str, float]) -> None:
         """After an evaluation of `split` ("val", "test")."""
 
-    def on_checkpoint(self, trainer: Trainer, path: Path) -> None:
+    def on_checkpoint(self, trainer: TrainerView, path: Path) -> None:
         """After a checkpoint was saved at `path`."""
 
-    def on_train_end(self, trainer: Trainer, status: str) -> None:
+    def on_train_end(self, trainer: TrainerView, status: str) -> None:
         """Before the final weights are written (completed, stopped_early)."""
 
-    def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+    def on_fit_end(self, trainer: TrainerView, summary: dict[str, Any]) -> None:
         """Last, with summary.json's contents, however the run ended."""
 
 
@@ -130,7 +132,7 @@ class Callbacks:
     holds their state (run/shell.py's `states=`: `state_dict` / `load_state_dict`).
 
     Raises:
-        UsageError: `callbacks` is not a list of objects with at least one hook (or a state), a hook
+        UsageError: `callbacks` is not a list of objects with at least one hook, a hook
             or state method is not callable, or two callbacks share a state key.
     """
 
@@ -147,7 +149,7 @@ class Callbacks:
         for index, callback in enumerate(callbacks):
             hooks = [name for name in HOOKS if getattr(callback, name, None) is not None]
             has_state = hasattr(callback, "state_dict") or hasattr(callback, "load_state_dict")
-            if isinstance(callback, type) or not (hooks or has_state):
+            if isinstance(callback, type) or not hooks:  # a state alone (a module passed by mistake) is no callback
                 what = f"the class {callback.__name__}" if isinstance(callback, type) else type(callback).__name__
                 raise UsageError(
                     f"callbacks[{index}]: {what} has none of the hooks {', '.join(HOOKS)}: pass an "
@@ -191,7 +193,7 @@ class Callbacks:
         return bool(self.items)
 
     # ----------------------------------------------------------------- the call sites
-    def call(self, hook: str, trainer: Trainer, *args: Any) -> None:
+    def call(self, hook: str, trainer: TrainerView, *args: Any) -> None:
         """Call `hook` of every callback that has it; a failure becomes one line naming both."""
         for key, method in self._calls[hook]:
             try:
@@ -201,7 +203,7 @@ class Callbacks:
             except Exception as err:
                 raise _failed(key, hook, err, trainer) from err
 
-    def step_ended(self, trainer: Trainer, step: int, metrics: dict[str, Any] | None) -> None:
+    def step_ended(self, trainer: TrainerView, step: int, metrics: dict[str, Any] | None) -> None:
         for key, method in self.step_end:
             try:
                 method(trainer, step, metrics)
@@ -210,11 +212,11 @@ class Callbacks:
             except Exception as err:
                 raise _failed(key, "on_step_end", err, trainer) from err
 
-    def fit_started(self, trainer: Trainer) -> None:
+    def fit_started(self, trainer: TrainerView) -> None:
         self.started = True
         self.call("on_fit_start", trainer)
 
-    def fit_ended(self, trainer: Trainer, summary: dict[str, Any] | None, failing: bool) -> None:
+    def fit_ended(self, trainer: TrainerView, summary: dict[str, Any] | None, failing: bool) -> None:
         """on_fit_end with the summary. `failing`: the run is raising (interrupted, failed): a
         failure here is logged and the run's own error goes on."""
         if not self.started or summary is None:
@@ -274,7 +276,7 @@ class Callbacks:
                     ) from err
 
 
-def _failed(key: str, hook: str, err: Exception, trainer: Trainer) -> RunError:
+def _failed(key: str, hook: str, err: Exception, trainer: TrainerView) -> RunError:
     step = trainer.state.global_step
     return RunError(f"callback {key} failed in {hook} at step {step}: {type(err).__name__}: {first_line(err)}")
 

@@ -31,7 +31,7 @@ from torch import nn
 from gputrain.checkpoint.matching import canonical_name
 from gputrain.errors import RunError, UsageError
 from gputrain.run.layout import EMA_WEIGHTS
-from gputrain.train.callbacks import Callback, Trainer
+from gputrain.train.callbacks import Callback, TrainerView
 
 
 class EMA(Callback):
@@ -67,7 +67,7 @@ class EMA(Callback):
         """The average a checkpoint held, put in place at the fit's start (the parameters are there then)."""
 
     # ----------------------------------------------------------------- the hooks
-    def on_fit_start(self, trainer: Trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         if trainer.parts.place.dims.pp_enabled:
             raise UsageError("EMA: not under pipeline parallelism (each stage holds other weights)")
         named = [(canonical_name(n), p) for n, p in trainer.model.named_parameters()]
@@ -81,12 +81,12 @@ class EMA(Callback):
                 self._shadow = [_mine(self._saved, n, p) for n, p in named]
                 self._saved = None
 
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any] | None) -> None:
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any] | None) -> None:
         with torch.no_grad():
             torch._foreach_lerp_(self._shadow, self._local, 1.0 - self.decay)
         self.updates += 1
 
-    def on_eval_end(self, trainer: Trainer, split: str, metrics: dict[str, float]) -> None:
+    def on_eval_end(self, trainer: TrainerView, split: str, metrics: dict[str, float]) -> None:
         data = {"val": trainer.val_data, "test": trainer.test_data}.get(split)
         if not self.evaluate or data is None or not self._shadow:
             return
@@ -96,7 +96,7 @@ class EMA(Callback):
         trainer.parts.metrics.log_eval(f"ema/{split}", trainer.state, result.metrics)
         metrics.update({f"ema/{name}": value for name, value in result.metrics.items()})
 
-    def on_train_end(self, trainer: Trainer, status: str) -> None:
+    def on_train_end(self, trainer: TrainerView, status: str) -> None:
         if self.save and self._shadow:
             with self.applied():
                 trainer.parts.checkpointer.save_final_weights(trainer.run_dir / EMA_WEIGHTS)
@@ -132,7 +132,7 @@ class EMA(Callback):
         self._saved = weights
 
 
-def step_of(trainer: Trainer) -> int:
+def step_of(trainer: TrainerView) -> int:
     return trainer.state.global_step
 
 
@@ -178,7 +178,7 @@ def _mine(saved: dict[str, torch.Tensor], name: str, param: torch.Tensor) -> tor
     return whole.to(local.device, copy=True).reshape(local.shape).contiguous()
 
 
-def _reshard(trainer: Trainer) -> None:
+def _reshard(trainer: TrainerView) -> None:
     if trainer.parts.place.dims.fsdp_enabled:  # evaluation leaves FSDP's root gathered (trainer._evaluate)
         from gputrain.distributed.fsdp import reshard
 

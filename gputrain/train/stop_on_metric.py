@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from gputrain.errors import UsageError
-from gputrain.train.callbacks import Callback, Trainer
+from gputrain.train.callbacks import Callback, TrainerView
 
 VAL = "val_"
 
@@ -66,7 +66,7 @@ class StopOnMetric(Callback):
         self.checks_without_improvement = 0
         self._checked_name = False
 
-    def on_fit_start(self, trainer: Trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         if not self.metric.startswith(VAL):
             return  # a step row's fields are known at the first logging step
         if trainer.val_data is None:
@@ -79,7 +79,7 @@ class StopOnMetric(Callback):
                 + ", ".join(VAL + n for n in names)
             )
 
-    def on_step_end(self, trainer: Trainer, step: int, metrics: dict[str, Any] | None) -> None:
+    def on_step_end(self, trainer: TrainerView, step: int, metrics: dict[str, Any] | None) -> None:
         if metrics is None or self.metric.startswith(VAL):
             return
         if not self._checked_name and self.metric not in metrics:
@@ -91,13 +91,13 @@ class StopOnMetric(Callback):
         self._checked_name = True
         self._check(trainer, metrics[self.metric], f"at step {step}")
 
-    def on_eval_end(self, trainer: Trainer, split: str, metrics: dict[str, float]) -> None:
+    def on_eval_end(self, trainer: TrainerView, split: str, metrics: dict[str, float]) -> None:
         if split == "val" and self.metric.startswith(VAL):
             value = metrics.get(self.metric.removeprefix(VAL))
             if value is not None:
                 self._check(trainer, value, f"after the validation at step {trainer.state.global_step}")
 
-    def _check(self, trainer: Trainer, value: Any, when: str) -> None:
+    def _check(self, trainer: TrainerView, value: Any, when: str) -> None:
         if value is None:
             return
         value = float(value)

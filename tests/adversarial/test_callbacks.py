@@ -110,6 +110,9 @@ class NotCallable:
 
 
 class SaveOnly:
+    def on_step_end(self, trainer: Trainer, step: int, metrics: Any) -> None:
+        pass
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -126,6 +129,7 @@ def _lambda(*args: Any) -> None:
         ([NoHooks()], "callbacks[0]: NoHooks has none of the hooks"),
         ([_lambda], "callbacks[0]: function has none of the hooks"),
         ([EMA], "callbacks[0]: the class EMA has none of the hooks"),  # the class, not an instance
+        ([nn.Linear(2, 2)], "callbacks[0]: Linear has none of the hooks"),  # a state_dict alone: no callback
         ([EMA(), Callback, EMA()], "callbacks[1]: the class Callback"),
         (EMA(), "callbacks: takes a list of callback objects (callbacks=[EMA()]), not a EMA"),
         ("EMA", "callbacks: takes a list of callback objects (callbacks=[EMA()]), not a str"),
@@ -141,6 +145,7 @@ def _lambda(*args: Any) -> None:
         "no-hooks",
         "function",
         "class",
+        "module",
         "base-class",
         "single-callback",
         "str",
