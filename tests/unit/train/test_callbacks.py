@@ -256,6 +256,7 @@ def test_callbacks_never_sync_on_a_non_logging_step() -> None:
         case, "gputrain", False, STEPS, LOG_EVERY, callbacks=(EMA(), StopOnMetric("loss", patience=9))
     )
     assert quiet.syncs(logging=False) == 0
+    assert quiet.syncs(logging=True) == 3  # a logging step's own three reads: StopOnMetric reads the row
     assert "aten::_foreach_lerp_" in quiet.quiet_step().ops  # the EMA did run in the counted step
 
     class Reads(Callback):
