@@ -7,6 +7,10 @@ The time per step is the slope of CPU time (`time.process_time`) over two runs o
 length (N/5 and N steps): set-up costs cancel, and on a busy shared machine CPU time is not
 inflated by the process waiting for a core. The difference per step is what the framework adds.
 
+`--callbacks` adds a third loop to the tiny MLP's: the Trainer with three callbacks whose hooks do
+nothing (each defines every hook), alternating with the other two; the figure is the median of the
+paired differences against the Trainer without them (issue 29: under 2 µs a step).
+
 Models: the digits CNN (`gputrain train`'s default model, batch 64) and a tiny MLP
 (32 → 64 → 10, batch 64), where a step is so short that overhead dominates.
 
@@ -64,13 +68,14 @@ def hand_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: 
 
 
 def gputrain_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int,
-                  on_nonfinite: str = "stop") -> None:
+                  on_nonfinite: str = "stop", callbacks: tuple = ()) -> None:
     """The same training through the Trainer (with its default non-finite guard unless told)."""
     with tempfile.TemporaryDirectory() as run_dir:
         config = {"train.device": "cpu", "train.batch_size": batch, "train.max_steps": steps, "train.epochs": 10**6,
                   "train.seed": seed, "log.every_steps": 10**6, "log.progress": "none", "log.tensorboard": False,
                   "checkpoint.enabled": False, "eval.every_epochs": 0, "train.on_nonfinite": on_nonfinite}
-        summary = Trainer(model, data, loss_fn=F.cross_entropy, config=config, run_dir=run_dir).fit()
+        summary = Trainer(model, data, loss_fn=F.cross_entropy, config=config, run_dir=run_dir,
+                          callbacks=callbacks).fit()
     assert summary["global_step"] == steps
 
 
@@ -89,16 +94,33 @@ def mlp_case() -> tuple[Callable[[], nn.Module], TensorData]:
     return (lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))), data
 
 
+class NoOp:
+    """A callback with every hook, each doing nothing: what the dispatch itself costs."""
+
+    def on_fit_start(self, trainer): pass
+    def on_step_end(self, trainer, step, metrics): pass
+    def on_eval_end(self, trainer, split, metrics): pass
+    def on_checkpoint(self, trainer, path): pass
+    def on_train_end(self, trainer, status): pass
+    def on_fit_end(self, trainer, summary): pass
+
+
+def callbacks_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int) -> None:
+    gputrain_loop(model, data, batch, steps, seed, callbacks=(NoOp(), NoOp(), NoOp()))
+
+
 def unguarded_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int) -> None:
     gputrain_loop(model, data, batch, steps, seed, on_nonfinite="off")
 
 
 def measure(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: int, repeats: int,
-            guard_off: bool = False) -> dict:
+            guard_off: bool = False, callbacks: bool = False) -> dict:
     """Per-step CPU time of the hand loop and gputrain (and, with `guard_off`, gputrain with
-    train.on_nonfinite=off, which drops the guard's check and its one sync per step)."""
+    train.on_nonfinite=off, which drops the guard's check and its one sync per step; with
+    `callbacks`, gputrain with three no-op callbacks)."""
     make_model, data = case
     loops = [("hand", hand_loop), ("gputrain", gputrain_loop)] + ([("guard off", unguarded_loop)] if guard_off else [])
+    loops += [("3 callbacks", callbacks_loop)] if callbacks else []
     times: dict[str, list[float]] = {label: [] for label, _ in loops}
     short = max(1, steps // 5)
     for r in range(repeats + 1):  # the first round warms up every path and is dropped
@@ -127,7 +149,30 @@ def measure(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: 
         line += (f" | {label} {ours * 1e6:8.1f} µs, overhead {overhead * 1e6:+6.1f} µs/step "
                  f"(fastest runs {overhead_min * 1e6:+.1f}), ratio {ours / hand:.3f}")
     print(line + f"  [medians of {repeats} rounds; slope over {short} and {steps} steps]")
+    if callbacks:  # what the three no-op callbacks add to the Trainer's step, pair by pair
+        growth = statistics.median(c - g for g, c in zip(times["gputrain"], times["3 callbacks"]))
+        result["callbacks_growth_us"] = growth * 1e6
+        print(f"{name:12s} three no-op callbacks add {growth * 1e6:+.2f} µs/step (median of {repeats} paired rounds)")
+        result["callbacks_dispatch_us"] = dispatch_us()
     return result
+
+
+def dispatch_us(number: int = 200_000) -> float:
+    """The loop's per-step work for three no-op callbacks alone, free of the machine's noise: the
+    test of the hook list and the three calls (timeit's best of 5)."""
+    import timeit
+
+    from gputrain.train.callbacks import Callbacks
+
+    calls = Callbacks([NoOp(), NoOp(), NoOp()])
+
+    def step() -> None:
+        if calls.step_end:
+            calls.step_ended(None, 1, None)  # type: ignore[arg-type]
+
+    best = min(timeit.repeat(step, number=number, repeat=5)) / number
+    print(f"{'':12s} their dispatch alone: {best * 1e6:.3f} µs/step (timeit, best of 5 × {number})")
+    return best * 1e6
 
 
 def tensor_dataset_fit(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int) -> None:
@@ -178,13 +223,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--mlp-steps", type=int, default=2000)
     parser.add_argument("--cnn-steps", type=int, default=300)
+    parser.add_argument("--callbacks", action="store_true", help="also the tiny MLP with three no-op callbacks")
+    parser.add_argument("--only-mlp", action="store_true", help="the tiny MLP's per-step figures only")
     parser.add_argument("--wall-steps", type=int, default=380, help="steps of the wall-time comparison "
                         "(380 = the default job: 20 epochs of digits at batch 64)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"{time.strftime('%Y-%m-%d')}")
-    measure("tiny MLP", mlp_case(), args.mlp_steps, args.repeats, guard_off=True)
+    measure("tiny MLP", mlp_case(), args.mlp_steps, args.repeats, guard_off=not args.only_mlp, callbacks=args.callbacks)
+    if args.only_mlp:
+        return
     measure_whole_fit("tiny MLP", mlp_case(), args.mlp_steps, args.repeats)
     measure("digits CNN", digits_case(), args.cnn_steps, args.repeats)
     measure_wall("digits CNN", digits_case(), args.wall_steps, args.repeats)

@@ -506,9 +506,11 @@ def _device_guard_on_cpu() -> Iterator[None]:
 
 
 def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, clip: float | None = None,
-                  precision: str = "fp32", accum: int = 1, device: str = "cpu") -> Anatomy:
+                  precision: str = "fp32", accum: int = 1, device: str = "cpu",
+                  callbacks: tuple[Any, ...] = ()) -> Anatomy:
     """`Trainer.fit` on the same model and data, as `gputrain train` builds it (fp32, fused AdamW,
-    the device-side non-finite guard), logging every `log_every` steps."""
+    the device-side non-finite guard), logging every `log_every` steps; with `callbacks`, their
+    hooks' work counts in the step that ran them."""
     from gputrain import Trainer
 
     on = torch.device(device)
@@ -522,7 +524,7 @@ def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, cl
                       "log.tensorboard": False, "checkpoint.enabled": False, "eval.every_epochs": 0,
                       "train.clip_grad_norm": clip, "train.grad_accum": accum}
             trainer = Trainer(case.make_model(), case.data, config=config, run_dir=run_dir, spec=case.spec,
-                              loss_fn=None if case.spec is not None else F.cross_entropy)
+                              loss_fn=None if case.spec is not None else F.cross_entropy, callbacks=callbacks)
             assert trainer.optimizer.defaults.get("fused"), "the anatomy compares fused AdamW with fused AdamW"
             recorder.next()
             summary = trainer.fit(on_step=recorder.next)
@@ -532,13 +534,18 @@ def gputrain_loop(case: Case, compiled: bool, steps: int, log_every: int = 4, cl
 
 
 def measure(case: Case, loop: str, compiled: bool, steps: int = 6, log_every: int = 4,
-            clip: float | None = None, precision: str = "fp32", accum: int = 1, device: str = "cpu") -> Anatomy:
+            clip: float | None = None, precision: str = "fp32", accum: int = 1, device: str = "cpu",
+            callbacks: tuple[Any, ...] = ()) -> Anatomy:
     """One loop's anatomy: `loop` is "hand" or "gputrain"; `clip`: both clip the gradients' norm
     (train.clip_grad_norm; the hand loop's `clip_grad_norm_`); `precision`: fp32, or bf16 (both
     under autocast); `accum`: micro-batches per step (train.grad_accum); `device`: cpu, or cuda
-    (kernel launches and the sync debug mode's host waits counted too)."""
-    run = hand_loop if loop == "hand" else gputrain_loop
-    anatomy = run(case, compiled, steps, log_every, clip, precision=precision, accum=accum, device=device)
+    (kernel launches and the sync debug mode's host waits counted too); `callbacks`: gputrain's
+    Trainer(callbacks=...)."""
+    if loop == "hand":
+        anatomy = hand_loop(case, compiled, steps, log_every, clip, precision=precision, accum=accum, device=device)
+    else:
+        anatomy = gputrain_loop(case, compiled, steps, log_every, clip, precision=precision, accum=accum,
+                                device=device, callbacks=callbacks)
     anatomy.accum = accum
     return anatomy
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Config", "Trainer", "__version__"]
+__all__ = ["EMA", "Callback", "Config", "StopOnMetric", "Trainer", "__version__"]
 
 if TYPE_CHECKING:
     from gputrain.config import Config
+    from gputrain.train.callbacks import Callback
+    from gputrain.train.ema import EMA
+    from gputrain.train.stop_on_metric import StopOnMetric
     from gputrain.train.trainer import Trainer
 
 
@@ -22,4 +25,16 @@ def __getattr__(name: str) -> Any:
         from gputrain.config import Config
 
         return Config
+    if name == "Callback":
+        from gputrain.train.callbacks import Callback
+
+        return Callback
+    if name == "EMA":
+        from gputrain.train.ema import EMA
+
+        return EMA
+    if name == "StopOnMetric":
+        from gputrain.train.stop_on_metric import StopOnMetric
+
+        return StopOnMetric
     raise AttributeError(name)

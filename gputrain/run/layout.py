@@ -23,6 +23,7 @@ judges `checkpoint.resume` as a config field, in messages naming it.
         model.safetensors      the weights (one process), or DCP shards and .metadata (sharded)
         state.pt               optimizer, scheduler, RNG and loop state
       model.safetensors      the final weights (train/trainer.py, rl/trainer.py, at the end)
+      model-ema.safetensors  the EMA callback's average of the weights, at the end (train/ema.py)
       scores-SPLIT.npz       a split's saved scores (train/trainer.py at the end; `gputrain evaluate`)
       eval-NAME.json         an evaluation's record (`gputrain evaluate`, default --output-dir)
       summary.json           the result, written at every ending (run/record.py)
@@ -58,6 +59,8 @@ ERROR_LOG = "error.log"
 """Rank 0's traceback of a failure; other ranks' go to `error_log_name(rank)`."""
 FINAL_WEIGHTS = "model.safetensors"
 """The weights the run ended with; also the weights file inside a one-process checkpoint."""
+EMA_WEIGHTS = "model-ema.safetensors"
+"""The EMA callback's average of the weights at the run's end (train/ema.py), written as FINAL_WEIGHTS is."""
 LR_FIND = "lr_find.json"
 """`gputrain lr-find`'s sweep: its curve and suggestion (the only file a sweep writes)."""
 REPORT = "report.html"
@@ -149,7 +152,7 @@ def memory_snapshot_name(rank: int | None) -> str:
 
 RUN_DIRS = (CHECKPOINTS, TENSORBOARD)
 """Entries a run writes as directories (checked for their kind and for links leading out)."""
-RUN_FILES = (CONFIG, ENV, SUMMARY, METRICS, ERROR_LOG, FINAL_WEIGHTS)
+RUN_FILES = (CONFIG, ENV, SUMMARY, METRICS, ERROR_LOG, FINAL_WEIGHTS, EMA_WEIGHTS)
 """Entries a training run writes as regular files under fixed names: what run/files.py checks
 before a run writes there, and what run/prior.py calls foreign where no run wrote them."""
 RUN_FILE_PATTERNS = (

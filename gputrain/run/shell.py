@@ -68,6 +68,8 @@ class LoopShape:
     rl.stop_at_return)."""
     before_save: Callable[[], None] | None = None
     """Called before a checkpoint's state is taken (the Trainer reads its guard's pending verdicts)."""
+    after_save: Callable[[Path], None] | None = None
+    """Called with each checkpoint's path once it is saved (the Trainer's callbacks' on_checkpoint)."""
     kind: str = "train"
     """The kind of run (run/prior.py's KINDS): recorded in env.json, and a directory holding another
     kind's run is refused."""
@@ -105,12 +107,15 @@ class RunShell:
         self.recorder = RunRecorder(parts, self.stop, self.state, figures)
         self._ending: RunEnding | None = None
         """How the run is ending, while `run` runs."""
+        self.last_ending: RunEnding | None = None
+        """How the last `run` ended, its summary too, once it has (read where `run` raised)."""
 
     def run(self, train: Callable[[], str], closing: tuple[Any, ...] = ()) -> dict[str, Any]:
         """Resume or begin, `train()` until it answers how the run ended (completed,
         stopped_early), then the final weights; returns the summary (summary.json). `closing`: what
         ends with the run however it ends (the feed's loader workers)."""
         with self.recorder.recording() as ending, contextlib.ExitStack() as stack:
+            self.last_ending = ending
             for thing in closing:
                 stack.enter_context(contextlib.closing(thing))
             if not self._start(ending):
@@ -164,7 +169,8 @@ class RunShell:
             path, saved, self.parts.scheduler, self.parts.precision, place.dist.rank, place.device
         )
         for name, part in self.states.items():
-            part.load_state_dict(saved[name])
+            # a part the checkpoint predates (the Trainer's callbacks) is given none: it says so itself
+            part.load_state_dict(saved.get(name, {}))
         for f in dataclasses.fields(LoopState):
             setattr(self.state, f.name, getattr(restored, f.name))
         return self.state
@@ -193,11 +199,20 @@ class RunShell:
             }
 
         state = self.state
-        return self.parts.checkpointer.save(state.global_step, state_of, state.best_step, periodic=periodic)
+        path = self.parts.checkpointer.save(state.global_step, state_of, state.best_step, periodic=periodic)
+        if path is not None and self.shape.after_save is not None:
+            self.shape.after_save(path)
+        return path
 
     def stop_requested(self, sync_point: bool) -> bool:
-        """Whether a signal asks the run to stop now (several ranks agree on sync points only)."""
+        """Whether a signal asks the run to stop now (several ranks agree on sync points only). An
+        early stop the loop asked for (`request_stop`) is agreed on the same poll: `stop.early_agreed`."""
         return self.stop.agreed(self.parts.place.dist, self.parts.place.device, sync_point)
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the run to end early (stopped_early) for `reason`, from this rank; the first reason stays."""
+        if self.stop.early is None:
+            self.stop.early = reason
 
     def interrupted(self) -> None:
         """Save, wait for the save, and stop the run for the signal (exit 130)."""

@@ -34,6 +34,10 @@ class StopRequest:
     def __init__(self) -> None:
         self.requested: str | None = None
         self._previous: dict[int, Handler] = {}
+        self.early: str | None = None
+        """Why the loop asked itself to stop early on this rank (a callback's `request_stop`), or None."""
+        self.early_agreed: str | None = None
+        """Set by `agreed` once every rank stops early: the reason (the first rank's that asked)."""
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested is not None:  # second signal: stop now
@@ -62,15 +66,21 @@ class StopRequest:
         different moment, and a rank that stopped alone would leave its peers waiting in the next
         collective, where all ranks save the same step together."""
         if not job.enabled:
+            self.early_agreed = self.early
             return self.requested is not None
         if not sync_point:
             return False
-        flag = torch.tensor([0 if self.requested is None else 1], device=device)
+        # an early stop asked on any rank is agreed on the same all-reduce (and read on the same sync)
+        flag = torch.tensor([self.requested is not None, self.early is not None], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         with own_sync():
-            stop = bool(flag.item())
+            stop, early = (bool(v) for v in flag.tolist())
         if stop and self.requested is None:
             self.requested = "a signal to another rank"
+        if early and self.early_agreed is None:  # once a run: every rank learns the reason
+            reasons: list[str | None] = [None] * job.world_size
+            dist.all_gather_object(reasons, self.early)
+            self.early_agreed = next(r for r in reasons if r is not None)
         return stop
 
 

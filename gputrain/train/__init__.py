@@ -2,7 +2,8 @@
 (`build`), one optimizer step (`step`: `train_step`, and `apply_update` that PPO shares), the
 non-finite guard (`guard` picks it: `nonfinite` on the host, `device_guard` on the device), the
 loop's state (`state`), tasks and losses (`tasks`), checkpoints (`checkpointer`), logged rows
-(`metrics`), the compile check (`compile_check`) and the LR finder (`lr_find`).
+(`metrics`), callbacks (`callbacks`: the protocol; `ema` and `stop_on_metric`: two of them), the
+compile check (`compile_check`) and the LR finder (`lr_find`).
 
 The shell every loop runs in is `gputrain.run.shell`; the run directory is `gputrain.run`,
 evaluation `gputrain.evaluate`, feeding `gputrain.data.feed`. Names are imported on first use
@@ -13,6 +14,10 @@ from __future__ import annotations
 from gputrain.lazy import lazy_exports
 
 _EXPORTS = {
+    "Callback": "callbacks",
+    "Callbacks": "callbacks",
+    "EMA": "ema",
+    "StopOnMetric": "stop_on_metric",
     "TrainingParts": "build",
     "build_training": "build",
     "Checkpointer": "checkpointer",

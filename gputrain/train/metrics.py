@@ -102,9 +102,10 @@ class MetricsLogger:
         """Whether step `step` (1-based) is a logging step: every `log.every_steps`, and the last."""
         return step % self.config.every_steps == 0 or step == self.total_steps
 
-    def log_step(self, state: LoopState, result: StepResult) -> None:
+    def log_step(self, state: LoopState, result: StepResult) -> dict[str, Any]:
         """Write the row of a logging step (`due`); the one place the step's tensors reach the host.
-        Collective: every rank calls it, for the loss averaged over ranks."""
+        Collective: every rank calls it, for the loss averaged over ranks. Returns the row (host
+        values, the same on every rank but the speed figures): what callbacks' on_step_end gets."""
         now = time.perf_counter()
         since_time, since_samples, since_step = self._since
         seconds = max(now - since_time, 1e-9)
@@ -129,6 +130,7 @@ class MetricsLogger:
         self._write(record)
         self.console.logged(record, self.total_steps)
         self._since = (time.perf_counter(), state.samples_seen, state.global_step)
+        return record
 
     def samples_per_s(self, state: LoopState) -> float:
         """Samples (the RL loop's: environment steps) per second since the last row."""

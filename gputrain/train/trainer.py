@@ -7,7 +7,7 @@ steps, checkpoints and evaluations; every way a run can end leaves summary.json 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from gputrain.run.record import LoopFigures
 from gputrain.run.shell import LoopShape, RunShell
 from gputrain.run.signals import StopRequest
 from gputrain.train.build import TrainingParts, UserTPPlan, build_model_and_data, build_training, profile_target
+from gputrain.train.callbacks import Callbacks
 from gputrain.train.nonfinite import BadStep, note_bad_steps
 from gputrain.train.state import LoopState
 from gputrain.train.step import StepResult, train_step
@@ -184,6 +185,14 @@ class Trainer:
             default): one UsageError names them. `gputrain lr-find` and `gputrain plan` read the
             config's optimizer only; summary.json's "optimizer" block records a user's (its class,
             parameter groups, kernel path, where the non-finite guard decides).
+        callbacks: objects with any of the hooks on_fit_start(trainer), on_step_end(trainer, step,
+            metrics), on_eval_end(trainer, split, metrics), on_checkpoint(trainer, path),
+            on_train_end(trainer, status), on_fit_end(trainer, summary) (gputrain.Callback has them
+            all, doing nothing), called on every rank in list order; `metrics` of on_step_end is the
+            logged row on a logging step and None on the others, so a hook never makes the host wait
+            for the device. One may stop the run (`trainer.request_stop(reason)`: stopped_early) and
+            keep a state in checkpoints (`state_dict`/`load_state_dict`). gputrain.EMA and
+            gputrain.StopOnMetric are two; train/callbacks.py says when each hook runs and what it may read.
 
     Attributes:
         config: the run's config: as given until the run is built (assignable until then), then
@@ -223,12 +232,16 @@ class Trainer:
         tp_plan: UserTPPlan | None = None,
         optimizer: OptimizerArg | None = None,
         scheduler: SchedulerArg | None = None,
+        callbacks: Iterable[Any] | None = None,
     ) -> None:
         # Only what the arguments alone can tell is checked here: nothing joins a process group,
         # runs a forward pass or a trial step, or touches the file system before `setup()`.
         self._config = _checked_config(config)
         _check_given(model, train_data, val_data, test_data, (loss_fn, step_fn, eval_fn), tp_plan)
         check_given(optimizer, scheduler, config, self._config)  # the optimizer's and the schedule's
+        self._callbacks = Callbacks(callbacks)
+        self._stop_reason: str | None = None
+        """Why the run stopped early (summary.json's stop_reason), once it has."""
         self._given = _Given(
             model=model,
             train_data=train_data,
@@ -292,9 +305,11 @@ class Trainer:
             total=parts.total_steps,
             meta={"task": task.kind, "num_classes": task.num_classes},
             before_save=self._settle,
+            after_save=self._checkpointed,
             config_note=config_note(parts.optimizer_record) if parts.optimizer_record is not None else None,
         )
-        return _Built(parts, RunShell(parts, parts.place.config, shape, self._figures))
+        states = {"callbacks": self._callbacks}
+        return _Built(parts, RunShell(parts, parts.place.config, shape, self._figures, states=states))
 
     @property
     def built(self) -> bool:
@@ -399,14 +414,29 @@ class Trainer:
         self.setup()
         self.model.train()
         self.parts.step.model.train()
-        # the feed's loader workers end with the run, however it ends
-        return self.shell.run(lambda: self._train(on_step), closing=(self.parts.feed,))
+        try:
+            # the feed's loader workers end with the run, however it ends
+            summary = self.shell.run(lambda: self._train(on_step), closing=(self.parts.feed,))
+        except Exception:
+            ending = self.shell.last_ending
+            self._callbacks.fit_ended(self, ending.summary if ending is not None else None, failing=True)
+            raise
+        self._callbacks.fit_ended(self, summary, failing=False)
+        return summary
+
+    def request_stop(self, reason: str) -> None:
+        """End the run early (status stopped_early, a checkpoint saved, `reason` on the console and in
+        summary.json's stop_reason): after this step in one process; several ranks agree at the next
+        logging step or evaluation (whichever rank asked), so that they stop at the same step."""
+        self.shell.request_stop(str(reason))
 
     def _train(self, on_step: Callable[[], None] | None) -> str:
         """Epochs of steps until the run ends, then the test split. Returns how the run ended."""
         parts, state, shell = self.parts, self.state, self.shell
         timer, feed, metrics, check = parts.speed.timer, parts.feed, parts.metrics, parts.compile_check
         every_ckpt, total, device = self.config.checkpoint.every_steps, parts.total_steps, parts.place.device
+        callbacks = self._callbacks
+        callbacks.fit_started(self)
         status = None
         while status is None:
             clock = time.perf_counter()
@@ -420,8 +450,10 @@ class Trainer:
                 log_now = metrics.due(state.global_step + 1)
                 with parts.speed.step_context():  # counts the FLOPs of the first step only
                     self._last = train_step(parts.step, micro_batches, measure_grad_norm=log_now)
-                self._account(self._last, log_now)
+                row = self._account(self._last, log_now)
                 timer.end()
+                if callbacks.step_end:  # the row read on a logging step, None on the others: no sync
+                    callbacks.step_ended(self, state.global_step, row)
                 if on_step is not None:
                     on_step()
                 if every_ckpt and state.global_step % every_ckpt == 0:
@@ -430,7 +462,7 @@ class Trainer:
                 if shell.stop_requested(log_now):
                     state.train_time_s += time.perf_counter() - clock
                     shell.interrupted()
-                if state.global_step >= total:
+                if state.global_step >= total or self.stop.early_agreed is not None:
                     break
             if device.type == "cuda":
                 with own_sync():
@@ -440,6 +472,7 @@ class Trainer:
             status = self._end_epoch()
         if self.test_data is not None:
             self.test = self._evaluate(self.test_data, "test")
+        callbacks.call("on_train_end", self, status)
         return status
 
     def _leave_out_step(self) -> None:
@@ -449,8 +482,9 @@ class Trainer:
         self.state.step_in_epoch += 1
         self.state.skipped_samples += self.parts.feed.take_skipped()
 
-    def _account(self, result: StepResult, log_now: bool) -> None:
-        """Count a finished step, stop or skip on a non-finite one, and log it when it is due."""
+    def _account(self, result: StepResult, log_now: bool) -> dict[str, Any] | None:
+        """Count a finished step, stop or skip on a non-finite one, and log it when it is due.
+        Returns the logged row (host values), None on a step that is not logged."""
         state, parts = self.state, self.parts
         if result.verdict.kind == "nonfinite":  # the host guard's verdict, before the step is counted
             self._note_bad([BadStep(state.global_step + 1, result.verdict)])
@@ -460,9 +494,9 @@ class Trainer:
         state.skipped_samples += parts.feed.take_skipped()
         if log_now or parts.step.guard.due:
             self._settle()
-        if log_now:
-            parts.metrics.log_step(state, result)
+        row = parts.metrics.log_step(state, result) if log_now else None
         parts.console.advance(state.global_step)
+        return row
 
     def _settle(self) -> None:
         """Read the device-side guard's verdicts on the steps since the last read (one sync, on a
@@ -486,29 +520,36 @@ class Trainer:
             self.scheduler.step()  # recomputes the LR of that position, as a step to it would
 
     def _end_epoch(self) -> str | None:
-        """After an epoch's steps: evaluation, early stopping, the epoch's checkpoint. Returns how the
-        run ends now (completed, stopped_early), or None to go on."""
+        """After an epoch's steps (or the step a callback's stop was agreed at): evaluation, early
+        stopping, the epoch's checkpoint. Returns how the run ends now (completed, stopped_early), or
+        None to go on."""
         cfg, state, parts = self.config, self.state, self.parts
         if state.step_in_epoch >= parts.feed.steps_per_epoch:
             state.epoch += 1
             state.step_in_epoch = 0
         ends = state.global_step >= parts.total_steps or state.epoch >= cfg.train.epochs
+        asked = self.stop.early_agreed is not None  # a callback's stop: the run's end, mid-epoch or not
         stop_early = False
         every_eval = cfg.eval.every_epochs
-        if self.val_data is not None and ((every_eval and state.epoch % every_eval == 0) or ends):
+        if self.val_data is not None and ((every_eval and state.epoch % every_eval == 0) or ends or asked):
             self.val = self._evaluate(self.val_data, "val")
             stop_early = parts.early_stopping.update(state, self.val)
+        # a signal, and a stop a callback asked for in this evaluation, agreed by every rank together
+        signal = self.shell.stop_requested(True)
+        reason = self.stop.early_agreed
+        if reason is None and stop_early:
+            reason = f"{cfg.eval.early_stop_metric} has not improved for {cfg.eval.patience} evaluations"
         every_epoch_ckpt = cfg.checkpoint.every_epochs
-        if ends or stop_early:
+        if ends or reason is not None:
             self.shell.save()
         elif every_epoch_ckpt and state.epoch % every_epoch_ckpt == 0:
             self.shell.save(periodic=True)
-        if stop_early:
-            parts.console.info(
-                f"early stop: {cfg.eval.early_stop_metric} has not improved for {cfg.eval.patience} evaluations"
-            )
+        if reason is not None:
+            self._stop_reason = reason
+            at = f" at step {state.global_step}" if self.stop.early_agreed is not None else ""
+            parts.console.info(f"early stop{at}: {reason}")
             return "stopped_early"
-        if self.shell.stop_requested(True):
+        if signal:
             self.shell.interrupted()
         return "completed" if ends else None
 
@@ -523,6 +564,7 @@ class Trainer:
         parts.metrics.log_eval(split, self.state, result.metrics)
         if result.scores is not None and parts.place.dist.is_main:  # what the report draws ROC curves from
             save_scores(self.run_dir / scores_name(split), result.scores)
+        self._callbacks.call("on_eval_end", self, split, result.metrics)
         return result.metrics
 
     def _save_outside(self, clock: float) -> float:
@@ -530,6 +572,9 @@ class Trainer:
         self.state.train_time_s += time.perf_counter() - clock
         self.shell.save(periodic=True)
         return time.perf_counter()
+
+    def _checkpointed(self, path: Path) -> None:
+        self._callbacks.call("on_checkpoint", self, path)
 
     def _figures(self, status: str) -> LoopFigures:
         """What summary.json says of this loop beyond every run's figures."""
@@ -541,5 +586,8 @@ class Trainer:
             test=self.test,
             eval_skipped=self.parts.evaluator.skipped,
             compile=check.status if check is not None else None,
-            blocks={"optimizer": self.parts.optimizer_record} if self.parts.optimizer_record is not None else {},
+            blocks={
+                **({"optimizer": self.parts.optimizer_record} if self.parts.optimizer_record is not None else {}),
+                **({"stop_reason": self._stop_reason} if status == "stopped_early" else {}),
+            },
         )

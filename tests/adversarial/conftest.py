@@ -43,6 +43,7 @@ _GROUPS = {
     "test_rank_memory_summaries.py": "memory and limits",
     "test_fp8_plan.py": "fp8 plans",
     "test_user_optimizer.py": "user optimizers",
+    "test_callbacks.py": "callbacks",
 }
 _cases: Counter[str] = Counter()
 
