@@ -39,6 +39,7 @@ from gputrain.env.threads import apply_threads, local_ranks
 from gputrain.errors import ConfigError
 from gputrain.evaluate.evaluator import EarlyStopping, EvalSpec, Evaluator, evaluation_plan
 from gputrain.evaluate.layout import REPLICATED, eval_layout
+from gputrain.evaluate.shares import dp_group
 from gputrain.fp8 import Fp8Plan, apply_fp8, plan_fp8
 from gputrain.models.meta import MetaInit, build_on_meta, is_meta, prepare_meta_init
 from gputrain.models.plans import tp_plan_for
@@ -60,6 +61,7 @@ from gputrain.train.metrics import MetricsLogger
 from gputrain.train.state import seed_everything
 from gputrain.train.step import StepParts
 from gputrain.train.tasks import ComputeLoss, LossFn, Task, loss_of_batch, resolve_task
+from gputrain.train.token_loss import TokenNorm
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -325,6 +327,7 @@ def build_training(
         time_comm=time_comm,
         params=list(par.step_model.parameters()),
         persistent_grads=cuda_graphs,
+        tokens=_token_norm(task, step_fn, dist, dims, console),
     )
     # how the ranks share a split: plain DDP's replicas each take a share; FSDP, hybrid and TP
     # beside data parallelism too, each data-parallel rank in lockstep; pipeline stages do not
@@ -411,6 +414,20 @@ def _batch_plan(cfg: Config, train_data: Any, place: Placement) -> tuple[BatchPl
     if plan.steps_per_epoch == 0:
         raise ConfigError("train.batch_size", f"is larger than the {len(train_data)} training samples", batch_size)
     return plan, batch_size
+
+
+def _token_norm(
+    task: Task, step_fn: ComputeLoss | None, dist: DistContext, dims: ParallelDims, console: RunConsole
+) -> TokenNorm | None:
+    """How the step normalises a language model's token losses: over the valid tokens of the whole
+    global batch, counted over the data-parallel ranks (train/token_loss.py); None where the loss
+    stays a mean per micro-batch (other tasks, a user's loss, pipeline parallelism, said once)."""
+    if task.token_loss is None or step_fn is not None:
+        return None
+    if dims.pp_enabled:  # the schedule calls the loss per chunk of its own, each a mean
+        console.info("loss: pipeline parallelism averages the token losses per micro-batch, not over the global batch")
+        return None
+    return TokenNorm(task.token_loss, dist.dp_size, dp_group(dist))
 
 
 def _tp_plan(given: UserTPPlan | None, model: nn.Module, dims: ParallelDims) -> TPPlan | None:
