@@ -140,3 +140,66 @@ def test_a_users_loss_fn_keeps_the_mean_per_micro_batch(tmp_path: Path) -> None:
         trainer.fit()
         runs[accum] = step_losses(tmp_path / f"a{accum}")
     assert runs[1][0] != pytest.approx(runs[4][0], rel=1e-4)
+
+
+class _DictRows(torch.utils.data.Dataset):
+    """Hugging Face-style samples: {"input_ids", "labels"}, the labels -100 on a prompt of uneven length."""
+
+    def __init__(self, data: TensorData) -> None:
+        self.inputs, self.targets = data.tensors
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        labels = self.inputs[i].clone()
+        labels[: (i * 5) % (T + 1)] = -100
+        return {"input_ids": self.inputs[i], "labels": labels}
+
+
+def _hf_gpt2() -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        vocab_size=V,
+        n_positions=T,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def test_a_hugging_face_causal_lm_is_normalised_over_its_shifted_valid_labels(tmp_path: Path) -> None:
+    """Dict batches to a HF causal LM: its forward takes num_items_in_batch, so its summed loss is
+    normalised as the task's own; its valid tokens are those of labels[..., 1:] (it shifts them)."""
+    data = _DictRows(uneven_data())
+    runs = {}
+    for accum in (1, 4):
+        model = _hf_gpt2()
+        trainer = Trainer(model, data, config=config(**{"train.grad_accum": accum}), run_dir=tmp_path / f"a{accum}")
+        tokens = trainer.parts.step.tokens
+        assert tokens is not None and tokens.loss.where == "labels[..., 1:]"
+        trainer.fit()
+        runs[accum] = (
+            step_losses(tmp_path / f"a{accum}"),
+            {k: v.detach().clone() for k, v in model.state_dict().items()},
+        )
+    (whole, whole_w), (accum, accum_w) = runs[1], runs[4]
+    torch.testing.assert_close(torch.tensor(accum), torch.tensor(whole), rtol=1e-6, atol=1e-6)
+    for key in whole_w:
+        torch.testing.assert_close(accum_w[key], whole_w[key], rtol=1e-6, atol=1e-6, msg=key)
+    # evaluation: the split's summed loss over its shifted valid labels, as the model's own mean over all of it
+    model = _hf_gpt2()
+    trainer = Trainer(model, data, config=config(**{"train.max_steps": 1}), run_dir=tmp_path / "eval")
+    trainer.fit()
+    model.eval()
+    whole_split = {k: torch.stack([data[i][k] for i in range(len(data))]) for k in ("input_ids", "labels")}
+    with torch.no_grad():
+        expected = model(**whole_split).loss.item()
+    assert trainer.parts.evaluator.evaluate(data, "val").metrics["loss"] == pytest.approx(expected, rel=1e-6)
