@@ -126,14 +126,21 @@ def _takes_num_items(model: nn.Module) -> bool:
     if "num_items_in_batch" in params:
         return True
     var_kw = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
-    return var_kw and any("loss_function" in vars(cls) for cls in type(model).__mro__)
+    return var_kw and _is_hf(model)
+
+
+def _is_hf(model: nn.Module) -> bool:
+    """A Hugging Face model: its class has HF's `loss_function` (PreTrainedModel's)."""
+    return any("loss_function" in vars(cls) for cls in type(model).__mro__)
 
 
 def _shifts_labels(model: nn.Module) -> bool:
     """Whether the model's loss shifts its labels (a causal LM: position i predicts label i+1, so
     position 0 is never a target), read as HF's Trainer does: its loss function is ForCausalLMLoss
     (HF's default where `loss_type` names none) and it is not an encoder-decoder."""
-    loss_fn = getattr(model, "_loss_function", None)
+    if not _is_hf(model):  # another model's labels are counted as they are
+        return False
+    loss_fn = getattr(model, "_loss_function", None)  # set by the user; else HF's choice from loss_type
     if loss_fn is None:
         loss_utils = sys.modules.get("transformers.loss.loss_utils")  # loaded with any HF model
         mapping = getattr(loss_utils, "LOSS_MAPPING", {})
@@ -165,9 +172,11 @@ class TokenNorm:
     def scale(self, total: torch.Tensor) -> torch.Tensor:
         """What each micro-batch's summed loss is multiplied by: dp_size / total (a step without a
         valid token counts as 1: its sums are 0, and so are its gradients)."""
-        return self.dp_size / total.clamp(min=1)
+        inverse = total.clamp(min=1).reciprocal()
+        return inverse * self.dp_size if self.dp_size > 1 else inverse
 
     def step_loss(self, loss_sum: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
         """The step's reported loss on this rank: the sum of its scaled terms, NaN where the global
         batch had no valid token (a mean over nothing: train.on_nonfinite decides)."""
-        return torch.where(total > 0, loss_sum, torch.nan)
+        # where there is none every term is exactly 0, and 0 / False is NaN; x / True is x, exactly
+        return loss_sum / (total > 0)

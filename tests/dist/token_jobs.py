@@ -14,6 +14,6 @@ def token_runs(rank: int, runs: list[tuple[str, dict[str, Any]]]) -> list[bool]:
     normalised = []
     for run_dir, overrides in runs:
         trainer = Trainer(tiny_gpt(), uneven_data(), config=config(**overrides), run_dir=run_dir, spec=SPEC)
-        normalised.append(trainer.parts.step.tokens is not None)
         trainer.fit()
+        normalised.append(trainer.parts.step.tokens is not None)  # built by fit() at the latest
     return normalised

@@ -136,8 +136,8 @@ def test_a_users_loss_fn_keeps_the_mean_per_micro_batch(tmp_path: Path) -> None:
             run_dir=tmp_path / f"a{accum}",
             spec=SPEC,
         )
-        assert trainer.parts.step.tokens is None
         trainer.fit()
+        assert trainer.parts.step.tokens is None
         runs[accum] = step_losses(tmp_path / f"a{accum}")
     assert runs[1][0] != pytest.approx(runs[4][0], rel=1e-4)
 
@@ -183,9 +183,9 @@ def test_a_hugging_face_causal_lm_is_normalised_over_its_shifted_valid_labels(tm
     for accum in (1, 4):
         model = _hf_gpt2()
         trainer = Trainer(model, data, config=config(**{"train.grad_accum": accum}), run_dir=tmp_path / f"a{accum}")
+        trainer.fit()
         tokens = trainer.parts.step.tokens
         assert tokens is not None and tokens.loss.where == "labels[..., 1:]"
-        trainer.fit()
         runs[accum] = (
             step_losses(tmp_path / f"a{accum}"),
             {k: v.detach().clone() for k, v in model.state_dict().items()},
