@@ -111,7 +111,7 @@ def forward_backward(parts: StepParts, batch: Any, scale: float | torch.Tensor, 
 def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bool) -> StepResult:
     """Forward and backward every micro-batch, then apply one update (`apply_update`)."""
     n = len(micro_batches)
-    if parts.tokens is not None and parts.pipeline is None:
+    if parts.tokens is not None:
         return _token_step(parts, parts.tokens, micro_batches, measure_grad_norm)
     loss_sum: torch.Tensor | None = None
     if parts.pipeline is not None:  # the schedule runs every micro-batch through the stages itself
@@ -128,11 +128,20 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
 
 def _token_step(parts: StepParts, tokens: TokenNorm, micro_batches: list[Any], measure_grad_norm: bool) -> StepResult:
     """`train_step` for token-level losses (token_loss.py): the global batch's valid tokens counted
-    first (one all-reduce), each micro-batch's summed loss scaled by dp_size / that count."""
+    first (one all-reduce), each micro-batch's summed loss scaled by dp_size / that count (by the
+    pipeline's schedule, with its loss_fn, where there is one)."""
     n = len(micro_batches)
     total = tokens.total(micro_batches)
     scale = tokens.scale(total)
     loss_sum: torch.Tensor | None = None
+    if parts.pipeline is not None:
+        # the schedule divides the gradients by n and returns the mean of its n losses: scaled by
+        # n, they give the gradients of the terms above, and their mean is this rank's sum of them
+        assert tokens.pipeline is not None, "a pipelined token loss is built with the schedule's loss_fn"
+        tokens.pipeline.scale = scale * n
+        with parts.precision.autocast():
+            loss_sum = parts.pipeline.step(micro_batches)
+        micro_batches = []
     for i, batch in enumerate(micro_batches):
         loss = forward_backward(parts, batch, scale, sync_grads=i == n - 1)
         loss_sum = loss if loss_sum is None else loss_sum + loss

@@ -27,8 +27,12 @@ batches, and dict batches with `labels` for a Hugging Face language model whose 
 causal LM's labels are shifted inside it, so its valid tokens are those of `labels[..., 1:]`, or of
 the batch's `shift_labels`, as HF's Trainer counts them). A user's `loss_fn` or `step_fn`, a model
 whose forward does not take `num_items_in_batch`, classification and regression keep the mean per
-micro-batch, averaged over the micro-batches and ranks. Pipeline parallelism (whose schedule calls
-the loss per chunk of its own) keeps that mean too (train/build.py says so on the console).
+micro-batch, averaged over the micro-batches and ranks.
+
+Under pipeline parallelism the schedule calls the loss on the last stage, once per micro-batch,
+and divides the gradients by their number n (scale_grads): its loss is `PipelineTokenLoss`, each
+micro-batch's summed token loss times n · dp_size / total, the scale the step sets before it runs
+the schedule (the targets of the whole step are on every stage, so each counts them alike).
 """
 
 from __future__ import annotations
@@ -67,12 +71,16 @@ def _targets_count(batch: Any) -> torch.Tensor:
     return (batch[1] != IGNORE_INDEX).sum()
 
 
+def summed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The task's next-token cross-entropy (tasks.lm_cross_entropy), summed over the valid tokens
+    instead of averaged: logits [B, T, V] against targets [B, T]."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
+
+
 def _lm_summed(model: nn.Module, batch: Any) -> torch.Tensor:
-    """The task's next-token cross-entropy (tasks.lm_cross_entropy), summed instead of averaged."""
     if not isinstance(batch, (list, tuple)) or len(batch) < 2:
         raise RunError("batches are not (inputs, targets): pass step_fn(model, batch) -> loss to the Trainer")
-    logits, targets = model_logits(model(batch[0])), batch[1]
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
+    return summed_cross_entropy(model_logits(model(batch[0])), batch[1])
 
 
 LM_TOKEN_LOSS = TokenLoss(_targets_count, _lm_summed, "targets")
@@ -149,6 +157,19 @@ def _shifts_labels(model: nn.Module) -> bool:
     return getattr(loss_fn, "__name__", "") == "ForCausalLMLoss" and not getattr(config, "is_encoder_decoder", False)
 
 
+class PipelineTokenLoss:
+    """The pipeline schedule's loss_fn(outputs, targets) for a language model's own loss: the
+    micro-batch's summed token cross-entropy times `scale`, which the step sets before each run of
+    the schedule (`TokenNorm.pipeline`)."""
+
+    def __init__(self) -> None:
+        self.scale: torch.Tensor | None = None
+
+    def __call__(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        assert self.scale is not None, "the step sets the scale before the schedule runs"
+        return summed_cross_entropy(outputs, targets) * self.scale
+
+
 @dataclass(frozen=True, slots=True)
 class TokenNorm:
     """A run's token-level normalisation: its loss, and the data-parallel ranks its count spans."""
@@ -158,6 +179,8 @@ class TokenNorm:
     """Data-parallel ranks whose gradients the reduction averages (DDP, FSDP, HSDP's replicas × shards)."""
     group: Any = None
     """Their process group (None: the default group, where they are all the ranks)."""
+    pipeline: PipelineTokenLoss | None = None
+    """Under pipeline parallelism: the loss the schedule calls (given to it in place of the task's)."""
 
     def total(self, micro_batches: list[Any]) -> torch.Tensor:
         """The valid tokens of the global batch: this rank's micro-batches', summed over the

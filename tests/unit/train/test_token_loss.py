@@ -34,9 +34,9 @@ def uneven_data(n: int = N, seed: int = 1) -> TensorData:
     return TensorData(inputs, targets)
 
 
-def tiny_gpt() -> torch.nn.Module:
+def tiny_gpt(n_layer: int = 1) -> torch.nn.Module:
     torch.manual_seed(0)
-    return build_model(ModelConfig(name="gpt", n_layer=1, n_head=2, d_model=16, dropout=0.0), SPEC)
+    return build_model(ModelConfig(name="gpt", n_layer=n_layer, n_head=2, d_model=16, dropout=0.0), SPEC)
 
 
 def config(**overrides: Any) -> Any:
