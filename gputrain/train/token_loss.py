@@ -16,6 +16,9 @@ N ranks × k accumulation steps would not train as one process on the whole batc
 3. reports as the step's loss the sum of those terms on each rank, which the logger averages over
    the ranks (observe/rank_memory.py): the mean over the global batch's valid tokens.
 
+Evaluation likewise divides a split's summed token loss by its valid tokens (evaluate/evaluator.py),
+not a mean per batch weighted by its samples.
+
 A micro-batch without a valid token adds 0. A step whose whole global batch has none has no mean:
 its loss is NaN and its gradients 0, so `train.on_nonfinite` decides as for any non-finite loss
 (stop names the step, skip drops the update and leaves the schedule where it was, off applies a
