@@ -29,9 +29,12 @@ from tests.unit.train.test_token_loss import SPEC, T, V, config, tiny_gpt, uneve
 CPU = torch.device("cpu")
 
 
-def _step(micro_batches: list[Any], on_nonfinite: str = "stop") -> tuple[StepResult, nn.Module, dict[str, Any]]:
-    """One SGD step of the tiny GPT over `micro_batches`; (result, model, the gradients it applied)."""
-    model = tiny_gpt()
+def _step(
+    micro_batches: list[Any], on_nonfinite: str = "stop", model: nn.Module | None = None, token_loss: Any = None
+) -> tuple[StepResult, nn.Module, dict[str, Any]]:
+    """One SGD step of the tiny GPT (or `model`, with its `token_loss`) over `micro_batches`;
+    (result, model, the gradients it applied)."""
+    model = model if model is not None else tiny_gpt()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     precision = Precision("fp32", CPU)
     grads: dict[str, Any] = {}
@@ -44,7 +47,7 @@ def _step(micro_batches: list[Any], on_nonfinite: str = "stop") -> tuple[StepRes
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
         precision=precision,
         guard=build_guard(on_nonfinite, optimizer, precision, device=CPU, distributed=False),
-        tokens=TokenNorm(LM_TOKEN_LOSS),
+        tokens=TokenNorm(token_loss or LM_TOKEN_LOSS),
     )
     result = train_step(parts, micro_batches, measure_grad_norm=True)
     return result, model, grads
@@ -84,9 +87,34 @@ def _no_valid_token(on_nonfinite: str, verdict: str) -> None:
     before = {k: v.clone() for k, v in tiny_gpt().state_dict().items()}
     result, model, grads = _step(_split(_rows([T] * 4), 2), on_nonfinite)
     assert torch.isnan(result.loss) and result.verdict.kind == verdict
+    assert bool(grads) == (verdict == "apply")  # the optimizer stepped (and the gradients were read) or not
     assert all(torch.count_nonzero(g) == 0 for g in grads.values())
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, before[key], rtol=0, atol=0, msg=key)  # SGD: a zero gradient moves nothing
+
+
+class _MaskedSumLM(nn.Module):
+    """A dict-batch LM that declares num_items_in_batch and masks its token losses by multiplying:
+    a scale of 1/0 = inf would reach its backward as inf × 0 = NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(V, V)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, num_items_in_batch: Any = None) -> Any:
+        logits = self.emb(input_ids).flatten(0, 1)
+        per_token = F.cross_entropy(logits, labels.clamp(min=0).flatten(), reduction="none")
+        loss = (per_token * (labels.flatten() != IGNORE_INDEX)).sum() / num_items_in_batch
+        return type("Out", (), {"logits": logits, "loss": loss})()
+
+
+def _no_valid_token_masked_by_multiplying() -> None:
+    model = _MaskedSumLM()
+    batches = [{"input_ids": torch.zeros(2, T, dtype=torch.long), "labels": torch.full((2, T), IGNORE_INDEX)}] * 2
+    result, _, grads = _step(batches, "off", model, hf_token_loss(model))  # off: the gradients are applied
+    assert torch.isnan(result.loss) and result.verdict.kind == "apply" and grads
+    assert all(torch.count_nonzero(g) == 0 for g in grads.values()), grads  # zeros: no inf × 0 in the backward
 
 
 def _one_token() -> None:
@@ -205,6 +233,17 @@ def _classification_keeps_the_mean(tmp: Path) -> None:
     assert trainer.parts.task.kind == "classification" and trainer.parts.step.tokens is None
 
 
+def _val_without_a_valid_token(tmp: Path) -> None:
+    """A split whose labels are all -100 has no mean: its loss and perplexity are NaN, not 0."""
+    inputs, labels = uneven_data(n=6, seed=3).tensors
+    from gputrain.data.tensors import TensorData
+
+    trainer = Trainer(tiny_gpt(), uneven_data(), config=config(**{"train.max_steps": 1}), run_dir=tmp / "r", spec=SPEC)
+    trainer.fit()
+    got = trainer.parts.evaluator.evaluate(TensorData(inputs, torch.full_like(labels, IGNORE_INDEX)), "val").metrics
+    assert set(got) == {"loss", "perplexity"} and all(v != v for v in got.values()), got
+
+
 CASES: list[tuple[str, Callable[[Path], None]]] = [
     ("one micro-batch all -100", lambda _: _same_as_whole([T, T, 0, 3], 2)),
     ("one micro-batch all -100 among four", lambda _: _same_as_whole([0, T, 5, 1], 4)),
@@ -214,6 +253,7 @@ CASES: list[tuple[str, Callable[[Path], None]]] = [
     ("a whole step of -100, on_nonfinite=stop", lambda _: _no_valid_token("stop", "nonfinite")),
     ("a whole step of -100, on_nonfinite=skip", lambda _: _no_valid_token("skip", "nonfinite")),
     ("a whole step of -100, on_nonfinite=off", lambda _: _no_valid_token("off", "apply")),
+    ("a whole step of -100, a loss masked by multiplying", lambda _: _no_valid_token_masked_by_multiplying()),
     ("labels int32", lambda tmp: _trainer_error(lambda y: y.int(), "expected target dtype to be Long", tmp)),
     ("labels float", lambda tmp: _trainer_error(lambda y: y.float(), "expected target dtype to be Long", tmp)),
     ("a label = vocab", lambda tmp: _trainer_error(lambda y: _with(y, 5, 7, V), f"Target {V} is out of bounds", tmp)),
@@ -247,6 +287,7 @@ CASES: list[tuple[str, Callable[[Path], None]]] = [
         lambda tmp: _keeps_the_mean(tmp, step_fn=lambda m, b: F.cross_entropy(m(b[0]).flatten(0, 1), b[1].flatten())),
     ),
     ("a classification task", _classification_keeps_the_mean),
+    ("a validation split of only -100", _val_without_a_valid_token),
 ]
 
 
