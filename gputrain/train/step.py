@@ -101,8 +101,9 @@ def forward_backward(parts: StepParts, batch: Any, scale: float | torch.Tensor, 
         timer = parts.timer if sync_grads and parts.time_comm else None
         if timer is not None and timer.active:
             timer.split_backward(loss)
-        scaled = isinstance(scale, torch.Tensor) or scale == 1.0  # a Python float is compared, never a tensor
-        parts.precision.backward(loss if scaled else loss * scale)
+        # a token loss is scaled above; a Python float is compared (never a tensor: that would sync)
+        as_is = isinstance(scale, torch.Tensor) or scale == 1.0
+        parts.precision.backward(loss if as_is else loss * scale)
         if timer is not None and timer.active:
             timer.mark("comm")
     return loss.detach()

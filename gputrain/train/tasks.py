@@ -103,8 +103,8 @@ def resolve_task(
     if spec is not None:
         own = loss_fn is None and step_fn is None  # the task's own loss, not the user's
         loss = default_loss(spec.task) if own else loss_fn
-        tokens = spec.input_shape[0] if spec.task == "lm" else None
-        return Task(spec.task, loss, spec.num_classes, tokens, token_loss=_own_token_loss(spec.task, own))
+        per_sample = spec.input_shape[0] if spec.task == "lm" else None
+        return Task(spec.task, loss, spec.num_classes, per_sample, token_loss=_own_token_loss(spec.task, own))
     if step_fn is not None:  # evaluation reports step_fn's loss (no grad, eval mode)
         return Task("custom", None)
     batch = first_batch(train_data)  # read once: a DataLoader of samples it cannot index starts its workers

@@ -71,7 +71,13 @@ class TokenLoss:
 
 
 def _targets_count(batch: Any) -> torch.Tensor:
-    return (batch[1] != IGNORE_INDEX).sum()
+    return (_pair(batch)[1] != IGNORE_INDEX).sum()
+
+
+def _pair(batch: Any) -> Any:
+    if not isinstance(batch, (list, tuple)) or len(batch) < 2:
+        raise RunError("batches are not (inputs, targets): pass step_fn(model, batch) -> loss to the Trainer")
+    return batch
 
 
 def summed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -81,9 +87,8 @@ def summed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.T
 
 
 def _lm_summed(model: nn.Module, batch: Any) -> torch.Tensor:
-    if not isinstance(batch, (list, tuple)) or len(batch) < 2:
-        raise RunError("batches are not (inputs, targets): pass step_fn(model, batch) -> loss to the Trainer")
-    return summed_cross_entropy(model_logits(model(batch[0])), batch[1])
+    inputs, targets = _pair(batch)[:2]
+    return summed_cross_entropy(model_logits(model(inputs)), targets)
 
 
 LM_TOKEN_LOSS = TokenLoss(_targets_count, _lm_summed, "targets")
@@ -106,6 +111,7 @@ def hf_token_loss(model: nn.Module) -> TokenLoss | None:
 
     def summed(model: nn.Module, batch: Any) -> torch.Tensor:
         _labels(batch, "labels")
+        # HF divides its summed token losses by num_items_in_batch: by 1, exactly the sum
         loss = getattr(model(**batch, num_items_in_batch=1), "loss", None)
         if loss is None:
             raise RunError("the model's output for a dict batch has no .loss: give every batch its labels")

@@ -215,6 +215,16 @@ def _later_batch_without_labels() -> None:
     assert "\n" not in str(caught.value)
 
 
+def _not_a_pair() -> None:
+    """A batch of another structure reaching the task's token loss: one line, counted or summed."""
+    from gputrain.errors import RunError
+
+    for call in (lambda: LM_TOKEN_LOSS.count({"x": 1}), lambda: LM_TOKEN_LOSS.summed(tiny_gpt(), [torch.ones(1)])):
+        with pytest.raises(RunError, match=r"^batches are not \(inputs, targets\): pass step_fn") as caught:
+            call()
+        assert "\n" not in str(caught.value)
+
+
 def _keeps_the_mean(tmp: Path, **kwargs: Any) -> None:
     trainer = Trainer(
         tiny_gpt(), uneven_data(), config=config(**{"train.max_steps": 1}), run_dir=tmp / "r", spec=SPEC, **kwargs
@@ -260,6 +270,7 @@ CASES: list[tuple[str, Callable[[Path], None]]] = [
     ("a label -1", lambda tmp: _trainer_error(lambda y: _with(y, 5, 7, -1), "Target -1 is out of bounds", tmp)),
     ("dict batches without labels", _dict_without_labels),
     ("a later dict batch without labels", lambda _: _later_batch_without_labels()),
+    ("a batch that is no (inputs, targets) pair", lambda _: _not_a_pair()),
     ("HF causal LM: counts labels[..., 1:]", lambda _: _counts(_gpt2, "labels[..., 1:]", 4)),
     (
         "HF causal LM with shift_labels in the batch",
