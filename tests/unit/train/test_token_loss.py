@@ -142,7 +142,7 @@ def test_a_users_loss_fn_keeps_the_mean_per_micro_batch(tmp_path: Path) -> None:
     assert runs[1][0] != pytest.approx(runs[4][0], rel=1e-4)
 
 
-class _DictRows(torch.utils.data.Dataset):
+class DictRows(torch.utils.data.Dataset):
     """Hugging Face-style samples: {"input_ids", "labels"}, the labels -100 on a prompt of uneven length."""
 
     def __init__(self, data: TensorData) -> None:
@@ -157,7 +157,7 @@ class _DictRows(torch.utils.data.Dataset):
         return {"input_ids": self.inputs[i], "labels": labels}
 
 
-def _hf_gpt2() -> torch.nn.Module:
+def hf_gpt2() -> torch.nn.Module:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(
@@ -175,13 +175,21 @@ def _hf_gpt2() -> torch.nn.Module:
     return transformers.GPT2LMHeadModel(cfg)
 
 
+def job_parts(kind: str) -> tuple[torch.nn.Module, Any, DataSpec | None]:
+    """(model, train data, spec) of a run of tests/dist/test_token_loss.py: "gpt1" and "gpt2" the
+    tiny GPT of 1 or 2 layers on (inputs, targets), "hf" a HF GPT-2 on dict batches."""
+    if kind == "hf":
+        return hf_gpt2(), DictRows(uneven_data()), None
+    return tiny_gpt(int(kind.removeprefix("gpt"))), uneven_data(), SPEC
+
+
 def test_a_hugging_face_causal_lm_is_normalised_over_its_shifted_valid_labels(tmp_path: Path) -> None:
     """Dict batches to a HF causal LM: its forward takes num_items_in_batch, so its summed loss is
     normalised as the task's own; its valid tokens are those of labels[..., 1:] (it shifts them)."""
-    data = _DictRows(uneven_data())
+    data = DictRows(uneven_data())
     runs = {}
     for accum in (1, 4):
-        model = _hf_gpt2()
+        model = hf_gpt2()
         trainer = Trainer(model, data, config=config(**{"train.grad_accum": accum}), run_dir=tmp_path / f"a{accum}")
         trainer.fit()
         tokens = trainer.parts.step.tokens
@@ -195,7 +203,7 @@ def test_a_hugging_face_causal_lm_is_normalised_over_its_shifted_valid_labels(tm
     for key in whole_w:
         torch.testing.assert_close(accum_w[key], whole_w[key], rtol=1e-6, atol=1e-6, msg=key)
     # evaluation: the split's summed loss over its shifted valid labels, as the model's own mean over all of it
-    model = _hf_gpt2()
+    model = hf_gpt2()
     trainer = Trainer(model, data, config=config(**{"train.max_steps": 1}), run_dir=tmp_path / "eval")
     trainer.fit()
     model.eval()
