@@ -1,7 +1,7 @@
 """A language model with -100 labels at uneven positions: 2 gloo ranks × 2 accumulation steps
 train exactly as one process on the whole batch (weights after 3 steps and every logged loss, to
 1e-6), under DDP and under FSDP, whose gradient reductions both average over the ranks
-(train/token_loss.py); a Hugging Face GPT-2 on dict batches under DDP likewise (its forward given
+(train/token_loss.py); tensor parallelism, whose two ranks read the same samples; a Hugging Face GPT-2 on dict batches under DDP likewise (its forward given
 num_items_in_batch through the wrapper); and 2 pipeline stages with 2 micro-batches (the
 schedule's loss scaled by the step's count) as one process on a 2-layer GPT. With each
 micro-batch's own mean, as before, they do not."""
@@ -20,7 +20,13 @@ from tests.dist.token_jobs import token_runs
 from tests.unit.train.test_token_loss import config, job_parts, step_losses
 
 # run on 2 ranks -> (parallel.strategy, the model: test_token_loss.job_parts); each against one process
-CASES = {"ddp": ("ddp", "gpt1"), "fsdp": ("fsdp", "gpt1"), "pp": ("pp", "gpt2"), "hf_ddp": ("ddp", "hf")}
+CASES = {
+    "ddp": ("ddp", "gpt1"),
+    "fsdp": ("fsdp", "gpt1"),
+    "tp": ("tp", "gpt1"),  # the peers read the same samples: dp_size 1, no count exchanged
+    "pp": ("pp", "gpt2"),
+    "hf_ddp": ("ddp", "hf"),
+}
 EXTRA = {"pp": {"parallel.pp_schedule": "gpipe"}}  # two stages need two blocks: the 2-layer GPT
 
 
