@@ -1,10 +1,11 @@
 """A language model with -100 labels at uneven positions: 2 gloo ranks × 2 accumulation steps
 train exactly as one process on the whole batch (weights after 3 steps and every logged loss, to
 1e-6), under DDP and under FSDP, whose gradient reductions both average over the ranks
-(train/token_loss.py); tensor parallelism, whose two ranks read the same samples; a Hugging Face GPT-2 on dict batches under DDP likewise (its forward given
-num_items_in_batch through the wrapper); and 2 pipeline stages with 2 micro-batches (the
-schedule's loss scaled by the step's count) as one process on a 2-layer GPT. With each
-micro-batch's own mean, as before, they do not."""
+(train/token_loss.py); under tensor parallelism, whose two ranks read the same samples; a Hugging
+Face GPT-2 on dict batches under DDP likewise (its forward given num_items_in_batch through the
+wrapper); and 2 pipeline stages with 2 micro-batches (the schedule's loss scaled by the step's
+count) as one process on a 2-layer GPT. With each micro-batch's own mean, as before, they do not.
+About 30 s on 2 idle cores."""
 
 from __future__ import annotations
 
