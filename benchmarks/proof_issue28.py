@@ -296,7 +296,7 @@ def part_anatomy(ctx: Context) -> dict[str, Any]:
         ours = step_anatomy.measure(case, "gputrain", compiled, 8, 4, precision=precision, device=device)
         rows.append(step_anatomy.summary(ours, hand))
         print(step_anatomy.cuda_row(ours, hand), flush=True)  # in the log if the cap cuts the next
-    last = rows[-1]
+    last, handful = rows[-1], step_anatomy.launch_handful(ours.tokens)
     extra = last["launches_per_step"]["gputrain"] - last["launches_per_step"]["hand"]
     waits = max(r["host_waits_per_step"]["gputrain_quiet"] + r["syncing_ops"]["gputrain_quiet"] for r in rows)
     mode = "compiled" if last["compiled"] else "eager"
@@ -305,7 +305,7 @@ def part_anatomy(ctx: Context) -> dict[str, Any]:
                        f"host waits on a quiet step {waits}; compiled regions a step "
                        f"{last['regions_per_step']['hand']} / {last['regions_per_step']['gputrain']}; "
                        f"violations {sum(len(r['violations']) for r in rows)}",
-            "rows": rows, "launch_handful": step_anatomy.LAUNCH_HANDFUL,
+            "rows": rows, "launch_handful": handful,
             "goals": [goal("anatomy: host waits on a quiet step (gputrain)", waits, 0, higher_is_better=False),
                       goal("anatomy: kernel launches a quiet step beyond the hand loop's", extra,
-                           step_anatomy.LAUNCH_HANDFUL, higher_is_better=False)]}
+                           handful, higher_is_better=False)]}

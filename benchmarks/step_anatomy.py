@@ -95,6 +95,7 @@ prototype: not counted)."""
 
 
 GUARD = "the non-finite guard (device_guard.py)"
+TOKENS = "the LM's token-level loss (train/token_loss.py)"
 ALLOWED_EXTRA: dict[str, tuple[int, str]] = {
     # op: (most per quiet step beyond the hand loop's, with one micro-batch a step, why)
     "aten::_amp_foreach_non_finite_check_and_unscale_": (1, f"{GUARD}: one flag from every gradient and the loss"),
@@ -123,8 +124,31 @@ kernels (the guard's flag check, add_, eq, where and two _foreach_sub_, the seco
 fused AdamW and step counts: 8, each one multi-tensor launch at these parameter counts), and two to
 spare for the clip's add and a fill the CUDA guard's flag may need. The others are views or casts."""
 
+TOKEN_EXTRA: dict[str, tuple[int, str]] = {
+    # a language model's loss is summed over its valid (not -100) tokens and divided by the global
+    # batch's count of them (one all-reduce of it on several ranks), where nanoGPT's averages per
+    # micro-batch: seven small kernels on scalars and the label mask per step
+    "aten::ne": (1, f"{TOKENS}: marks the micro-batch's valid labels"),
+    "aten::sum": (1, f"{TOKENS}: counts them"),
+    "aten::clamp": (1, f"{TOKENS}: the step's scale 1 / max(count, 1)"),
+    "aten::reciprocal": (1, f"{TOKENS}: the step's scale 1 / max(count, 1)"),
+    "aten::mul": (2, f"{TOKENS}: each micro-batch's summed loss times the scale, forward and backward"),
+    "aten::gt": (1, f"{TOKENS}: the step's loss is NaN where the global batch has no valid token (with div)"),
+    "aten::div": (1, f"{TOKENS}: the step's loss is NaN where the global batch has no valid token"),
+}
+"""Beyond ALLOWED_EXTRA, for a language model (a case with an lm spec: gputrain normalises its loss
+over tokens)."""
+
 PER_MICRO_BATCH = {"aten::detach": 1, "aten::flatten": 2, "aten::to": 1}
 """Of ALLOWED_EXTRA, what each micro-batch adds (the loss's detach, the LM loss's flattens and cast)."""
+TOKEN_PER_MICRO_BATCH = {"aten::ne": 1, "aten::sum": 1, "aten::mul": 2}
+"""Of TOKEN_EXTRA, what each micro-batch adds (its count, its loss times the scale and back)."""
+
+
+def launch_handful(tokens: bool) -> int:
+    """LAUNCH_HANDFUL, and for a language model TOKEN_EXTRA's ops too: each is a kernel on a GPU (on
+    scalars and the label mask), the price of normalising the loss over the global batch's tokens."""
+    return LAUNCH_HANDFUL + (sum(count for count, _ in TOKEN_EXTRA.values()) if tokens else 0)
 
 ACCUMULATION_EXTRA: dict[str, tuple[int, str]] = {
     # op: (most per micro-batch beyond the hand loop's, with train.grad_accum > 1, why)
@@ -259,6 +283,9 @@ class Anatomy:
     accum: int = 1
     """Micro-batches a step."""
     device: str = "cpu"
+
+    tokens: bool = False
+    """A language model: gputrain's loss is normalised over the global batch's tokens (TOKEN_EXTRA)."""
 
     def after_warmup(self) -> list[tuple[int, StepCount]]:
         return [(i + 1, s) for i, s in enumerate(self.steps) if i >= 2]
@@ -547,6 +574,7 @@ def measure(case: Case, loop: str, compiled: bool, steps: int = 6, log_every: in
         anatomy = gputrain_loop(case, compiled, steps, log_every, clip, precision=precision, accum=accum,
                                 device=device, callbacks=callbacks)
     anatomy.accum = accum
+    anatomy.tokens = loop == "gputrain" and getattr(case.spec, "task", None) == "lm"
     return anatomy
 
 
@@ -556,9 +584,12 @@ def extra_ops(ours: Anatomy, hand: Anatomy) -> tuple[collections.Counter, collec
     return a - b, b - a
 
 
-def allowed_extra(op: str, accum: int = 1) -> int:
-    """How many more `op`s than the hand loop's gputrain's quiet step may dispatch."""
+def allowed_extra(op: str, accum: int = 1, tokens: bool = False) -> int:
+    """How many more `op`s than the hand loop's gputrain's quiet step may dispatch (`tokens`: a
+    language model's, whose loss is normalised over tokens)."""
     allowed = ALLOWED_EXTRA.get(op, (0, ""))[0] + PER_MICRO_BATCH.get(op, 0) * (accum - 1)
+    if tokens:
+        allowed += TOKEN_EXTRA.get(op, (0, ""))[0] + TOKEN_PER_MICRO_BATCH.get(op, 0) * (accum - 1)
     if accum > 1:
         allowed += ACCUMULATION_EXTRA.get(op, (0, ""))[0] * accum
     return allowed
@@ -587,7 +618,7 @@ def violations(ours: Anatomy, hand: Anatomy) -> list[str]:
     if device_syncs:
         found.append(f"syncs on non-logging steps (sync debug mode): {device_syncs}")
     more, _ = extra_ops(ours, hand)
-    beyond = {op: n for op, n in more.items() if n > allowed_extra(op, ours.accum)}
+    beyond = {op: n for op, n in more.items() if n > allowed_extra(op, ours.accum, ours.tokens)}
     if beyond:
         found.append(f"ops beyond the hand loop's and the documented extras: {beyond}")
     return found

@@ -142,7 +142,8 @@ def evaluate_split(
     keeper: ScoreKeeper | None = None,
     metrics: EvalMetrics | None = None,
 ) -> tuple[dict[str, float], int]:
-    """(mean loss over samples and the requested metrics, the samples the reader left out as
+    """(mean loss over samples, or for a language model's own loss over the split's valid tokens
+    (train/token_loss.py), and the requested metrics; the samples the reader left out as
     unreadable): one host sync, at the end. `count_skipped` is asked once the batches are read (an
     `EvalBatches`'s count in data.on_error=skip mode); the count is summed over the ranks when they
     shared the split.
@@ -163,6 +164,10 @@ def evaluate_split(
         metrics = EvalMetrics(metric_names, task.kind, task.num_classes, device)
     metrics.reset()
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    token_loss = task.token_loss if spec.step_fn is None else None
+    # a language model's own loss: summed per batch and divided by the split's valid tokens at the
+    # end, not a mean per batch weighted by its samples (which weighs a token by its batch's count)
+    tokens = torch.zeros((), device=device, dtype=torch.float64) if token_loss is not None else None
     count = 0
     unreadable: BadSample | None = None
     steps = Lockstep(batches, run.lockstep, group, device) if run.lockstep is not None else None
@@ -176,7 +181,10 @@ def evaluate_split(
             if not real:
                 continue  # a pad batch: its forward kept the collectives in step; it is not counted
             size = _batch_size(batch)
-            if loss is not None:
+            if loss is not None and tokens is not None and token_loss is not None:
+                loss_sum += loss.detach().double()
+                tokens += token_loss.count(batch)
+            elif loss is not None:
                 loss_sum += loss.detach().double() * size
             count += size
             if outputs is None or targets is None or (keeper is None and not metrics.names):
@@ -194,11 +202,12 @@ def evaluate_split(
     if steps is not None and steps.unreadable is not None:
         unreadable = steps.unreadable
     skipped = count_skipped() if count_skipped is not None else 0
+    sums = loss_sum.view(1) if tokens is None else torch.stack([loss_sum, tokens])
     if run.shared:
         local = [float(count), float(skipped), float(unreadable is not None)]
-        totals = torch.cat([loss_sum.view(1), torch.tensor(local, device=device, dtype=torch.float64)])
+        totals = torch.cat([sums, torch.tensor(local, device=device, dtype=torch.float64)])
         dist.all_reduce(totals, group=group)
-        loss_total, count_total, skipped_total, failed_ranks = totals.tolist()  # the one host sync
+        *sum_totals, count_total, skipped_total, failed_ranks = totals.tolist()  # the one host sync
         count, skipped = int(count_total), int(skipped_total)
         if unreadable is not None:
             raise unreadable
@@ -206,13 +215,14 @@ def evaluate_split(
             where = f"{split} split: " if split else ""
             raise BadSample(f"{where}another rank could not read a sample of its share (its error log names it)")
     else:
-        loss_total = float(loss_sum)  # the one host sync
+        sum_totals = sums.tolist()  # the one host sync
     if count == 0 and skipped:
         where = f"{split} split: " if split else ""
         raise BadSample(f"{where}all {skipped} samples are unreadable (data.on_error=skip): nothing to evaluate")
     results = metrics.compute(group, run.shared)
     if count and ("loss" in metric_names or "perplexity" in metric_names):
-        mean_loss = loss_total / count
+        loss_total, divisor = sum_totals[0], sum_totals[1] if tokens is not None else count
+        mean_loss = loss_total / divisor if divisor else float("nan")  # no valid token: no mean
         if "loss" in metric_names:
             results["loss"] = mean_loss
         if "perplexity" in metric_names:
@@ -223,15 +233,18 @@ def evaluate_split(
 def _forward(
     model: nn.Module, batch: Any, step_fn: ComputeLoss | None, task: Task, real: bool
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """(loss, outputs, targets) of one batch: the user's function's loss alone; a dict batch's
-    `model(**batch).loss`, with its `.logits` and `labels` where it has them; or the task's loss on
-    (inputs, targets), not computed for a pad batch (not `real`)."""
+    """(loss, outputs, targets) of one batch: the user's function's loss alone; a language model's
+    summed token loss (task.token_loss) alone; a dict batch's `model(**batch).loss`, with its
+    `.logits` and `labels` where it has them; or the task's loss on (inputs, targets), not computed
+    for a pad batch (not `real`)."""
     loss_fn = task.loss_fn if real else None
     if step_fn is not None:
         loss = step_fn(model, batch)
         if not isinstance(loss, torch.Tensor):
             raise _NotALoss(f"returned a {type(loss).__name__}, not the loss tensor")
         return loss, None, None
+    if task.token_loss is not None and real:  # the summed token loss; a language model's outputs score nothing
+        return task.token_loss.summed(model, batch), None, None
     if task.dict_batches:
         output = model(**batch)
         logits = model_logits(output)

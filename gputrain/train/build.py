@@ -39,6 +39,7 @@ from gputrain.env.threads import apply_threads, local_ranks
 from gputrain.errors import ConfigError
 from gputrain.evaluate.evaluator import EarlyStopping, EvalSpec, Evaluator, evaluation_plan
 from gputrain.evaluate.layout import REPLICATED, eval_layout
+from gputrain.evaluate.shares import dp_group
 from gputrain.fp8 import Fp8Plan, apply_fp8, plan_fp8
 from gputrain.models.meta import MetaInit, build_on_meta, is_meta, prepare_meta_init
 from gputrain.models.plans import tp_plan_for
@@ -61,6 +62,7 @@ from gputrain.train.metrics import MetricsLogger
 from gputrain.train.state import seed_everything
 from gputrain.train.step import StepParts
 from gputrain.train.tasks import ComputeLoss, LossFn, Task, loss_of_batch, resolve_task
+from gputrain.train.token_loss import PipelineTokenLoss, TokenNorm
 from gputrain.train.user_optim import (
     OptimizerArg,
     SchedulerArg,
@@ -313,6 +315,7 @@ def build_training(
         precision = Precision(place.precision, device)
         if place.fp8 is not None:  # a model converter: before compile and data parallelism wrap the layers
             console.info(apply_fp8(model, place.fp8).describe())
+        tokens = _token_norm(task, step_fn, dist, dims)
         # parallelize before the optimizer: FSDP/TP replace the parameters, PP keeps only this rank's stage
         par = parallelize(
             model,
@@ -323,7 +326,7 @@ def build_training(
             place.precision,
             place.grad_accum,
             tp_plan=_tp_plan(tp_plan, model, dims),
-            loss_fn=task.loss_fn if step_fn is None else None,
+            loss_fn=_schedule_loss(task, step_fn, tokens),
             meta_init=meta_init,
         )
         if user_optimizer is None:
@@ -370,6 +373,7 @@ def build_training(
             time_comm=time_comm,
             params=list(par.step_model.parameters()),
             persistent_grads=cuda_graphs,
+            tokens=tokens,
         )
         # how the ranks share a split: plain DDP's replicas each take a share; FSDP, hybrid and TP
         # beside data parallelism too, each data-parallel rank in lockstep; pipeline stages do not
@@ -459,6 +463,25 @@ def _batch_plan(cfg: Config, train_data: Any, place: Placement) -> tuple[BatchPl
     if plan.steps_per_epoch == 0:
         raise ConfigError("train.batch_size", f"is larger than the {len(train_data)} training samples", batch_size)
     return plan, batch_size
+
+
+def _token_norm(task: Task, step_fn: ComputeLoss | None, dist: DistContext, dims: ParallelDims) -> TokenNorm | None:
+    """How the step normalises a language model's token losses: over the valid tokens of the whole
+    global batch, counted over the data-parallel ranks (train/token_loss.py); None where the loss
+    stays a mean per micro-batch (other tasks, a user's loss). Under pipeline parallelism, with the
+    loss its schedule calls."""
+    if task.token_loss is None or step_fn is not None:
+        return None
+    pipeline = PipelineTokenLoss() if dims.pp_enabled else None
+    return TokenNorm(task.token_loss, dist.dp_size, dp_group(dist), pipeline)
+
+
+def _schedule_loss(task: Task, step_fn: ComputeLoss | None, tokens: TokenNorm | None) -> LossFn | None:
+    """The loss a pipeline's schedule calls on its last stage: the token loss's where the step
+    normalises over tokens, else the task's (None with a step_fn, which cannot be split into stages)."""
+    if step_fn is not None:
+        return None
+    return tokens.pipeline if tokens is not None and tokens.pipeline is not None else task.loss_fn
 
 
 def _tp_plan(given: UserTPPlan | None, model: nn.Module, dims: ParallelDims) -> TPPlan | None:

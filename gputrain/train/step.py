@@ -22,6 +22,7 @@ from gputrain.distributed.grad_norm import grad_norm_and_clip
 from gputrain.observe.breakdown import StepTimer
 from gputrain.precision import Precision
 from gputrain.train.nonfinite import Guard, Verdict
+from gputrain.train.token_loss import TokenNorm
 
 ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -29,7 +30,9 @@ ComputeLoss = Callable[[nn.Module, Any], torch.Tensor]
 @dataclass(slots=True)
 class StepResult:
     loss: torch.Tensor
-    """Mean loss over the step's micro-batches, on the device (read it on logging steps only)."""
+    """Mean loss over the step's micro-batches, on the device (read it on logging steps only); with
+    token-level normalisation (token_loss.py) this rank's part of the mean over the global batch's
+    valid tokens, which averaged over the ranks is that mean."""
     grad_norm: torch.Tensor | None
     """Global gradient L2 norm, on the device, where the step measured it (logging steps, clipping)."""
     verdict: Verdict
@@ -62,6 +65,9 @@ class StepParts:
     params: list[torch.Tensor] | None = None
     """The parameters the optimizer updates, listed once (walking the module tree every step costs
     more than a tiny model's whole step); None: read from `model` each step."""
+    tokens: TokenNorm | None = None
+    """A language model's token losses normalised over the global batch's valid tokens
+    (token_loss.py); None: each micro-batch's `compute_loss` is a mean, averaged over them."""
     persistent_grads: bool = False
     """Gradients live in buffers of their own, allocated once and zeroed after each step, and
     each micro-batch starts a new CUDA-graph step. Needed under CUDA graphs (train.cuda_graphs):
@@ -78,19 +84,26 @@ class StepParts:
                     param.grad = torch.zeros_like(param)
 
 
-def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: bool) -> torch.Tensor:
-    """Forward and backward one micro-batch; the loss is scaled by 1/accumulation so the summed
-    gradients equal those of the whole batch. Returns the unscaled loss, detached, on the device."""
+def forward_backward(parts: StepParts, batch: Any, scale: float | torch.Tensor, sync_grads: bool) -> torch.Tensor:
+    """Forward and backward one micro-batch. A mean loss (`compute_loss`) is scaled by 1/accumulation
+    so the summed gradients equal those of the whole batch, and returned unscaled; a token-level
+    one (`parts.tokens`) is the micro-batch's summed token loss times `scale` (a device tensor:
+    dp_size / the global batch's valid tokens), returned scaled. Detached, on the device."""
     if parts.persistent_grads:  # under CUDA graphs: the outputs of the previous replay are no longer needed
         torch.compiler.cudagraph_mark_step_begin()
     with grad_sync(parts.model, sync_grads):
-        assert parts.compute_loss is not None, "a loop without compute_loss calls apply_update itself"
         with parts.precision.autocast():
-            loss = parts.compute_loss(parts.model, batch)
+            if parts.tokens is not None:
+                loss = parts.tokens.loss.summed(parts.model, batch) * scale
+            else:
+                assert parts.compute_loss is not None, "a loop without compute_loss calls apply_update itself"
+                loss = parts.compute_loss(parts.model, batch)
         timer = parts.timer if sync_grads and parts.time_comm else None
         if timer is not None and timer.active:
             timer.split_backward(loss)
-        parts.precision.backward(loss * scale if scale != 1.0 else loss)
+        # a token loss is scaled above; a Python float is compared (never a tensor: that would sync)
+        as_is = isinstance(scale, torch.Tensor) or scale == 1.0
+        parts.precision.backward(loss if as_is else loss * scale)
         if timer is not None and timer.active:
             timer.mark("comm")
     return loss.detach()
@@ -99,6 +112,8 @@ def forward_backward(parts: StepParts, batch: Any, scale: float, sync_grads: boo
 def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bool) -> StepResult:
     """Forward and backward every micro-batch, then apply one update (`apply_update`)."""
     n = len(micro_batches)
+    if parts.tokens is not None:
+        return _token_step(parts, parts.tokens, micro_batches, measure_grad_norm)
     loss_sum: torch.Tensor | None = None
     if parts.pipeline is not None:  # the schedule runs every micro-batch through the stages itself
         with parts.precision.autocast():
@@ -110,6 +125,31 @@ def train_step(parts: StepParts, micro_batches: list[Any], measure_grad_norm: bo
     if parts.timer is not None:
         parts.timer.mark("forward_backward")
     return apply_update(parts, loss_sum if n == 1 else loss_sum / n, measure_grad_norm)
+
+
+def _token_step(parts: StepParts, tokens: TokenNorm, micro_batches: list[Any], measure_grad_norm: bool) -> StepResult:
+    """`train_step` for token-level losses (token_loss.py): the global batch's valid tokens counted
+    first (one all-reduce), each micro-batch's summed loss scaled by dp_size / that count (by the
+    pipeline's schedule, with its loss_fn, where there is one)."""
+    n = len(micro_batches)
+    total = tokens.total(micro_batches)
+    scale = tokens.scale(total)
+    loss_sum: torch.Tensor | None = None
+    if parts.pipeline is not None:
+        # the schedule divides the gradients by n and returns the mean of its n losses: scaled by
+        # n, they give the gradients of the terms above, and their mean is this rank's sum of them
+        assert tokens.pipeline is not None, "a pipelined token loss is built with the schedule's loss_fn"
+        tokens.pipeline.scale = scale * n
+        with parts.precision.autocast():
+            loss_sum = parts.pipeline.step(micro_batches)
+        micro_batches = []
+    for i, batch in enumerate(micro_batches):
+        loss = forward_backward(parts, batch, scale, sync_grads=i == n - 1)
+        loss_sum = loss if loss_sum is None else loss_sum + loss
+    assert loss_sum is not None
+    if parts.timer is not None:
+        parts.timer.mark("forward_backward")
+    return apply_update(parts, tokens.step_loss(loss_sum, total), measure_grad_norm)
 
 
 def apply_update(parts: StepParts, loss: torch.Tensor, measure_grad_norm: bool, schedule: bool = True) -> StepResult:

@@ -15,6 +15,7 @@ from gputrain.data.spec import DataSpec, TaskName
 from gputrain.errors import RunError, UsageError
 from gputrain.evaluate.probe import ModelFailed, as_pair, first_batch, run_model
 from gputrain.models.outputs import model_logits
+from gputrain.train.token_loss import LM_TOKEN_LOSS, TokenLoss, hf_token_loss
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -82,6 +83,10 @@ class Task:
     dict_batches: bool = False
     """Batches are dicts of tensors, given to `model(**batch)`; the loss is the output's `.loss`
     (a Hugging Face model given its labels)."""
+    token_loss: TokenLoss | None = None
+    """A language model's loss as a sum over valid tokens, normalised by the global batch's count
+    of them in training and by the split's in evaluation (token_loss.py); None: a mean per batch
+    (`loss_fn`, a dict batch's `.loss`)."""
 
 
 def resolve_task(
@@ -96,8 +101,10 @@ def resolve_task(
             on the first samples; a dict batch gives the model no way to compute a loss.
     """
     if spec is not None:
-        loss = loss_fn if loss_fn is not None or step_fn is not None else default_loss(spec.task)
-        return Task(spec.task, loss, spec.num_classes, spec.input_shape[0] if spec.task == "lm" else None)
+        own = loss_fn is None and step_fn is None  # the task's own loss, not the user's
+        loss = default_loss(spec.task) if own else loss_fn
+        per_sample = spec.input_shape[0] if spec.task == "lm" else None
+        return Task(spec.task, loss, spec.num_classes, per_sample, token_loss=_own_token_loss(spec.task, own))
     if step_fn is not None:  # evaluation reports step_fn's loss (no grad, eval mode)
         return Task("custom", None)
     batch = first_batch(train_data)  # read once: a DataLoader of samples it cannot index starts its workers
@@ -136,7 +143,14 @@ def resolve_task(
         loss_fn or default_loss(kind),
         outputs.shape[-1] if kind == "classification" else None,
         targets.shape[-1] if kind == "lm" else None,
+        token_loss=_own_token_loss(kind, loss_fn is None),
     )
+
+
+def _own_token_loss(kind: str | None, own: bool) -> TokenLoss | None:
+    """The token-level loss of a language model trained with the task's own loss; None for the
+    other tasks and for a user's loss_fn or step_fn (whose mean is kept: token_loss.py)."""
+    return LM_TOKEN_LOSS if kind == "lm" and own else None
 
 
 def _shape(tensor: torch.Tensor) -> str:
@@ -175,6 +189,7 @@ def _dict_batch_task(model: nn.Module, batch: Mapping[str, Any]) -> Task:
         logits.shape[-1] if kind == "classification" else None,
         tokens if kind == "lm" else None,
         dict_batches=True,
+        token_loss=hf_token_loss(model) if kind == "lm" else None,
     )
 
 

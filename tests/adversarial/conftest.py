@@ -44,6 +44,7 @@ _GROUPS = {
     "test_fp8_plan.py": "fp8 plans",
     "test_user_optimizer.py": "user optimizers",
     "test_callbacks.py": "callbacks",
+    "test_token_loss.py": "token losses",
 }
 _cases: Counter[str] = Counter()
 
