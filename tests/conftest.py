@@ -1,5 +1,6 @@
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,21 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, "-m", "gputrain", *args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+_RUN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_as_found() -> Iterator[None]:
+    """Each test leaves the handlers of the signals a run stops for as it found them: a run stopped
+    by a signal in-process leaves its exit handlers behind (run/signals.py), which would change what
+    a later test of the signal handling sees."""
+    saved = {sig: signal.getsignal(sig) for sig in _RUN_SIGNALS}
+    yield
+    for sig, handler in saved.items():
+        if handler is not None:
+            signal.signal(sig, handler)
 
 
 @pytest.fixture
