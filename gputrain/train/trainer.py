@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from gputrain.config import Config, load_config
 from gputrain.data.spec import DataSpec
 from gputrain.data.tensors import as_tensor_data
+from gputrain.errors import UsageError
 from gputrain.evaluate.scores import save_scores
 from gputrain.observe.own_sync import own_sync
 from gputrain.observe.profiler import ProfileReport, profile_run
@@ -25,7 +26,10 @@ from gputrain.run.layout import scores_name
 from gputrain.run.record import LoopFigures
 from gputrain.run.shell import LoopShape, RunShell
 from gputrain.train.build import UserTPPlan, build_model_and_data, build_training, profile_target
+from gputrain.train.cadence import TIMED_OUT, check_cadence, validation_due_mid_epoch
 from gputrain.train.nonfinite import BadStep, note_bad_steps
+from gputrain.train.smoke import finish_smoke
+from gputrain.train.standalone import load_checkpoint_weights
 from gputrain.train.step import StepResult, train_step
 from gputrain.train.tasks import ComputeLoss, LossFn
 
@@ -123,16 +127,21 @@ class Trainer:
             parts.run_dir,
         )
         self.val_data, self.test_data = as_tensor_data(val_data), as_tensor_data(test_data)
+        check_cadence(self.config, self.val_data is not None)
         for split, data in (("val", self.val_data), ("test", self.test_data)):
             if data is not None:  # a split its evaluation cannot take fails now, not after an epoch
                 parts.evaluator.check(data, split)
         self.val: dict[str, float] = {}
-        self.test: dict[str, float] = {}
-        """The last validation's and the test's metrics (summary.json)."""
+        self.test_metrics: dict[str, float] = {}
+        """The last validation's and the test's metrics (summary.json); `test()` is the method."""
         self._last: StepResult | None = None
+        self._reason: str | None = None
+        """Why the run stopped where summary.json says (train.max_time)."""
         task = parts.task
         shape = LoopShape(
-            total=parts.total_steps, meta={"task": task.kind, "num_classes": task.num_classes}, before_save=self._settle
+            total=parts.total_steps,
+            meta={"task": task.kind, "num_classes": task.num_classes},
+            before_save=self._before_save,
         )
         self.shell = RunShell(parts, self.config, shape, self._figures)
         self.state, self.stop = self.shell.state, self.shell.stop
@@ -177,13 +186,56 @@ class Trainer:
         self.model.train()
         self.parts.step.model.train()
         # the feed's loader workers end with the run, however it ends
-        return self.shell.run(lambda: self._train(on_step), closing=(self.parts.feed,))
+        summary = self.shell.run(lambda: self._train(on_step), closing=(self.parts.feed,))
+        if self.config.train.smoke_steps is not None:  # read the checkpoint back, then keep nothing
+            self.parts.console.notice(finish_smoke(self.parts, self.state, summary))
+        return summary
+
+    def validate(self, checkpoint: str | Path | None = None) -> dict[str, float]:
+        """Evaluate val_data once, on the current weights or a checkpoint's, and return its metrics.
+
+        Args:
+            checkpoint: None: the model as it is; "final", "best" or "last" of the run directory, or
+                a path (a checkpoint directory, a .safetensors file, or a run directory: its final
+                weights), as `gputrain evaluate --checkpoint` takes; its weights stay in the model.
+
+        Nothing is written (train/standalone.py); eval.max_batches applies.
+
+        Raises:
+            UsageError: no val_data, or weights that are not this model's.
+        """
+        return self._evaluate_alone("val", self.val_data, checkpoint)
+
+    def test(self, checkpoint: str | Path | None = None) -> dict[str, float]:
+        """Evaluate test_data once, as `validate` does val_data; return its metrics."""
+        return self._evaluate_alone("test", self.test_data, checkpoint)
+
+    def _evaluate_alone(
+        self, split: str, data: Dataset | DataLoader | None, checkpoint: str | Path | None
+    ) -> dict[str, float]:
+        if data is None:
+            raise UsageError(f"Trainer.{'validate' if split == 'val' else 'test'}(): the Trainer has no {split}_data")
+        parts = self.parts
+        if checkpoint is not None:
+            loaded = load_checkpoint_weights(checkpoint, parts.run_dir, self.model, parts.place.dist)
+            parts.console.info(f"{split}: evaluating {loaded}")
+        metrics = parts.evaluator.evaluate(data, split).metrics
+        if parts.place.dims.fsdp_enabled:
+            from gputrain.distributed.fsdp import reshard
+
+            reshard(self.model)
+        shown = ", ".join(f"{name} {value:.4g}" for name, value in metrics.items())
+        parts.console.info(f"{split}: {shown}")
+        return metrics
 
     def _train(self, on_step: Callable[[], None] | None) -> str:
         """Epochs of steps until the run ends, then the test split. Returns how the run ended."""
         parts, state, shell = self.parts, self.state, self.shell
         timer, feed, metrics, check = parts.speed.timer, parts.feed, parts.metrics, parts.compile_check
         every_ckpt, total, device = self.config.checkpoint.every_steps, parts.total_steps, parts.place.device
+        every_val = self.config.eval.every_steps if self.val_data is not None else 0
+        budget, job = parts.budget, parts.place.dist
+        budget.start(state)
         status = None
         while status is None:
             clock = time.perf_counter()
@@ -201,7 +253,16 @@ class Trainer:
                 timer.end()
                 if on_step is not None:
                     on_step()
-                if every_ckpt and state.global_step % every_ckpt == 0:
+                ends_epoch = state.step_in_epoch >= feed.steps_per_epoch or state.global_step >= total
+                new_best = False
+                if not ends_epoch and validation_due_mid_epoch(state.global_step, every_val):
+                    # before the step's checkpoint, which then holds the early-stopping state it left
+                    state.train_time_s += time.perf_counter() - clock
+                    status, new_best = self._validate()
+                    clock = time.perf_counter()
+                    if status is not None:
+                        break
+                if (every_ckpt and state.global_step % every_ckpt == 0) or new_best:
                     clock = self._save_outside(clock)
                 timer.begin(state.global_step + 1)
                 if shell.stop_requested(log_now):
@@ -209,15 +270,49 @@ class Trainer:
                     shell.interrupted()
                 if state.global_step >= total:
                     break
+                if budget.spent(state, job, device, log_now):
+                    status = TIMED_OUT
+                    break
             if device.type == "cuda":
                 with own_sync():
                     torch.cuda.synchronize(device)
             state.train_time_s += time.perf_counter() - clock
             self._settle()  # before the epoch's evaluation and checkpoint
-            status = self._end_epoch()
-        if self.test_data is not None:
-            self.test = self._evaluate(self.test_data, "test")
+            status = self._end_epoch() if status is None else self._stop_mid_epoch(status)
+        if self.test_data is not None and status != TIMED_OUT:
+            self.test_metrics = self._evaluate(self.test_data, "test")
         return status
+
+    def _validate(self) -> tuple[str | None, bool]:
+        """A validation with early stopping: ("stopped_early" or None, whether it set a new best)."""
+        assert self.val_data is not None
+        self._settle()  # a masked step is undone before its weights are evaluated
+        self.val = self._evaluate(self.val_data, "val")
+        stop_early = self.parts.early_stopping.update(self.state, self.val)
+        new_best = self.state.best_step == self.state.global_step
+        return ("stopped_early" if stop_early else None), new_best
+
+    def _stop_mid_epoch(self, status: str) -> str:
+        """The run ends inside an epoch: early stop after a step-cadence validation, or
+        train.max_time spent. Either saves a checkpoint (always, not a periodic one) and says why."""
+        self.shell.save()
+        if status == TIMED_OUT:
+            self._reason = self.parts.budget.reason(self.state)
+            self.parts.console.notice(self._reason + "; raise train.max_time to continue it")
+        else:
+            self._early_stop_line()
+        return status
+
+    def _early_stop_line(self) -> None:
+        cfg = self.config
+        self.parts.console.info(
+            f"early stop: {cfg.eval.early_stop_metric} has not improved for {cfg.eval.patience} evaluations"
+        )
+
+    def _before_save(self) -> None:
+        """Before a checkpoint's state is taken: the guard's pending verdicts, and the loop's time so far."""
+        self._settle()
+        self.parts.budget.note(self.state)
 
     def _leave_out_step(self) -> None:
         """A step whose every sample was unreadable (data.on_error=skip) makes no update and is not
@@ -270,20 +365,21 @@ class Trainer:
             state.epoch += 1
             state.step_in_epoch = 0
         ends = state.global_step >= parts.total_steps or state.epoch >= cfg.train.epochs
-        stop_early = False
+        stop_early = new_best = False
         every_eval = cfg.eval.every_epochs
-        if self.val_data is not None and ((every_eval and state.epoch % every_eval == 0) or ends):
-            self.val = self._evaluate(self.val_data, "val")
-            stop_early = parts.early_stopping.update(state, self.val)
+        epoch_due = every_eval and state.epoch % every_eval == 0
+        step_due = validation_due_mid_epoch(state.global_step, cfg.eval.every_steps)
+        if self.val_data is not None and (epoch_due or step_due or ends):
+            stopping, new_best = self._validate()
+            stop_early = stopping is not None
+            new_best = new_best and step_due  # the step cadence keeps its best at once; an epoch's waits
         every_epoch_ckpt = cfg.checkpoint.every_epochs
         if ends or stop_early:
             self.shell.save()
-        elif every_epoch_ckpt and state.epoch % every_epoch_ckpt == 0:
+        elif (every_epoch_ckpt and state.epoch % every_epoch_ckpt == 0) or new_best:
             self.shell.save(periodic=True)
         if stop_early:
-            parts.console.info(
-                f"early stop: {cfg.eval.early_stop_metric} has not improved for {cfg.eval.patience} evaluations"
-            )
+            self._early_stop_line()
             return "stopped_early"
         if self.shell.stop_requested(True):
             self.shell.interrupted()
@@ -315,7 +411,8 @@ class Trainer:
             last_loss=self._last.loss if self._last is not None else None,
             tokens_per_sample=self.parts.task.tokens_per_sample,
             val=self.val,
-            test=self.test,
+            test=self.test_metrics,
             eval_skipped=self.parts.evaluator.skipped,
             compile=check.status if check is not None else None,
+            blocks={"reason": self._reason} if status == TIMED_OUT and self._reason else {},
         )
