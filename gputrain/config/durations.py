@@ -12,6 +12,7 @@ import re
 
 from gputrain.config.limits import DURATION_FORMS as FORMS
 from gputrain.config.limits import DURATION_MAX_S as MAX_S
+from gputrain.config.limits import shown_value
 from gputrain.errors import ConfigError
 
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
@@ -27,9 +28,9 @@ def duration_seconds(value: float | str, field: str) -> float:
     """
     seconds = _seconds(value)
     if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(field, f"must be {FORMS}", value)
+        raise ConfigError(field, f"must be {FORMS}", shown_value(value))
     if seconds > MAX_S:
-        raise ConfigError(field, f"must be at most a year ({int(MAX_S)} s)", value)
+        raise ConfigError(field, f"must be at most a year ({int(MAX_S)} s)", shown_value(value))
     return seconds
 
 

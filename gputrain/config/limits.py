@@ -217,13 +217,13 @@ def _item_problem(key: str, item: Any) -> str | None:
     return None
 
 
-def _shown(value: Any) -> Any:
+def shown_value(value: Any) -> Any:
     """The value as the error message shows it: long text cut, huge numbers and lists left out."""
     if isinstance(value, str) and len(value) > 80:
         return value[:80] + "…"
     if isinstance(value, int) and value.bit_length() > 64:
         return None
-    if isinstance(value, list) and (len(value) > 16 or any(_shown(v) is not v for v in value)):
+    if isinstance(value, list) and (len(value) > 16 or any(shown_value(v) is not v for v in value)):
         return None
     return value
 
@@ -243,4 +243,4 @@ def check_values(section: str, values: Any) -> None:
         for item in items:
             problem = _item_problem(key, item)
             if problem:
-                raise ConfigError(key, problem, _shown(value))
+                raise ConfigError(key, problem, shown_value(value))

@@ -16,19 +16,35 @@ import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from gputrain.config import Config
 from gputrain.errors import RunError
+from gputrain.train.checkpointer import Checkpointer
 from gputrain.train.state import LoopState, restore_training_state
-
-if TYPE_CHECKING:
-    from gputrain.train.build import TrainingParts
 
 PREFIX = "gputrain-smoke-"
 """The temporary run directory's name begins so (under the system's temporary folder)."""
+
+
+class SmokeParts(Protocol):
+    """What the smoke run's end reads of the run's parts (train/build.py's TrainingParts)."""
+
+    @property
+    def place(self) -> Any: ...
+    @property
+    def checkpointer(self) -> Checkpointer: ...
+    @property
+    def model(self) -> nn.Module: ...
+    @property
+    def scheduler(self) -> Any: ...
+    @property
+    def precision(self) -> Any: ...
+    @property
+    def run_dir(self) -> Path: ...
 
 
 def smoke_config(config: Config) -> Config:
@@ -57,7 +73,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else t
 
 
-def check_round_trip(parts: TrainingParts, state: LoopState) -> Path:
+def check_round_trip(parts: SmokeParts, state: LoopState) -> Path:
     """Read the run's last checkpoint back as a resume would and check that the model holds the
     same weights and the loop the same step. Collective when several ranks run. Returns the
     checkpoint's path.
@@ -80,7 +96,7 @@ def check_round_trip(parts: TrainingParts, state: LoopState) -> Path:
     return path
 
 
-def finish_smoke(parts: TrainingParts, state: LoopState, summary: dict[str, Any]) -> str:
+def finish_smoke(parts: SmokeParts, state: LoopState, summary: dict[str, Any]) -> str:
     """After a smoke run's loop: the round trip, then the temporary directory removed (rank 0, once
     every rank is past reading it). Returns the line that says what passed (rank 0 prints it)."""
     check_round_trip(parts, state)

@@ -42,6 +42,7 @@ _GROUPS = {
     "test_memory_limits_as_they_are.py": "memory and limits",
     "test_rank_memory_summaries.py": "memory and limits",
     "test_fp8_plan.py": "fp8 plans",
+    "test_cadence.py": "cadences and limits",
 }
 _cases: Counter[str] = Counter()
 
