@@ -126,6 +126,8 @@ def test_early_stopping_on_the_step_cadence_stops_mid_epoch_with_a_checkpoint(tm
     assert [r["split"] for r in rows(run) if "split" in r][-1] == "test"
 
 
+# mode=max on the loss makes the first validation the best and every later one a miss, so patience 3
+# runs out at step 28: a resume that lost what a validation taught early stopping stops elsewhere
 DIGITS = {
     "train.epochs": 2,
     "train.batch_size": 64,
@@ -134,20 +136,23 @@ DIGITS = {
     "eval.every_epochs": 0,
     "checkpoint.every_steps": 7,
     "eval.early_stop_metric": "loss",
-    "eval.patience": 50,
+    "eval.mode": "max",
+    "eval.patience": 3,
 }
 
 
 def _assert_same_run(a: Path, b: Path) -> None:
     assert comparable(a) == comparable(b)  # every step's loss and every validation, bit for bit
+    assert read_summary(a)["best"] == read_summary(b)["best"]
+    assert read_summary(a)["global_step"] == read_summary(b)["global_step"]
     wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_a_signal_after_a_mid_epoch_validation_resumes_bit_exact(tmp_path: Path) -> None:
     unbroken = tmp_path / "unbroken"
-    make_trainer(unbroken, **DIGITS).fit()
-    assert 7 in val_steps(unbroken) and 14 in val_steps(unbroken)
+    summary = make_trainer(unbroken, **DIGITS).fit()
+    assert summary["status"] == "stopped_early" and val_steps(unbroken) == [7, 14, 21, 28]
     run, calls, trainers = tmp_path / "stopped", {"n": 0}, []
 
     def stop_at_15(outputs, targets):  # the step after the validation of step 14, mid-epoch
@@ -217,6 +222,21 @@ def test_max_time_stops_cleanly_and_a_raised_limit_continues_to_the_unbroken_end
     summary = timed(run, clock).fit()  # no limit: to the end
     assert summary["status"] == "completed" and summary["global_step"] == 48
     _assert_same_run(unbroken, run)
+
+
+def test_the_time_of_a_run_without_a_limit_counts_when_a_continuation_sets_one(tmp_path: Path, clock: SimClock) -> None:
+    run, trainers = tmp_path / "run", []
+
+    def stop_at_5(*_: object) -> None:
+        if torch.is_grad_enabled() and clock() == 5.0:
+            trainers[0].stop.requested = "SIGTERM"
+
+    trainers.append(timed(run, clock))
+    trainers[0].model.register_forward_hook(stop_at_5)
+    with pytest.raises(Interrupted, match="at step 5"):
+        trainers[0].fit()
+    summary = timed(run, clock, **{"train.max_time": 8}).fit()  # 5 s spent before: 3 steps more
+    assert summary["status"] == "timed_out" and summary["global_step"] == 8
 
 
 # --- train.limit_batches, eval.max_batches --------------------------------------------------------
