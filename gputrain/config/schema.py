@@ -183,7 +183,7 @@ class TrainConfig:
     limit_batches: int | None = None
     """At most this many optimizer steps per epoch (the first of each epoch's order; Lightning's limit_train_batches, counted in steps of train.batch_size samples); the epoch then ends, with its validation and checkpoint. Unset: the whole epoch."""
     max_time: float | str | None = None
-    """Stop cleanly at the first step boundary once the run has spent this long in its loop (steps, evaluations, checkpoints; not start-up), summed over every invocation that continued it, as Lightning's max_time: seconds, or 45s, 90m, 2h, 1d, 1h30m. The run saves a checkpoint and ends with status timed_out (summary.json's reason says so, exit 0; no test split); `gputrain train --run-dir DIR train.max_time=<more>` continues it (each continuation takes at least one step)."""
+    """Stop cleanly at the first step boundary once the run has spent this long in its loop (steps, evaluations, checkpoints; not start-up), summed over every invocation that continued it, as Lightning's max_time (several ranks: at the next logging step, on rank 0's clock): seconds, or 45s, 90m, 2h, 1d, 1h30m. The run saves a checkpoint and ends with status timed_out (summary.json's reason says so, exit 0; no test split); `gputrain train --run-dir DIR train.max_time=<more>` continues it (each continuation takes at least one step)."""
     smoke_steps: int | None = None
     """A smoke test of the whole job (Lightning's fast_dev_run): train this many steps, validate and test on this many batches, save a checkpoint and read it back into the model, all in a temporary run directory that is removed at the end (nothing is kept; the run directory given is not touched). Ends with one line saying what passed."""
 

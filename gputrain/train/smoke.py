@@ -98,13 +98,16 @@ def check_round_trip(parts: SmokeParts, state: LoopState) -> Path:
 
 def finish_smoke(parts: SmokeParts, state: LoopState, summary: dict[str, Any]) -> str:
     """After a smoke run's loop: the round trip, then the temporary directory removed (rank 0, once
-    every rank is past reading it). Returns the line that says what passed (rank 0 prints it)."""
+    every rank is past reading it; every rank returns once it is gone). Returns the line that says
+    what passed (rank 0 prints it)."""
     check_round_trip(parts, state)
     dist = parts.place.dist
     if dist.enabled:
         torch.distributed.barrier()
     if dist.is_main:
         shutil.rmtree(parts.run_dir, ignore_errors=True)
+    if dist.enabled:  # every rank returns once the directory is gone
+        torch.distributed.barrier()
     val, test = summary.get("val") or {}, summary.get("test") or {}
     evaluated = " and ".join(name for name, figures in (("validation", val), ("test", test)) if figures)
     evaluated = f"; {evaluated} of at most {parts.place.config.eval.max_batches} batches" if evaluated else ""

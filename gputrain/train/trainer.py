@@ -164,6 +164,8 @@ class Trainer:
         """Build model and data from the registries (what `gputrain train` does); `evaluate=False`
         leaves the validation and test splits out (a profile times training steps only)."""
         cfg = config if isinstance(config, Config) and not overrides else load_config(config, overrides or ())
+        if not evaluate and cfg.eval.every_steps:  # no validation split: no cadence of validations to keep
+            cfg = load_config(cfg, {"eval.every_steps": 0})
         model, data = build_model_and_data(cfg, run_dir)
         val, test = (data.val, data.test) if evaluate else (None, None)
         names = (cfg.model.name, cfg.data.name)
