@@ -98,12 +98,14 @@ class TimeBudget:
         with own_sync():
             return bool(flag.item())
 
-    def reason(self, state: LoopState) -> str:
-        """What summary.json and the console say of the stop."""
+    def reason(self, state: LoopState, saved: bool) -> str:
+        """What summary.json and the console say of the stop; `saved`: a checkpoint was written
+        (not with checkpoint.enabled=false, when the run cannot be continued)."""
         total = float(state.extra.get(ELAPSED, 0.0))
+        kept = "with a checkpoint" if saved else "without a checkpoint (checkpoint.enabled=false)"
         return (
             f"train.max_time ({_seconds(self.limit_s or 0.0)}) spent: {_seconds(total)} in the loop over every "
-            f"invocation of the run; stopped at step {state.global_step} with a checkpoint"
+            f"invocation of the run; stopped at step {state.global_step} {kept}"
         )
 
 

@@ -297,10 +297,11 @@ class Trainer:
     def _stop_mid_epoch(self, status: str) -> str:
         """The run ends inside an epoch: early stop after a step-cadence validation, or
         train.max_time spent. Either saves a checkpoint (always, not a periodic one) and says why."""
-        self.shell.save()
+        saved = self.shell.save()
         if status == TIMED_OUT:
-            self._reason = self.parts.budget.reason(self.state)
-            self.parts.console.notice(self._reason + "; raise train.max_time to continue it")
+            self._reason = self.parts.budget.reason(self.state, saved is not None)
+            more = "; raise train.max_time to continue it" if saved is not None else ""
+            self.parts.console.notice(self._reason + more)
         else:
             self._early_stop_line()
         return status

@@ -222,3 +222,23 @@ def test_the_command_exits_2_with_one_line(tmp_path: Path, args: list[str], word
     for word in words:
         assert word in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_max_time_without_checkpoints_says_it_kept_none(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    summary = _trainer(run, **{"train.max_time": 1e-6, "checkpoint.enabled": False}).fit()
+    assert summary["status"] == "timed_out" and summary["global_step"] == 1  # any step outlasts a microsecond
+    assert "without a checkpoint (checkpoint.enabled=false)" in summary["reason"]
+    assert not (run / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("config", [{"checkpoint.enabled": False}, {"checkpoint.resume": "never"},
+                                    {"checkpoint.every_steps": 1, "checkpoint.async_save": True},
+                                    {"train.max_time": 1e-6}, {"eval.every_steps": 1},
+                                    {"train.limit_batches": 1, "train.epochs": 9}])
+def test_a_smoke_run_takes_its_own_checkpoint_and_length_whatever_the_config(tmp_path: Path,
+                                                                             config: dict[str, Any]) -> None:
+    trainer = _trainer(tmp_path / "r", **{"train.smoke_steps": 2, **config})
+    summary = trainer.fit()
+    assert summary["status"] == "completed" and summary["global_step"] == 2
+    assert not trainer.run_dir.exists() and not (tmp_path / "r").exists()
