@@ -7,10 +7,12 @@ the run's end; never twice at one step. The loop evaluates a mid-epoch validatio
 step's checkpoint, so the checkpoint holds the early-stopping state that validation left.
 
 The time budget, as Lightning's `max_time`, counts the loop's time (steps, evaluations, saves)
-summed over every invocation of the run: the total so far rides in the checkpoint's loop state
-(`LoopState.extra[ELAPSED]`), so a continued run carries on counting from where the saved one
-was. It is read at step boundaries; several ranks take rank 0's reading on logging steps (which
-sync anyway), so all stop at the same step.
+summed over every invocation of the run that had a limit: the total so far rides in the
+checkpoint's loop state (`LoopState.extra[ELAPSED]`, noted at every step boundary and before every
+save), so a continued run carries on counting from where the saved one was. A run without a limit
+records no time (its checkpoints are as they always were). It is read at step boundaries;
+several ranks take rank 0's reading on logging steps (which sync anyway), so all stop at the same
+step.
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ class TimeBudget:
     """train.max_time for one invocation of a run.
 
     Args:
-        limit_s: the budget in seconds over the whole run; None: no limit (the time is counted all
-            the same, so a later invocation that sets one counts this one's time too).
+        limit_s: the budget in seconds over the whole run; None: no limit, and no time recorded (as
+            Lightning's Timer, which exists only with max_time: a limit first set on a continuation
+            counts from there).
         clock: seconds (a test passes one it advances itself).
     """
 
@@ -75,8 +78,9 @@ class TimeBudget:
         self._began, self._before = self._clock(), float(state.extra.get(ELAPSED, 0.0))
 
     def note(self, state: LoopState) -> float:
-        """Write the run's total so far into `state` (what a checkpoint saves); returns it."""
-        if self._began is None:
+        """Write the run's total so far into `state` (what a checkpoint saves), where a limit is
+        set; returns it."""
+        if self._began is None or self.limit_s is None:
             return float(state.extra.get(ELAPSED, 0.0))
         total = self._before + (self._clock() - self._began)
         state.extra[ELAPSED] = total

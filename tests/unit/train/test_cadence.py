@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from gputrain import Trainer
 from gputrain.errors import Interrupted, RunError
-from gputrain.train.cadence import TimeBudget
+from gputrain.train.cadence import ELAPSED, TimeBudget
 from tests.adversarial.helpers import QUIET, linear_data, read_summary
 from tests.sim_clock import SimClock
 from tests.unit.train.helpers import make_trainer
@@ -224,7 +224,7 @@ def test_max_time_stops_cleanly_and_a_raised_limit_continues_to_the_unbroken_end
     _assert_same_run(unbroken, run)
 
 
-def test_the_time_of_a_run_without_a_limit_counts_when_a_continuation_sets_one(tmp_path: Path, clock: SimClock) -> None:
+def test_a_limit_first_set_on_a_continuation_counts_from_there(tmp_path: Path, clock: SimClock) -> None:
     run, trainers = tmp_path / "run", []
 
     def stop_at_5(*_: object) -> None:
@@ -235,8 +235,27 @@ def test_the_time_of_a_run_without_a_limit_counts_when_a_continuation_sets_one(t
     trainers[0].model.register_forward_hook(stop_at_5)
     with pytest.raises(Interrupted, match="at step 5"):
         trainers[0].fit()
-    summary = timed(run, clock, **{"train.max_time": 8}).fit()  # 5 s spent before: 3 steps more
-    assert summary["status"] == "timed_out" and summary["global_step"] == 8
+    state = torch.load(run / "checkpoints" / "step-5" / "state.pt", weights_only=True)
+    assert ELAPSED not in state["loop"]["extra"]  # no limit, no time recorded: checkpoints as they were
+    summary = timed(run, clock, **{"train.max_time": 8}).fit()
+    assert summary["status"] == "timed_out" and summary["global_step"] == 13
+
+
+def test_a_checkpoint_counts_the_evaluation_before_it(tmp_path: Path, clock: SimClock) -> None:
+    run = tmp_path / "run"
+    trainer = linear(run, **{"train.epochs": 2, "train.max_time": 10**6, "checkpoint.max_overhead": 0.0})
+    before_step: list[float] = []  # the clock as each training step's forward begins
+
+    def tick(*_: object) -> None:
+        if torch.is_grad_enabled():
+            before_step.append(clock())
+        clock.advance(1.0)  # every forward, the validation's too
+
+    trainer.model.register_forward_pre_hook(tick)
+    trainer.fit()
+    state = torch.load(run / "checkpoints" / "step-16" / "state.pt", weights_only=True)
+    # epoch 1's checkpoint comes after its validation: it holds all the time up to step 17
+    assert state["loop"]["extra"][ELAPSED] == before_step[16] > 16
 
 
 # --- train.limit_batches, eval.max_batches --------------------------------------------------------

@@ -19,7 +19,6 @@ from torch.utils.data import TensorDataset
 
 from gputrain.checkpoint import io as checkpoint_io
 from gputrain.errors import Interrupted
-from gputrain.train.cadence import ELAPSED
 from gputrain.train.checkpointer import Checkpointer
 from gputrain.train.trainer import Trainer
 from tests.sim_clock import SimClock
@@ -61,12 +60,6 @@ def _count_saves(monkeypatch, clock: SimClock) -> list[int]:  # type: ignore[no-
     return steps
 
 
-def _untimed(loop: dict) -> dict:
-    """A checkpoint's loop state without its times (train_time_s, and train.max_time's count in extra)."""
-    return {k: ({n: x for n, x in v.items() if n != ELAPSED} if k == "extra" else v) for k, v in loop.items()
-            if k != "train_time_s"}
-
-
 def test_millisecond_epochs_are_not_each_saved_and_the_best_is_kept_exactly(tmp_path: Path, monkeypatch,
                                                                             clock: SimClock) -> None:
     saved = _count_saves(monkeypatch, clock)
@@ -91,7 +84,7 @@ def test_millisecond_epochs_are_not_each_saved_and_the_best_is_kept_exactly(tmp_
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     state_a = torch.load(tmp_path / "budget" / "checkpoints" / f"step-{best}" / "state.pt", weights_only=False)
     state_b = torch.load(tmp_path / "every" / "checkpoints" / f"step-{best}" / "state.pt", weights_only=False)
-    loop_a, loop_b = (_untimed(s["loop"]) for s in (state_a, state_b))
+    loop_a, loop_b = ({k: v for k, v in s["loop"].items() if k != "train_time_s"} for s in (state_a, state_b))
     assert loop_a == loop_b and loop_a["global_step"] == best
     assert torch.equal(state_a["rng"]["torch"], state_b["rng"]["torch"])
     for k, v in state_b["optimizer"]["state"].items():
