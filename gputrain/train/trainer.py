@@ -71,7 +71,9 @@ class Trainer:
         step_fn: `step_fn(model, batch) -> loss` for any other batch structure; validation and test
             then report its loss (no grad, eval mode), or `eval_fn`'s where given.
         eval_fn: `eval_fn(model, batch) -> loss` for evaluation, where it should differ from step_fn.
-        val_data, test_data: evaluated every `eval.every_epochs` epochs and at the end.
+        val_data, test_data: validated every `eval.every_epochs` epochs and every `eval.every_steps`
+            steps (train/cadence.py), and at the end, where test_data is evaluated once (not after
+            a stop by `train.max_time`); `validate()` and `test()` evaluate them on their own.
         config: a Config, a dict of dotted keys, or a TOML path.
         run_dir: where the run's files go (default `runs/<model>-<data>-<time>/`).
         tp_plan: for `parallel.strategy=tp` with a model of your own: {module name: ColwiseParallel(),
@@ -83,6 +85,7 @@ class Trainer:
         optimizer, scheduler: the run's optimizer and LR schedule.
         run_dir: where the run's files go.
         state: the loop's counters (global_step, epoch, best_step, ...), current during `fit`.
+        val, test_metrics: the metrics of `fit`'s last validation and of its test (summary.json).
         stop: the signal handler (setting `stop.requested` stops the run as a signal would).
         parts: every part of the run, built (train/build.py's TrainingParts: the step, the feed, the
             evaluator, the checkpointer, the metrics logger, where the run executes, ...).
@@ -133,7 +136,8 @@ class Trainer:
                 parts.evaluator.check(data, split)
         self.val: dict[str, float] = {}
         self.test_metrics: dict[str, float] = {}
-        """The last validation's and the test's metrics (summary.json); `test()` is the method."""
+        """The last validation's and the test's metrics (summary.json); `test()` is the method that
+        evaluates test_data on its own."""
         self._last: StepResult | None = None
         self._reason: str | None = None
         """Why the run stopped where summary.json says (train.max_time)."""
