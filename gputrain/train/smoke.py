@@ -13,6 +13,7 @@ A smoke run that fails keeps its directory: its error.log is named in the failur
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -64,8 +65,10 @@ def smoke_config(config: Config) -> Config:
 
 
 def smoke_dir() -> Path:
-    """A new, empty temporary run directory for a smoke run."""
-    return Path(tempfile.mkdtemp(prefix=PREFIX))
+    """A new run directory for a smoke run under the system's temporary folder: a name no one can
+    guess, created only where the run claims it (run/prior.py's claim_run_dir), so bad input found
+    before leaves nothing behind."""
+    return Path(tempfile.gettempdir()) / f"{PREFIX}{secrets.token_hex(8)}"
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -242,3 +242,13 @@ def test_a_smoke_run_takes_its_own_checkpoint_and_length_whatever_the_config(tmp
     summary = trainer.fit()
     assert summary["status"] == "completed" and summary["global_step"] == 2
     assert not trainer.run_dir.exists() and not (tmp_path / "r").exists()
+
+
+def test_a_smoke_run_refused_at_start_leaves_no_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(ConfigError, match=r"train\.batch_size"):  # larger than the 64 samples: refused in the build
+        _trainer(tmp_path / "r", **{"train.smoke_steps": 2, "train.batch_size": 128})
+    assert list((tmp_path / "tmp").iterdir()) == [] and not (tmp_path / "r").exists()
