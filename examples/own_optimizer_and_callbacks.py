@@ -51,8 +51,8 @@ def adamw(params: Any) -> torch.optim.Optimizer:
     each with your name for it: the head learns 3x faster; biases and norms get no weight decay."""
     head = [p for name, p in params.named() if name.startswith("head.")]
     body = [p for name, p in params.named() if not name.startswith("head.")]
-    groups = [*weight_decay_groups(body, 0.05), {"params": head, "lr": 3e-3, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=1e-3)
+    groups = [*weight_decay_groups(body, 0.05), {"params": head, "lr": 3e-2, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=1e-2)
 
 
 class LearningRates(Callback):
@@ -75,7 +75,7 @@ class LearningRates(Callback):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", default="runs/own-optimizer-example")
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=1000)
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -94,7 +94,8 @@ def main() -> None:
             "train.batch_size": 64,
             "train.max_steps": args.steps,
             "train.epochs": 1000,
-            "eval.every_steps": 100,  # validation on a step cadence, as nanoGPT's eval_interval
+            "eval.every_steps": 100,  # validation on a step cadence (nanoGPT's eval_interval) ...
+            "eval.every_epochs": 0,  # ... instead of after every pass over the data
             "log.every_steps": 50,
             "log.progress": "plain",
             "log.tensorboard": False,

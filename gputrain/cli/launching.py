@@ -148,7 +148,7 @@ def train_here(command: str, run_dir: Path | None, build: Callable[[], Fits]) ->
     armed first) is recorded, and a stop by a signal names `gputrain <command>` to resume.
 
     Returns:
-        0 where the run completed or stopped early, else 1.
+        0 where the run completed, stopped early or spent its train.max_time (saved, to continue), else 1.
     """
     from gputrain.interrupts import startup_signals
     from gputrain.run.prior import COMPLETE
@@ -166,7 +166,7 @@ def train_here(command: str, run_dir: Path | None, build: Callable[[], Fits]) ->
             raise err.for_cli(command) from None  # the command line's way to resume
         finally:
             shutdown_distributed()
-    return 0 if summary["status"] in COMPLETE else 1
+    return 0 if summary["status"] in (*COMPLETE, "timed_out") else 1
 
 
 def launch_ranks(args: argparse.Namespace, command: str, run_dir: str, options: tuple[str, ...] = ()) -> int:

@@ -87,6 +87,9 @@ ENVS_MAX = 1 << 20
 LR_MAX = 1e3
 CLIP_MAX = 1e6
 TIMEOUT_MAX_S = 7 * 24 * 3600.0
+DURATION_MAX_S = 365 * 24 * 3600.0
+"""A year: longer than any job a time limit is set for (train.max_time)."""
+DURATION_FORMS = "seconds > 0, or a duration such as 45s, 90m, 2h, 1d or 1h30m"
 TEXT_MAX = 4096
 """Characters of one string value (PATH_MAX on Linux)."""
 LIST_MAX = 1024
@@ -129,6 +132,9 @@ LIMITS: dict[str, Range] = {
     "train.clip_grad_value": _positive(CLIP_MAX),
     "train.seed": _non_negative(SEED_MAX, "numpy seeds are 32-bit"),
     "train.num_threads": _positive(4096, "threads of one process"),
+    "train.limit_batches": _positive(COUNT_MAX),
+    "train.smoke_steps": _positive(COUNT_MAX),
+    "train.max_time": Range(0, DURATION_MAX_S, low_open=True, text=DURATION_FORMS + ", at most a year"),
     # optim
     "optim.lr": _positive(LR_MAX),
     "optim.weight_decay": _non_negative(LR_MAX),
@@ -144,6 +150,8 @@ LIMITS: dict[str, Range] = {
     # eval, checkpoint, log
     "eval.every_epochs": _non_negative(COUNT_MAX),
     "eval.patience": _positive(COUNT_MAX),
+    "eval.every_steps": _non_negative(COUNT_MAX),
+    "eval.max_batches": _positive(COUNT_MAX),
     "checkpoint.every_steps": _non_negative(COUNT_MAX),
     "checkpoint.every_epochs": _non_negative(COUNT_MAX),
     "checkpoint.keep_last": _positive(COUNT_MAX),
@@ -209,13 +217,13 @@ def _item_problem(key: str, item: Any) -> str | None:
     return None
 
 
-def _shown(value: Any) -> Any:
+def shown_value(value: Any) -> Any:
     """The value as the error message shows it: long text cut, huge numbers and lists left out."""
     if isinstance(value, str) and len(value) > 80:
         return value[:80] + "…"
     if isinstance(value, int) and value.bit_length() > 64:
         return None
-    if isinstance(value, list) and (len(value) > 16 or any(_shown(v) is not v for v in value)):
+    if isinstance(value, list) and (len(value) > 16 or any(shown_value(v) is not v for v in value)):
         return None
     return value
 
@@ -235,4 +243,4 @@ def check_values(section: str, values: Any) -> None:
         for item in items:
             problem = _item_problem(key, item)
             if problem:
-                raise ConfigError(key, problem, _shown(value))
+                raise ConfigError(key, problem, shown_value(value))

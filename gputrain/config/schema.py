@@ -13,6 +13,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gputrain.config.durations import duration_seconds
 from gputrain.config.limits import RANK_DEGREE, check_values
 from gputrain.config.names import ENV_ACTIONS
 from gputrain.config.presets import GPTPreset, gpt_size
@@ -179,9 +180,22 @@ class TrainConfig:
     """CPU intra-op threads (torch.set_num_threads); auto: the cores this process may use (affinity, cgroup quota) ÷ local ranks, less those busy with other processes (not with deterministic), at most 4 on a GPU; OMP_NUM_THREADS or MKL_NUM_THREADS set in the environment win over auto."""
     on_nonfinite: Literal["stop", "skip", "off"] = "stop"
     """A NaN/Inf loss or gradient: stop (naming the step; the step is not applied) or skip the step and count it (the LR schedule does not advance); off: no check and no per-step sync, as in a hand-written loop (a NaN step is applied and shows up only in the logged loss)."""
+    limit_batches: int | None = None
+    """At most this many optimizer steps per epoch (the first of each epoch's order; Lightning's limit_train_batches, counted in steps of train.batch_size samples); the epoch then ends, with its validation and checkpoint. Unset: the whole epoch."""
+    max_time: float | str | None = None
+    """Stop cleanly at the first step boundary once the run has spent this long in its loop (steps, evaluations, checkpoints; not start-up), summed over every invocation that continued it with a limit, as Lightning's max_time (several ranks: at the next logging step, on rank 0's clock): seconds, or 45s, 90m, 2h, 1d, 1h30m. The run saves a checkpoint and ends with status timed_out (summary.json's reason says so, exit 0; no test split); `gputrain train --run-dir DIR train.max_time=<more>` continues it (each continuation takes at least one step)."""
+    smoke_steps: int | None = None
+    """A smoke test of the whole job (Lightning's fast_dev_run): train this many steps, validate and test on this many batches, save a checkpoint and read it back into the model, all in a temporary run directory that is removed at the end (nothing is kept; the run directory given is not touched). Ends with one line saying what passed."""
 
     def __post_init__(self) -> None:
         check_values("train", self)
+        if self.max_time is not None:
+            duration_seconds(self.max_time, "train.max_time")
+
+    @property
+    def max_time_s(self) -> float | None:
+        """train.max_time in seconds (None: no limit)."""
+        return None if self.max_time is None else duration_seconds(self.max_time, "train.max_time")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -233,6 +247,10 @@ class OptimConfig:
 class EvalConfig:
     every_epochs: int = 1
     """Validate every N epochs (0: only at the end)."""
+    every_steps: int = 0
+    """Also validate every N optimizer steps, counted over the whole run (torchtitan's validator.freq, nanoGPT's eval_interval): rows at steps N, 2N, ... and at the end; early stopping and the best checkpoint follow every validation. With every_epochs too, a validation is due when either says so, never twice at one step (every_epochs=0: on the step cadence and at the end only). 0: off. Needs a validation split."""
+    max_batches: int | None = None
+    """Evaluate only the first N batches of each split (N × the evaluation batch size samples, or a DataLoader's first N batches), for validation and the test during training, Trainer.validate() and Trainer.test(); unset: the whole split."""
     metrics: list[str] | Literal["auto"] = "auto"
     """Metrics to compute; auto: accuracy, precision, recall, f1, auroc, loss (classification), mse, mae (regression), loss, perplexity (lm). Precision, recall and F1 are macro averages over the classes among the targets or predictions, AUROC one-vs-rest over the classes with positives and negatives (scikit-learn's definitions)."""
     early_stop_metric: str | None = None

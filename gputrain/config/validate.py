@@ -243,10 +243,28 @@ def validate_config(config: Config) -> None:
         config.train.precision,
         config.parallel.strategy == "pp" or (config.parallel.strategy == "hybrid" and config.parallel.pp > 1),
     )
-    if config.eval.early_stop_metric is not None and config.eval.every_epochs == 0:
+    if config.eval.early_stop_metric is not None and config.eval.every_epochs == 0 and not config.eval.every_steps:
         raise ConfigError(
             "eval.early_stop_metric",
-            "needs validation during training: set eval.every_epochs >= 1",
+            "needs validation during training: set eval.every_epochs >= 1 or eval.every_steps >= 1",
             config.eval.early_stop_metric,
         )
+    check_smoke(config)
     check_fits_in_memory(config)
+
+
+def check_smoke(config: Config) -> None:
+    """train.smoke_steps starts from nothing in a directory of its own and keeps nothing: a
+    checkpoint to resume from (checkpoint.resume=PATH) contradicts it.
+
+    Raises:
+        ConfigError: naming checkpoint.resume.
+    """
+    resume = config.checkpoint.resume
+    if config.train.smoke_steps is not None and resume not in ("auto", "never"):
+        raise ConfigError(
+            "checkpoint.resume",
+            "a smoke run (train.smoke_steps) starts from nothing and keeps nothing: it resumes no checkpoint",
+            resume,
+            hint="leave checkpoint.resume=auto, or unset train.smoke_steps to continue that checkpoint",
+        )

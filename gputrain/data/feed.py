@@ -148,6 +148,7 @@ class BatchFeed:
         grad_accum: micro-batches per step, for a DataLoader (a plan knows its own).
         transform: applied to each training micro-batch on the device (see data/augment.py).
         timer: marks the data and host-to-device time of sampled steps.
+        limit: at most this many steps per epoch, the first of its order (train.limit_batches).
     """
 
     def __init__(
@@ -160,8 +161,10 @@ class BatchFeed:
         grad_accum: int = 1,
         transform: Callable[[Any], Any] | None = None,
         timer: StepTimer | None = None,
+        limit: int | None = None,
     ) -> None:
         self.device = device
+        self.limit = limit
         self.on_error = on_error
         self.plan = plan
         self.grad_accum = grad_accum if plan is None else plan.grad_accum
@@ -201,9 +204,11 @@ class BatchFeed:
     @property
     def steps_per_epoch(self) -> int:
         if self.plan is not None:
-            return self.plan.steps_per_epoch
-        assert self.loader is not None
-        return len(self.loader) // self.grad_accum
+            steps = self.plan.steps_per_epoch
+        else:
+            assert self.loader is not None
+            steps = len(self.loader) // self.grad_accum
+        return steps if self.limit is None else min(steps, self.limit)
 
     def close(self) -> None:
         """Stop the worker processes of the loader built here (they persist between epochs, and
@@ -224,14 +229,14 @@ class BatchFeed:
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[list[Any]]:
         if self.tensors is not None:
-            groups = self._tensor_groups(epoch, start_step)
+            groups = self._limited(self._tensor_groups(epoch, start_step), start_step)
             if self.tensors.device == self.device:
                 for group in groups:  # already on the training device (CPU runs, small data on the GPU)
                     self.timer.mark("h2d")
                     yield self._transformed(group)
                 return
         else:
-            groups = self._loader_groups(epoch, start_step)
+            groups = self._loader_groups(epoch, start_step)  # stops at steps_per_epoch itself
         if self.device.type == "cuda":
             # batch n+1 is copied on a side stream while batch n computes
             for moved in prefetch_to_cuda(groups, self.device, lambda b: to_device(b, self.device), self.timer):
@@ -241,6 +246,12 @@ class BatchFeed:
             moved = [to_device(b, self.device) for b in group]
             self.timer.mark("h2d")
             yield self._transformed(moved)
+
+    def _limited(self, groups: Iterator[list[Any]], start_step: int) -> Iterator[list[Any]]:
+        """The epoch's first `limit` steps of `groups` (from `start_step` on)."""
+        if self.limit is None:
+            return groups
+        return itertools.islice(groups, max(0, self.steps_per_epoch - start_step))
 
     def _tensor_groups(self, epoch: int, start_step: int) -> Iterator[list[Any]]:
         """In-memory data: each micro-batch gathered by one index operation where the data lives.

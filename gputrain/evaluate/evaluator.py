@@ -271,6 +271,9 @@ class Evaluator:
         batch_transform: applied to each batch on the device first (uint8 images to floats).
         on_error: data.on_error for samples that cannot be read: fail (a `BadSample` naming the
             split and the sample) or skip (left out of the figures and counted in `skipped`).
+        max_batches: evaluate only a split's first this many batches (eval.max_batches): its first
+            max_batches × the evaluation batch size samples, before the ranks share them out (so
+            every layout evaluates the same samples), or a DataLoader's first max_batches batches.
     """
 
     def __init__(
@@ -282,7 +285,9 @@ class Evaluator:
         *,
         batch_transform: Callable[[Any], Any] | None = None,
         on_error: str = "fail",
+        max_batches: int | None = None,
     ) -> None:
+        self.max_batches = max_batches
         self.step_model = step_model
         self.model = model
         self.spec = spec
@@ -304,7 +309,7 @@ class Evaluator:
         """
         if self.spec.task.kind is None:
             return Evaluation({})
-        result, example = self._run(data, split, keep_scores)
+        result, example = self._run(self._limited(data), split, keep_scores)
         if result.skipped and not self.skipped.get(split):
             example = f", e.g. {example}" if example else ""
             log.warning(
@@ -385,6 +390,17 @@ class Evaluator:
             if shared:  # each rank scored its share: every rank gets the whole split's
                 scores = gather_scores(scores, layout.group, total)
         return Evaluation(metrics, scores, skipped), reader.example
+
+    def _limited(self, data: Dataset | DataLoader) -> Dataset | DataLoader | list[Any]:
+        """The part of a split that eval.max_batches leaves (all of it where unset)."""
+        if self.max_batches is None:
+            return data
+        if isinstance(data, DataLoader):
+            return list(itertools.islice(data, self.max_batches))
+        size = self._batch_for(data) * self.max_batches
+        if size >= len(cast(Sized, data)):
+            return data
+        return data.rows(slice(0, size)) if isinstance(data, TensorData) else Subset(data, range(size))
 
     def _batch_for(self, data: Any) -> int:
         """Samples per evaluation batch: the training micro-batch's, or for in-memory data on a CPU

@@ -21,7 +21,7 @@ _PARALLEL_KEYS = ("dp_replicate", "dp_shard", "tp", "pp")
 
 
 def badge(status: str) -> str:
-    statuses = ("completed", "stopped_early", "failed", "interrupted", "running", "lr-find")
+    statuses = ("completed", "stopped_early", "timed_out", "failed", "interrupted", "running", "lr-find")
     known = status if status in statuses else "unknown"
     return f'<span class="badge s-{known}">{esc(status.replace("_", " "))}</span>'
 
@@ -134,6 +134,12 @@ def status_html(run: Run) -> str:
         return (
             f'<div class="alert warn"><b>Interrupted</b> at step {esc(summary.get("global_step"))}; '
             f"continue it with <code>{esc(resume_command(summary, where))}</code>.</div>"
+        )
+    if status == "timed_out":  # train.max_time: saved, to continue with a raised limit
+        return (
+            f'<div class="alert warn"><b>Time limit</b>: {esc(summary.get("stop_reason", "train.max_time spent"))}; '
+            f"continue it with <code>{esc(resume_command(summary, where))} train.max_time=...</code> "
+            "(a longer limit).</div>"
         )
     if status == "lr-find":
         return (

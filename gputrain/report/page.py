@@ -33,7 +33,7 @@ h3{font-size:15px;margin:16px 0 6px}
 .path{color:var(--muted);font-family:ui-monospace,monospace;font-size:12px;word-break:break-all}
 .badge{display:inline-block;padding:1px 9px;border-radius:10px;font-size:12px;font-weight:600;color:#fff;
 vertical-align:middle;margin-left:8px}
-.s-completed,.s-stopped_early{background:#2ca02c}.s-failed{background:#d62728}.s-interrupted{background:#e08a0b}
+.s-completed,.s-stopped_early{background:#2ca02c}.s-failed{background:#d62728}.s-interrupted,.s-timed_out{background:#e08a0b}
 .s-running{background:#1f77b4}.s-lr-find{background:#9467bd}.s-unknown{background:#7f7f7f}
 .facts{display:grid;grid-template-columns:repeat(auto-fill,minmax(190px,1fr));gap:8px;margin:12px 0}
 .fact{background:var(--card);border:1px solid var(--line);border-radius:6px;padding:6px 10px}

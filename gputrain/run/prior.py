@@ -144,7 +144,7 @@ def check_run_kind(run_dir: Path, prior: PriorRun | None, kind: str) -> None:
     )
 
 
-STATUSES = (*COMPLETE, "interrupted", "failed")
+STATUSES = (*COMPLETE, "timed_out", "interrupted", "failed")
 """What summary.json's status says, for a summary a gputrain run wrote."""
 
 
@@ -227,8 +227,9 @@ def load_run_config(
     return load_config(config_file, overrides, defaults)
 
 
-TRAIN_LONGER = ("train.epochs", "train.max_steps", "rl.total_timesteps", "rl.stop_at_return")
-"""Keys whose change means "train longer": a complete run continues where they are raised."""
+TRAIN_LONGER = ("train.epochs", "train.max_steps", "train.max_time", "rl.total_timesteps", "rl.stop_at_return")
+"""Keys whose change means "train longer": a complete run continues where they are raised (a run
+that train.max_time stopped is not complete: it continues, with a raised limit, from its checkpoint)."""
 FREE_TO_CHANGE = (
     "log.",
     "checkpoint.",
@@ -238,6 +239,7 @@ FREE_TO_CHANGE = (
     "train.compile",
     "train.cuda_graphs",
     "parallel.",
+    "train.smoke_steps",
 )
 """Keys (or sections) that change how a run is logged, saved, fed, laid out or executed, not what it
 trains: a run may continue with other values (checkpoints resume on another device, world size or

@@ -61,6 +61,7 @@ SUMMARY = Shape(
         "epochs_completed": optional(INT),
         "wall_s": _NUM,
         "error": optional(TEXT),
+        "stop_reason": optional(TEXT),
         "train": OBJECT,
         "val": mapping_of(_METRIC),
         "test": mapping_of(_METRIC),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
@@ -54,11 +54,13 @@ from gputrain.precision import Precision, resolve_precision
 from gputrain.run.files import check_run_dir, default_run_dir, left_as_found, run_dir_path
 from gputrain.run.prior import claim_run_dir
 from gputrain.switches import apply_process_switches
+from gputrain.train.cadence import TimeBudget
 from gputrain.train.checkpointer import Checkpointer, check_resume_setting
 from gputrain.train.compile_check import CompileCheck
 from gputrain.train.device_guard import DeviceGuard
 from gputrain.train.guard import build_guard
 from gputrain.train.metrics import MetricsLogger
+from gputrain.train.smoke import smoke_config, smoke_dir
 from gputrain.train.state import seed_everything
 from gputrain.train.step import StepParts
 from gputrain.train.tasks import ComputeLoss, LossFn, Task, loss_of_batch, resolve_task
@@ -210,6 +212,8 @@ class TrainingParts:
     optimizer_record: dict[str, Any] | None = None
     """summary.json's "optimizer" block where the optimizer or the scheduler is the user's
     (train/user_optim.py's `describe`); None: both are the config's."""
+    budget: TimeBudget = field(default_factory=lambda: TimeBudget(None))
+    """train.max_time (cadence.py): the loop's time over every invocation, and whether it is spent."""
 
 
 def build_training(
@@ -240,7 +244,7 @@ def build_training(
     Raises:
         UsageError (ConfigError, DataError): bad config or input, before anything heavy starts.
     """
-    cfg = config
+    cfg = smoke_config(config) if config.train.smoke_steps is not None else config
     model, meta_init = _on_meta(model)
     train_data = as_tensor_data(train_data)  # a TensorDataset takes the in-memory path
     check_resume_setting(cfg.checkpoint)
@@ -254,6 +258,8 @@ def build_training(
     metric_names, early_stopping = evaluation_plan(cfg.eval, task.kind, eval_fn, step_fn)
     model_name, data_name = names or (type(model).__name__.lower(), type(train_data).__name__.lower())
     given = run_dir_path(run_dir) if run_dir is not None else None
+    if cfg.train.smoke_steps is not None:  # a directory of its own, removed at the end (train/smoke.py)
+        given = smoke_dir() if dist.is_main else Path()
     run_path = agree_on_path(given or default_run_dir(model_name, data_name), dist)
     install_test_fault(model, dist.rank)  # no-op unless GPUTRAIN_TEST_FAULT is set (tests only)
 
@@ -298,6 +304,7 @@ def build_training(
             grad_accum=place.grad_accum,
             transform=build_batch_transform(cfg.data.augment, channels_last, pixels),
             timer=speed.timer,
+            limit=cfg.train.limit_batches,
         )
         if feed.steps_per_epoch == 0:
             raise ConfigError(
@@ -385,6 +392,7 @@ def build_training(
             layout,
             batch_transform=pixels,
             on_error=cfg.data.on_error,
+            max_batches=cfg.eval.max_batches,
         )
         for split, data in (eval_splits or {}).items():
             evaluator.check(data, split)
@@ -419,6 +427,7 @@ def build_training(
             run_path,
             compile_check,
             record,
+            TimeBudget(cfg.train.max_time_s),
         )
 
 

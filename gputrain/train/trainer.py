@@ -31,8 +31,11 @@ from gputrain.run.record import LoopFigures
 from gputrain.run.shell import LoopShape, RunShell
 from gputrain.run.signals import StopRequest
 from gputrain.train.build import TrainingParts, UserTPPlan, build_model_and_data, build_training, profile_target
+from gputrain.train.cadence import TIMED_OUT, check_cadence, validation_due_mid_epoch
 from gputrain.train.callbacks import Callbacks
 from gputrain.train.nonfinite import BadStep, note_bad_steps
+from gputrain.train.smoke import finish_smoke
+from gputrain.train.standalone import load_checkpoint_weights
 from gputrain.train.state import LoopState
 from gputrain.train.step import StepResult, train_step
 from gputrain.train.tasks import ComputeLoss, LossFn
@@ -152,7 +155,9 @@ class Trainer:
         step_fn: `step_fn(model, batch) -> loss` for any other batch structure; validation and test
             then report its loss (no grad, eval mode), or `eval_fn`'s where given.
         eval_fn: `eval_fn(model, batch) -> loss` for evaluation, where it should differ from step_fn.
-        val_data, test_data: evaluated every `eval.every_epochs` epochs and at the end.
+        val_data, test_data: validated every `eval.every_epochs` epochs and every `eval.every_steps`
+            steps (train/cadence.py), and at the end, where test_data is evaluated once (not after
+            a stop by `train.max_time`); `validate()` and `test()` evaluate them on their own.
         config: a Config, a dict of dotted keys, or a TOML path.
         run_dir: where the run's files go (default `runs/<model>-<data>-<time>/`).
         spec: what the data is (gputrain.data.spec.DataSpec: the task, the input shape, the number
@@ -198,6 +203,7 @@ class Trainer:
         config: the run's config: as given until the run is built (assignable until then), then
             with train.batch_size=auto resolved (what config.toml records).
         val_data, test_data: the evaluation splits.
+        val, test_metrics: the metrics of `fit`'s last validation and of its test (summary.json).
         built: whether the run is built.
     Built attributes (reading one builds the run, as `setup()` does):
         model: the module holding this rank's parameters (the one you gave may be replaced:
@@ -239,9 +245,10 @@ class Trainer:
         self._config = _checked_config(config)
         _check_given(model, train_data, val_data, test_data, (loss_fn, step_fn, eval_fn), tp_plan)
         check_given(optimizer, scheduler, config, self._config)  # the optimizer's and the schedule's
+        check_cadence(self._config, val_data is not None)
         self._callbacks = Callbacks(callbacks)
         self._stop_reason: str | None = None
-        """Why the run stopped early (summary.json's stop_reason), once it has."""
+        """Why the run stopped before its end (summary.json's stop_reason: an early stop, train.max_time)."""
         self._given = _Given(
             model=model,
             train_data=train_data,
@@ -257,8 +264,9 @@ class Trainer:
         )
         self.val_data, self.test_data = val_data, test_data
         self.val: dict[str, float] = {}
-        self.test: dict[str, float] = {}
-        """The last validation's and the test's metrics (summary.json)."""
+        self.test_metrics: dict[str, float] = {}
+        """The last validation's and the test's metrics (summary.json); `test()` is the method that
+        evaluates test_data on its own."""
         self._last: StepResult | None = None
         self._built: _Built | None = None
 
@@ -304,7 +312,7 @@ class Trainer:
         shape = LoopShape(
             total=parts.total_steps,
             meta={"task": task.kind, "num_classes": task.num_classes},
-            before_save=self._settle,
+            before_save=self._before_save,
             after_save=self._checkpointed,
             config_note=config_note(parts.optimizer_record) if parts.optimizer_record is not None else None,
         )
@@ -329,6 +337,7 @@ class Trainer:
             raise UsageError("Trainer.config: the run is already built; make a new Trainer for another config")
         config = _checked_config(value)
         check_given(self._given.optimizer, self._given.scheduler, value, config)
+        check_cadence(config, self.val_data is not None)
         self._config = config
 
     @property
@@ -392,6 +401,8 @@ class Trainer:
         """Build model and data from the registries (what `gputrain train` does); `evaluate=False`
         leaves the validation and test splits out (a profile times training steps only)."""
         cfg = config if isinstance(config, Config) and not overrides else load_config(config, overrides or ())
+        if not evaluate and cfg.eval.every_steps:  # no validation split: no cadence of validations to keep
+            cfg = load_config(cfg, {"eval.every_steps": 0})
         model, data = build_model_and_data(cfg, run_dir)
         val, test = (data.val, data.test) if evaluate else (None, None)
         names = (cfg.model.name, cfg.data.name)
@@ -421,6 +432,8 @@ class Trainer:
             ending = self.shell.last_ending
             self._callbacks.fit_ended(self, ending.summary if ending is not None else None, failing=True)
             raise
+        if self.config.train.smoke_steps is not None:  # read the checkpoint back, then keep nothing
+            self.parts.console.notice(finish_smoke(self.parts, self.state, summary))
         self._callbacks.fit_ended(self, summary, failing=False)
         return summary
 
@@ -430,11 +443,51 @@ class Trainer:
         logging step or evaluation (whichever rank asked), so that they stop at the same step."""
         self.shell.request_stop(str(reason))
 
+    def validate(self, checkpoint: str | Path | None = None) -> dict[str, float]:
+        """Evaluate val_data once, on the current weights or a checkpoint's, and return its metrics.
+
+        Args:
+            checkpoint: None: the model as it is; "final", "best" or "last" of the run directory, or
+                a path (a checkpoint directory, a .safetensors file, or a run directory: its final
+                weights), as `gputrain evaluate --checkpoint` takes; its weights stay in the model.
+
+        Nothing is written (train/standalone.py); eval.max_batches applies.
+
+        Raises:
+            UsageError: no val_data, or weights that are not this model's.
+        """
+        return self._evaluate_alone("val", self.val_data, checkpoint)
+
+    def test(self, checkpoint: str | Path | None = None) -> dict[str, float]:
+        """Evaluate test_data once, as `validate` does val_data; return its metrics."""
+        return self._evaluate_alone("test", self.test_data, checkpoint)
+
+    def _evaluate_alone(
+        self, split: str, data: Dataset | DataLoader | None, checkpoint: str | Path | None
+    ) -> dict[str, float]:
+        if data is None:
+            raise UsageError(f"Trainer.{'validate' if split == 'val' else 'test'}(): the Trainer has no {split}_data")
+        parts = self.parts
+        if checkpoint is not None:
+            loaded = load_checkpoint_weights(checkpoint, parts.run_dir, self.model, parts.place.dist)
+            parts.console.info(f"{split}: evaluating {loaded}")
+        metrics = parts.evaluator.evaluate(data, split).metrics
+        if parts.place.dims.fsdp_enabled:
+            from gputrain.distributed.fsdp import reshard
+
+            reshard(self.model)
+        shown = ", ".join(f"{name} {value:.4g}" for name, value in metrics.items())
+        parts.console.info(f"{split}: {shown}")
+        return metrics
+
     def _train(self, on_step: Callable[[], None] | None) -> str:
         """Epochs of steps until the run ends, then the test split. Returns how the run ended."""
         parts, state, shell = self.parts, self.state, self.shell
         timer, feed, metrics, check = parts.speed.timer, parts.feed, parts.metrics, parts.compile_check
         every_ckpt, total, device = self.config.checkpoint.every_steps, parts.total_steps, parts.place.device
+        every_val = self.config.eval.every_steps if self.val_data is not None else 0
+        budget, job = parts.budget, parts.place.dist
+        budget.start(state)
         callbacks = self._callbacks
         callbacks.fit_started(self)
         status = None
@@ -456,24 +509,70 @@ class Trainer:
                     callbacks.step_ended(self, state.global_step, row)
                 if on_step is not None:
                     on_step()
-                if every_ckpt and state.global_step % every_ckpt == 0:
+                ends_epoch = state.step_in_epoch >= feed.steps_per_epoch or state.global_step >= total
+                new_best = False
+                if not ends_epoch and validation_due_mid_epoch(state.global_step, every_val):
+                    # before the step's checkpoint, which then holds the early-stopping state it left
+                    state.train_time_s += time.perf_counter() - clock
+                    status, new_best = self._validate()
+                    clock = time.perf_counter()
+                    if status is not None:
+                        break
+                if (every_ckpt and state.global_step % every_ckpt == 0) or new_best:
                     clock = self._save_outside(clock)
                 timer.begin(state.global_step + 1)
                 if shell.stop_requested(log_now):
                     state.train_time_s += time.perf_counter() - clock
                     shell.interrupted()
                 if state.global_step >= total or self.stop.early_agreed is not None:
+                    break  # a callback's stop, agreed: _end_epoch validates, saves and says why
+                if budget.spent(state, job, device, log_now):
+                    status = TIMED_OUT
                     break
             if device.type == "cuda":
                 with own_sync():
                     torch.cuda.synchronize(device)
             state.train_time_s += time.perf_counter() - clock
             self._settle()  # before the epoch's evaluation and checkpoint
-            status = self._end_epoch()
-        if self.test_data is not None:
-            self.test = self._evaluate(self.test_data, "test")
+            status = self._end_epoch() if status is None else self._stop_mid_epoch(status)
+        if self.test_data is not None and status != TIMED_OUT:
+            self.test_metrics = self._evaluate(self.test_data, "test")
         callbacks.call("on_train_end", self, status)
         return status
+
+    def _validate(self) -> tuple[str | None, bool]:
+        """A validation with early stopping: ("stopped_early" or None, whether it set a new best)."""
+        assert self.val_data is not None
+        self._settle()  # a masked step is undone before its weights are evaluated
+        self.val = self._evaluate(self.val_data, "val")
+        stop_early = self.parts.early_stopping.update(self.state, self.val)
+        new_best = self.state.best_step == self.state.global_step
+        return ("stopped_early" if stop_early else None), new_best
+
+    def _stop_mid_epoch(self, status: str) -> str:
+        """The run ends inside an epoch: early stop after a step-cadence validation, or
+        train.max_time spent. Either saves a checkpoint (always, not a periodic one) and says why."""
+        saved = self.shell.save()
+        if status == TIMED_OUT:
+            self._stop_reason = self.parts.budget.reason(self.state, saved is not None)
+            more = "; raise train.max_time to continue it" if saved is not None else ""
+            self.parts.console.notice(self._stop_reason + more)
+        else:
+            self._stopped_early(self._patience_spent())
+        return status
+
+    def _patience_spent(self) -> str:
+        cfg = self.config.eval
+        return f"{cfg.early_stop_metric} has not improved for {cfg.patience} evaluations"
+
+    def _stopped_early(self, reason: str, at: str = "") -> None:
+        self._stop_reason = reason
+        self.parts.console.info(f"early stop{at}: {reason}")
+
+    def _before_save(self) -> None:
+        """Before a checkpoint's state is taken: the guard's pending verdicts, and the loop's time so far."""
+        self._settle()
+        self.parts.budget.note(self.state)
 
     def _leave_out_step(self) -> None:
         """A step whose every sample was unreadable (data.on_error=skip) makes no update and is not
@@ -520,34 +619,34 @@ class Trainer:
             self.scheduler.step()  # recomputes the LR of that position, as a step to it would
 
     def _end_epoch(self) -> str | None:
-        """After an epoch's steps (or the step a callback's stop was agreed at): evaluation, early
-        stopping, the epoch's checkpoint. Returns how the run ends now (completed, stopped_early), or
-        None to go on."""
+        """After an epoch's steps (or the step a callback's stop was agreed at): validation (on the
+        epoch or the step cadence), early stopping, the epoch's checkpoint. Returns how the run ends
+        now (completed, stopped_early), or None to go on."""
         cfg, state, parts = self.config, self.state, self.parts
         if state.step_in_epoch >= parts.feed.steps_per_epoch:
             state.epoch += 1
             state.step_in_epoch = 0
         ends = state.global_step >= parts.total_steps or state.epoch >= cfg.train.epochs
         asked = self.stop.early_agreed is not None  # a callback's stop: the run's end, mid-epoch or not
-        stop_early = False
-        every_eval = cfg.eval.every_epochs
-        if self.val_data is not None and ((every_eval and state.epoch % every_eval == 0) or ends or asked):
-            self.val = self._evaluate(self.val_data, "val")
-            stop_early = parts.early_stopping.update(state, self.val)
+        stop_early = new_best = False
+        epoch_due = cfg.eval.every_epochs and state.epoch % cfg.eval.every_epochs == 0
+        step_due = validation_due_mid_epoch(state.global_step, cfg.eval.every_steps)
+        if self.val_data is not None and (epoch_due or step_due or ends or asked):
+            stopping, new_best = self._validate()
+            stop_early = stopping is not None
+            new_best = new_best and step_due  # the step cadence keeps its best at once; an epoch's waits
         # a signal, and a stop a callback asked for in this evaluation, agreed by every rank together
         signal = self.shell.stop_requested(True)
         reason = self.stop.early_agreed
         if reason is None and stop_early:
-            reason = f"{cfg.eval.early_stop_metric} has not improved for {cfg.eval.patience} evaluations"
+            reason = self._patience_spent()
         every_epoch_ckpt = cfg.checkpoint.every_epochs
         if ends or reason is not None:
             self.shell.save()
-        elif every_epoch_ckpt and state.epoch % every_epoch_ckpt == 0:
+        elif (every_epoch_ckpt and state.epoch % every_epoch_ckpt == 0) or new_best:
             self.shell.save(periodic=True)
         if reason is not None:
-            self._stop_reason = reason
-            at = f" at step {state.global_step}" if self.stop.early_agreed is not None else ""
-            parts.console.info(f"early stop{at}: {reason}")
+            self._stopped_early(reason, f" at step {state.global_step}" if asked else "")
             return "stopped_early"
         if signal:
             self.shell.interrupted()
@@ -583,11 +682,11 @@ class Trainer:
             last_loss=self._last.loss if self._last is not None else None,
             tokens_per_sample=self.parts.task.tokens_per_sample,
             val=self.val,
-            test=self.test,
+            test=self.test_metrics,
             eval_skipped=self.parts.evaluator.skipped,
             compile=check.status if check is not None else None,
             blocks={
                 **({"optimizer": self.parts.optimizer_record} if self.parts.optimizer_record is not None else {}),
-                **({"stop_reason": self._stop_reason} if status == "stopped_early" else {}),
+                **({"stop_reason": self._stop_reason} if status in ("stopped_early", TIMED_OUT) else {}),
             },
         )
