@@ -7,6 +7,10 @@ step costs, the loop's set-up cancelled out. Pass a second checkout to compare t
 (e.g. before and after a refactor) in one sitting:
 
     python benchmarks/overhead_instructions.py [--other /path/to/other/checkout] [--guard stop|off] [--hand]
+                                               [--callbacks K]
+
+`--callbacks K` also counts the same run with K callbacks whose hooks do nothing (issue 29: what the
+Trainer's callback dispatch costs a step), as instructions and as µs at the machine's measured rate.
 
 Needs valgrind (Debian: `apt-get install valgrind`); each run takes a minute or two.
 """
@@ -29,8 +33,17 @@ sys.path.insert(0, sys.argv[1])
 import torch, torch.nn.functional as F
 from torch import nn
 torch.set_num_threads(1)
-from gputrain import Trainer
+from gputrain import Callback, Trainer
 from gputrain.data.tensors import TensorData
+
+class NoOp(Callback):  # every hook overridden, doing nothing: the dispatch alone is what is counted
+    def on_fit_start(self, trainer): pass
+    def on_step_end(self, trainer, step, metrics): pass
+    def on_eval_end(self, trainer, split, metrics): pass
+    def on_checkpoint(self, trainer, path): pass
+    def on_train_end(self, trainer, status): pass
+    def on_fit_end(self, trainer, summary): pass
+
 g = torch.Generator().manual_seed(0)
 data = TensorData(torch.randn(4096, 32, generator=g), torch.randint(0, 10, (4096,), generator=g))
 torch.manual_seed(0)
@@ -39,7 +52,8 @@ with tempfile.TemporaryDirectory() as run_dir:
     config = {"train.device": "cpu", "train.batch_size": 64, "train.max_steps": int(sys.argv[2]),
               "train.epochs": 10**6, "log.every_steps": 10**6, "log.progress": "none", "log.tensorboard": False,
               "checkpoint.enabled": False, "eval.every_epochs": 0, "train.on_nonfinite": sys.argv[3]}
-    Trainer(model, data, loss_fn=F.cross_entropy, config=config, run_dir=run_dir).fit()
+    callbacks = [NoOp() for _ in range(int(sys.argv[4]))]
+    Trainer(model, data, loss_fn=F.cross_entropy, config=config, run_dir=run_dir, callbacks=callbacks).fit()
 """
 
 
@@ -70,14 +84,15 @@ while done < steps:
 """
 
 
-def instructions(tree: Path | None, steps: int, guard: str) -> int:
+def instructions(tree: Path | None, steps: int, guard: str, callbacks: int = 0) -> int:
     """Instructions of a whole process that trains `steps` steps with the gputrain of `tree`, or
     with the hand-written loop where `tree` is None."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:
         script.write(RUN if tree is not None else HAND)
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}  # the same dict orders every run
     out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-                          script.name, str(tree or ROOT), str(steps), guard], capture_output=True, text=True, env=env)
+                          script.name, str(tree or ROOT), str(steps), guard, str(callbacks)], capture_output=True,
+                         text=True, env=env)
     os.unlink(script.name)
     found = re.search(r"Collected : (\d+)", out.stderr)
     if found is None:
@@ -85,8 +100,22 @@ def instructions(tree: Path | None, steps: int, guard: str) -> int:
     return int(found.group(1))
 
 
-def per_step(tree: Path | None, short: int, long: int, guard: str) -> float:
-    return (instructions(tree, long, guard) - instructions(tree, short, guard)) / (long - short)
+def per_step(tree: Path | None, short: int, long: int, guard: str, callbacks: int = 0) -> float:
+    return (instructions(tree, long, guard, callbacks) - instructions(tree, short, guard, callbacks)) / (long - short)
+
+
+def instructions_per_us() -> float:
+    """This machine's rate on plain Python work (a loop of calls, what the dispatch is made of), to
+    put an instruction count in µs: instructions of the loop under callgrind over its CPU time alone."""
+    loop = "import time, sys\nt = time.process_time()\nf = lambda a: a\nfor i in range(2_000_000): f(i)\n" \
+           "print(time.process_time() - t, file=sys.stderr)"
+    counted = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c",
+                              loop], capture_output=True, text=True)
+    found = re.search(r"Collected : (\d+)", counted.stderr)
+    plain = subprocess.run([sys.executable, "-c", loop], capture_output=True, text=True)
+    seconds = float(plain.stderr.strip().splitlines()[-1])
+    assert found is not None
+    return int(found.group(1)) / (seconds * 1e6)
 
 
 def main() -> None:
@@ -95,6 +124,8 @@ def main() -> None:
     parser.add_argument("--guard", choices=("stop", "off"), default="stop", help="train.on_nonfinite")
     parser.add_argument("--steps", type=int, nargs=2, default=(20, 420), metavar=("N", "M"))
     parser.add_argument("--hand", action="store_true", help="also count the hand-written loop's step")
+    parser.add_argument("--callbacks", type=int, default=0, metavar="K",
+                        help="also count the run with K no-op callbacks")
     args = parser.parse_args()
     short, long = args.steps
     ours = per_step(ROOT, short, long, args.guard)
@@ -103,6 +134,12 @@ def main() -> None:
         hand = per_step(None, short, long, args.guard)
         print(f"hand-written loop: {hand:,.0f} instructions per step; gputrain / hand = {ours / hand:.4f}, "
               f"gputrain adds {ours - hand:,.0f} instructions per step")
+    if args.callbacks:
+        with_them = per_step(ROOT, short, long, args.guard, args.callbacks)
+        rate = instructions_per_us()
+        print(f"with {args.callbacks} no-op callbacks: {with_them:,.0f} instructions per step, "
+              f"{with_them - ours:+,.0f} a step = {(with_them - ours) / rate:+.2f} µs at this machine's "
+              f"{rate:,.0f} instructions/µs of Python calls")
     if args.other is not None:
         theirs = per_step(args.other, short, long, args.guard)
         print(f"{args.other}: {theirs:,.0f} instructions per step; this / that = {ours / theirs:.4f}")
