@@ -60,8 +60,8 @@ def check_same_tokenizer(run_dir: Path, tokenizer: Tokenizer | None, owned: bool
         raise UsageError(
             f"{run_dir_option()} {run_dir}: its run was trained with the tokenizer in {run_dir / TOKENIZER} "
             f"({stored[:19]}...), and this one ({tokenizer.source}) is another ({tokenizer.hash[:19]}...): the "
-            "checkpoint's token ids would mean other text; continue with the run's own tokenizer "
-            f"(data.tokenizer={run_dir / TOKENIZER}), or choose another {run_dir_option()} for a new run"
+            f"checkpoint's token ids would mean other text; put the run's tokenizer back (a copy is in "
+            f"{run_dir / TOKENIZER}), or choose another {run_dir_option()} for a new run"
         )
 
 
