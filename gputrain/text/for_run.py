@@ -1,6 +1,7 @@
 """Which tokenizer a run's token ids mean, from its config and data: the data's own (data.tokenizer,
 a prepared folder's: `DataBundle.tokenizer`), else, for model.name=hf, the tokenizer.json of the
-local model directory the model is loaded from (model.hf_config), the model's own."""
+local model directory the model is loaded from (model.hf_config: the folder, or the folder of its
+config.json), the model's own."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def tokenizer_for(config: Config, bundle: DataBundle) -> Tokenizer | None:
     if bundle.tokenizer is not None:
         return bundle.tokenizer
     if config.model.name == "hf" and config.model.hf_config and bundle.spec.task == "lm":
-        folder = Path(config.model.hf_config).expanduser()
-        if folder.is_dir() and (folder / HF_FILE).exists():
+        given = Path(config.model.hf_config).expanduser()
+        folder = given if given.is_dir() else given.parent  # a config.json's own model directory
+        if (folder / HF_FILE).exists():
             return load_tokenizer(folder)
     return None

@@ -155,7 +155,7 @@ class Tokenizer:
     ) -> None:
         self.kind, self._backend, self._files = kind, backend, files
         self.vocab_size, self.eos_id, self.source, self.chat_template = vocab_size, eos_id, source, chat_template
-        self.hash = _sha256(b"".join(files[name] for name in sorted(files)))
+        self.hash = _sha256(b"".join(files.values()))  # in the order given: the canonical bytes
 
     def __repr__(self) -> str:
         shown = f"kind={self.kind!r}, vocab_size={self.vocab_size}, hash={self.hash[:19]}..., source={self.source!r}"
@@ -320,7 +320,13 @@ def _load_saved(folder: Path) -> Tokenizer:
             f"{folder}: its tokenizer files' hash {tokenizer.hash} is not the {meta.get('hash')} recorded in {META}: "
             "they were changed since it was saved"
         )
-    tokenizer.source = str(folder)
+    eos = meta.get("eos_id")
+    if eos is not None and (type(eos) is not int or not 0 <= eos < tokenizer.vocab_size):
+        ids = f"0..{tokenizer.vocab_size - 1}"
+        raise DataError(f"{folder / META}: eos_id {eos!r} is not an id of the tokenizer ({ids})")
+    # the end-of-document id as it was decided where the tokenizer came from (its own
+    # tokenizer_config.json's eos_token, which the saved folder does not keep)
+    tokenizer.eos_id, tokenizer.source = eos, str(folder)
     return tokenizer
 
 

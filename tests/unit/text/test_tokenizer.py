@@ -5,6 +5,7 @@ their hashes, saving and loading back, and the BPE's determinism."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from pathlib import Path
 
@@ -41,8 +42,6 @@ def test_a_tokenizer_json_encodes_as_the_library_does(tmp_path: Path) -> None:
     for text in SAMPLES[:1]:
         assert ours.encode(text) == theirs.encode(text, add_special_tokens=False).ids
     assert ours.encode_batch(SAMPLES[:1] * 2) == [ours.encode(SAMPLES[0])] * 2
-    import hashlib
-
     assert ours.hash == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -54,7 +53,7 @@ def test_a_model_directory_gives_its_tokenizer_its_eos_and_chat_template(tmp_pat
     assert tok.eos_id == 0  # the config's eos wins over the known names
     assert tok.chat_template == config["chat_template"]
     again = load_tokenizer(tok.save(tmp_path / "saved"))
-    assert again.chat_template == config["chat_template"] and again.hash == tok.hash
+    assert again.chat_template == config["chat_template"] and again.hash == tok.hash and again.eos_id == 0
 
 
 def _ranks() -> dict[bytes, int]:
@@ -92,6 +91,9 @@ def test_a_tiktoken_file_encodes_as_tiktoken_does(tmp_path: Path, named: bool) -
         assert ours.encode(text) == theirs.encode_ordinary(text)
         assert ours.decode(ours.encode(text)) == text
     assert ours.encode_batch(SAMPLES) == theirs.encode_ordinary_batch(SAMPLES)
+    given = {"pattern": pattern, "special_tokens": specials}
+    settings = json.dumps(given, sort_keys=True, indent=1, ensure_ascii=False)
+    assert ours.hash == "sha256:" + hashlib.sha256(path.read_bytes() + (settings + "\n").encode()).hexdigest()
     saved = load_tokenizer(ours.save(tmp_path / "out"))
     assert saved.hash == ours.hash and saved.encode(SAMPLES[0]) == ours.encode(SAMPLES[0])
 

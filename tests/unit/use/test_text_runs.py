@@ -169,3 +169,32 @@ def test_streamed_text_never_cuts_a_character() -> None:
     assert not any("\ufffd" in piece for piece in pieces)
     assert speaker.decode_prompt(prompt) + "".join(pieces) == tok.decode(prompt + new)
     assert speaker.continuation(prompt, new) == "'東京'\nnaïve 🙂"
+
+
+def test_an_hf_model_directory_gives_the_run_its_own_tokenizer(tmp_path: Path, capsys) -> None:
+    """model.name=hf from a local directory holding config.json and tokenizer.json: the run keeps the
+    directory's tokenizer (no data.tokenizer given) and generate speaks text through it."""
+    transformers = pytest.importorskip("transformers")
+    tok = bpe()
+    model_dir = tmp_path / "model"
+    sizes = {"n_layer": 1, "n_head": 2, "n_embd": 16, "n_positions": 32, "vocab_size": tok.vocab_size}
+    transformers.GPT2Config(**sizes).save_pretrained(model_dir)
+    shutil.copy(tok.save(tmp_path / "user") / "tokenizer.json", model_dir / "tokenizer.json")
+    overrides = [
+        *COMMON,
+        "model.name=hf",
+        f"model.hf_config={model_dir}",
+        "data.name=tokens",
+        f"data.path={write_token_file(tok, tmp_path / 'train.bin')}",
+        "data.seq_len=16",
+        "train.max_steps=2",
+        "train.batch_size=8",
+    ]
+    run_dir = tmp_path / "run"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        Trainer.from_config(None, run_dir=run_dir, overrides=overrides).fit()
+    assert load_tokenizer(run_dir / TOKENIZER).hash == tok.hash
+    assert json.loads((run_dir / ENV).read_text())["tokenizer"]["hash"] == tok.hash
+    assert main(["generate", str(run_dir), "--prompt", "import os", "--max-new-tokens", "4", "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("import os") and "the run's hf tokenizer, 300 tokens" in err
