@@ -31,7 +31,6 @@ import binascii
 import hashlib
 import importlib
 import json
-import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -160,10 +159,6 @@ class Tokenizer:
     def __repr__(self) -> str:
         shown = f"kind={self.kind!r}, vocab_size={self.vocab_size}, hash={self.hash[:19]}..., source={self.source!r}"
         return f"Tokenizer({shown})"
-
-    def describe(self) -> str:
-        """One line for the console: the kind, the size and where it came from."""
-        return f"{self.kind} tokenizer of {self.vocab_size:,} tokens ({self.source})"
 
     def encode(self, text: str) -> list[int]:
         """The ids of `text`, no special tokens added (nor read from the text)."""
@@ -434,8 +429,3 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, eos: str = "<|endoftext|
     return Tokenizer(
         "bpe", backend, {HF_FILE: data}, vocab_size=max(vocab.values()) + 1, eos_id=vocab[eos], source="train_bpe"
     )
-
-
-def bits_per_byte(mean_loss_nats: float, tokens: int, text_bytes: int) -> float:
-    """Bits per UTF-8 byte of text from a mean token loss in nats: loss × tokens / (bytes × ln 2)."""
-    return mean_loss_nats * tokens / (text_bytes * math.log(2))

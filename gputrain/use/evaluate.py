@@ -36,13 +36,13 @@ from gputrain.distributed.context import DistContext, env_world, init_distribute
 from gputrain.errors import UsageError
 from gputrain.evaluate.evaluator import EvalSpec, Evaluator, resolve_metrics
 from gputrain.evaluate.layout import eval_layout
+from gputrain.evaluate.metrics import bits_per_byte
 from gputrain.evaluate.scores import Scores, is_scores_file, save_scores
 from gputrain.precision import Precision
 from gputrain.run.files import write_json
 from gputrain.run.layout import CONFIG, eval_record_name, scores_name
 from gputrain.run.output import Owner, check_output_file, check_output_folder, json_record, make_folder, marked, shared
 from gputrain.switches import apply_process_switches
-from gputrain.text.tokenizer import bits_per_byte
 from gputrain.train.tasks import resolve_task
 from gputrain.use.loaded import LoadedRun, data_overrides, load_run
 from gputrain.use.new_data import TextSize, check_new_data_overrides, read_new_data

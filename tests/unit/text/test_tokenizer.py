@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,8 @@ def test_a_tiktoken_file_encodes_as_tiktoken_does(tmp_path: Path, named: bool) -
     given = {"pattern": pattern, "special_tokens": specials}
     settings = json.dumps(given, sort_keys=True, indent=1, ensure_ascii=False)
     assert ours.hash == "sha256:" + hashlib.sha256(path.read_bytes() + (settings + "\n").encode()).hexdigest()
+    copied = pickle.loads(pickle.dumps(ours))  # to a worker process of gputrain prepare
+    assert copied.encode(SAMPLES[0]) == ours.encode(SAMPLES[0]) and copied.hash == ours.hash
     saved = load_tokenizer(ours.save(tmp_path / "out"))
     assert saved.hash == ours.hash and saved.encode(SAMPLES[0]) == ours.encode(SAMPLES[0])
 
@@ -120,6 +123,7 @@ def test_train_bpe_is_deterministic_and_round_trips(tmp_path: Path) -> None:
     assert load_tokenizer(a).kind == "bpe"  # the saved record keeps the kind
     for text in SAMPLES:
         assert one.decode(one.encode(text)) == text  # byte-level: every text, no unknown token
+    assert pickle.loads(pickle.dumps(one)).encode(SAMPLES[1]) == one.encode(SAMPLES[1])
     other = train_bpe(corpus()[:2], 320)
     assert other.hash != one.hash
 

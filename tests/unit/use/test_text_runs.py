@@ -198,3 +198,29 @@ def test_an_hf_model_directory_gives_the_run_its_own_tokenizer(tmp_path: Path, c
     assert main(["generate", str(run_dir), "--prompt", "import os", "--max-new-tokens", "4", "--device", "cpu"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("import os") and "the run's hf tokenizer, 300 tokens" in err
+
+
+def test_the_python_api_takes_a_tokenizer(tmp_path: Path) -> None:
+    """Trainer(model, data, tokenizer=...) keeps it as from_config does; without one, nothing is kept."""
+    from torch import nn
+
+    from gputrain.data.tensors import TensorData
+
+    tok = bpe()
+    data = TensorData(torch.randint(0, tok.vocab_size, (32, 8)), torch.randint(0, tok.vocab_size, (32, 8)))
+    config = {"train.device": "cpu", "log.progress": "none", "log.tensorboard": False}
+    config |= {"train.max_steps": 1, "train.batch_size": 8}
+
+    def lm() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Embedding(tok.vocab_size, 8), nn.Linear(8, tok.vocab_size))
+
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        Trainer(lm(), data, loss_fn=loss, config=config, run_dir=tmp_path / "with", tokenizer=tok).fit()
+        Trainer(lm(), data, loss_fn=loss, config=config, run_dir=tmp_path / "without").fit()
+    assert load_tokenizer(tmp_path / "with" / TOKENIZER).hash == tok.hash
+    assert not (tmp_path / "without" / TOKENIZER).exists()
+    assert "tokenizer" not in json.loads((tmp_path / "without" / ENV).read_text())
