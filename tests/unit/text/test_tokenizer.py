@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import pickle
+import sys
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,11 @@ def test_decode_refuses_ids_outside_the_vocabulary() -> None:
     tok: Tokenizer = bpe()
     with pytest.raises(DataError, match="outside the tokenizer's vocabulary"):
         tok.decode([1, tok.vocab_size])
+
+
+@pytest.mark.parametrize("missing", ["tokenizers", "tiktoken"])
+def test_a_missing_library_says_how_to_install_it(tmp_path: Path, monkeypatch, missing: str) -> None:
+    path = _write_tiktoken(tmp_path / "gpt2.tiktoken", _ranks()) if missing == "tiktoken" else bpe().save(tmp_path)
+    monkeypatch.setitem(sys.modules, missing, None)  # importing it raises ImportError
+    with pytest.raises(UsageError, match=rf"needs the {missing} package, not installed: pip install 'gputrain\[lm\]'"):
+        load_tokenizer(path)
