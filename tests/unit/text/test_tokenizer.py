@@ -122,6 +122,7 @@ def test_train_bpe_is_deterministic_and_round_trips(tmp_path: Path) -> None:
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
     assert one.hash == two.hash == load_tokenizer(a).hash
     assert load_tokenizer(a).kind == "bpe"  # the saved record keeps the kind
+    assert load_tokenizer(tmp_path / "a").hash == one.hash  # the folder Tokenizer.save was given (a prepared one)
     for text in SAMPLES:
         assert one.decode(one.encode(text)) == text  # byte-level: every text, no unknown token
     assert pickle.loads(pickle.dumps(one)).encode(SAMPLES[1]) == one.encode(SAMPLES[1])
