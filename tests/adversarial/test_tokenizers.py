@@ -109,6 +109,32 @@ def _saved_record_not_json(tmp: Path) -> Path:
     return folder
 
 
+def _tokenizer_json_a_folder(tmp: Path) -> Path:
+    (tmp / "model" / "tokenizer.json").mkdir(parents=True)
+    return tmp / "model"
+
+
+def _tiktoken_shared_rank(tmp: Path) -> Path:
+    lines = [base64.b64encode(bytes([b])) + b" " + str(b).encode() for b in range(256)]
+    lines.append(base64.b64encode(b"ab") + b" 5")
+    (tmp / "r50k_base.tiktoken").write_bytes(b"\n".join(lines) + b"\n")
+    return tmp / "r50k_base.tiktoken"
+
+
+def _special_on_a_rank(tmp: Path) -> Path:
+    path = _tiktoken_unknown_name(tmp)
+    (tmp / "mine.json").write_text(json.dumps({"pattern": r"\S+|\s+", "special_tokens": {"<|endoftext|>": 7}}))
+    return path
+
+
+def _config_not_json(tmp: Path) -> Path:
+    folder = tmp / "model"
+    folder.mkdir()
+    shutil.copy(bpe().save(tmp / "u") / "tokenizer.json", folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_text("{eos")
+    return folder
+
+
 def _missing(tmp: Path) -> Path:
     return tmp / "nowhere" / "tokenizer.json"
 
@@ -126,6 +152,10 @@ TRAIN_CASES: list[tuple[str, Callable[[Path], Path], list[str], str]] = [
     ("a FIFO", _fifo, [], r"{path}: is a FIFO \(named pipe\), not a tokenizer.json"),
     ("a saved folder changed since", _saved_changed, [], r"{path}: its tokenizer files' hash .* changed since .*"),
     ("a saved record not JSON", _saved_record_not_json, [], r".*tokenizer_meta.json: not JSON .*"),
+    ("tokenizer.json a folder", _tokenizer_json_a_folder, [], r"{path}/tokenizer.json: is a directory, not a .*"),
+    ("two .tiktoken tokens of one rank", _tiktoken_shared_rank, [], r"{path}: two tokens share a rank"),
+    ("a special token on a rank", _special_on_a_rank, [], r"{path}: special token id 7 is also a rank of the file"),
+    ("a tokenizer_config.json not JSON", _config_not_json, [], r"{path}/tokenizer_config.json: not JSON .*"),
     ("nothing there", _missing, [], r"config error: data.tokenizer = '{path}': no such file or directory; .*"),
     (
         "more tokens than the model's vocabulary",
@@ -203,6 +233,11 @@ def _record_without_hash(run: Path, outside: Path) -> None:
     (run / "tokenizer" / "tokenizer_meta.json").write_text(json.dumps({"kind": "bpe"}))
 
 
+def _record_a_fifo(run: Path, outside: Path) -> None:
+    (run / "tokenizer" / "tokenizer_meta.json").unlink()
+    os.mkfifo(run / "tokenizer" / "tokenizer_meta.json")
+
+
 RUN_CASES: list[tuple[str, Callable[[Path, Path], None], str]] = [
     ("tokenizer/ a file", _tokenizer_a_file, r"{run}/tokenizer: is a regular file, where a run keeps a directory; .*"),
     ("tokenizer/ a link out", _tokenizer_a_link_out, r"{run}/tokenizer: a symbolic link leading out of the run .*"),
@@ -212,6 +247,11 @@ RUN_CASES: list[tuple[str, Callable[[Path, Path], None], str]] = [
         r"{run}/tokenizer/tokenizer.json: a symbolic link leading out of the run directory \(to /etc/passwd\).*",
     ),
     ("tokenizer.json changed", _file_changed, r"{run}/tokenizer: its tokenizer files' hash .* changed since .*"),
+    (
+        "a record that is a FIFO",
+        _record_a_fifo,
+        r"{run}/tokenizer/tokenizer_meta.json: is a FIFO \(named pipe\), where a run keeps a regular file; .*",
+    ),
     ("a record without its hash", _record_without_hash, r'{run}/tokenizer/tokenizer_meta.json: not a saved .*"hash"\)'),
 ]
 
