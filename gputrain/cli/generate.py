@@ -11,8 +11,10 @@ from gputrain.use.options import add_run_arguments, positive_int
 
 EPILOG = """\
 Tokenizer: a character-level run (data.name=text) reads the characters of its training text; a prompt
-with any other character is refused, naming it. A token-id run (data.name=tokens or synthetic) reads ids:
-give --prompt as ids ("464 2068 7586") and read ids back; its tokenizer is not part of the run.
+with any other character is refused, naming it. A token-id run that keeps its tokenizer (RUN/tokenizer/:
+data.tokenizer, a prepared folder's, an HF model directory's) reads --prompt as text and prints text.
+Another token-id run (data.name=tokens or synthetic) reads ids: give --prompt as ids ("464 2068 7586")
+and read ids back; its tokenizer is not part of the run.
 The same --seed gives the same text (on the same device). --no-cache recomputes every step's whole window:
 the same tokens, slower (for checking). A generation of 1,000 tokens or more reports its progress on stderr
 every 5 s, unless its text streams into a terminal.
@@ -21,7 +23,9 @@ every 5 s, unless its text streams into a terminal.
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
-    parser.add_argument("--prompt", required=True, help="the text to continue (ids for a token-id model)")
+    parser.add_argument(
+        "--prompt", required=True, help="the text to continue (ids for a token-id model without its tokenizer)"
+    )
     parser.add_argument(
         "--max-new-tokens",
         type=argparse_type(bounds.new_tokens),
@@ -57,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     bounds.check_tokens_held(args.max_new_tokens, args.num_samples)  # before the run is loaded
     loaded = load_run(args.run_dir, checkpoint=args.checkpoint, device=args.device)
-    tokenizer = Tokenizer.of(loaded.pre)
+    tokenizer = Tokenizer.of(loaded.pre, loaded.tokenizer)
     prompt = tokenizer.encode(args.prompt)  # refuses characters outside the vocabulary, naming them
     if loaded.weights.note:
         print(loaded.weights.note, file=sys.stderr)
@@ -66,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         name = loaded.config.model.name
         print(f"model.name={name} has no KV cache here: each token recomputes the window", file=sys.stderr)
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.seed)
-    allowed = len(tokenizer.vocab) if tokenizer.vocab is not None else None
+    allowed = tokenizer.allowed
     steps = generate(
         loaded.model,
         prompt,
@@ -82,12 +86,13 @@ def run(args: argparse.Namespace) -> int:
     progress = TokenProgress(args.max_new_tokens) if not (streamed and sys.stdout.isatty()) else None
     if streamed:  # streamed as it is sampled
         sys.stdout.write(tokenizer.decode_prompt(prompt))
+        stream = tokenizer.stream(prompt)
         for token in steps:
-            sys.stdout.write(tokenizer.decode([int(token[0])]))
+            sys.stdout.write(stream.add(int(token[0])))
             sys.stdout.flush()
             if progress is not None:
                 progress.step()
-        sys.stdout.write("\n")
+        sys.stdout.write(stream.end() + "\n")
         if progress is not None:
             progress.end()
         return 0
@@ -101,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
     for i in range(args.num_samples):
         if i:
             sys.stdout.write("\n---\n")
-        sys.stdout.write(tokenizer.decode_prompt(prompt) + tokenizer.decode([step[i] for step in columns]))
+        sys.stdout.write(
+            tokenizer.decode_prompt(prompt) + tokenizer.continuation(prompt, [step[i] for step in columns])
+        )
     sys.stdout.write("\n")
     return 0

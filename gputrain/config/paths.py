@@ -66,6 +66,7 @@ def check_data_path(config: DataConfig) -> None:
     Raises:
         DataError: naming the path and what is (or is not) there.
     """
+    check_tokenizer_path(config.tokenizer)
     if config.path is None:
         return  # the source says what it needs (a source without files needs none)
     for field, given in (("data.path", config.path), ("data.val_path", config.val_path)):
@@ -86,6 +87,24 @@ def check_data_path(config: DataConfig) -> None:
             raise DataError(not_a_token_file(path))
         if config.val_path is not None and not Path(config.val_path).is_file():
             raise DataError(not_a_token_file(Path(config.val_path)))
+
+
+def check_tokenizer_path(given: str | None) -> None:
+    """data.tokenizer names something that is there (whether it is a tokenizer, text/tokenizer.py says).
+
+    Raises:
+        ConfigError: naming data.tokenizer.
+    """
+    if given is None:
+        return
+    if not given.strip():
+        raise ConfigError("data.tokenizer", "is empty; give a tokenizer's path (or leave it unset)", given)
+    if kind_of(Path(given).expanduser()) is None:
+        raise ConfigError(
+            "data.tokenizer",
+            "no such file or directory; give a tokenizer.json, a model directory holding one, or a .tiktoken file",
+            given,
+        )
 
 
 def _one_file(source: str, path: Path) -> str:

@@ -121,6 +121,8 @@ class DataConfig:
     """synthetic: number of classes for classification."""
     vocab_size: int | None = None
     """Vocabulary size of token data: synthetic (unset: 256); tokens (unset: largest id in the file + 1; the files are read once at load either way, and an id beyond it is an error); text (unset: the distinct characters)."""
+    tokenizer: str | None = None
+    """The tokenizer the token ids mean: a tokenizer.json, a model directory holding one, a .tiktoken file (gpt2, r50k_base, p50k_base, cl100k_base, o200k_base by name, else with a sibling NAME.json giving its pattern and special tokens) or a saved tokenizer folder; never downloaded. The run keeps a copy (RUN/tokenizer/, its hash in env.json), so generate, evaluate and export speak text; it also sets data.vocab_size where that is unset. Unset: model.name=hf uses its model directory's tokenizer.json where there is one; a prepared folder, its own."""
     augment: list[str] = field(default_factory=list)
     """On-device augmentation of training image batches: any of "crop" (random crop, zero padding H/8) and "flip" (horizontal)."""
     on_error: Literal["fail", "skip"] = "fail"
@@ -144,6 +146,13 @@ class DataConfig:
             raise ConfigError("data.vocab_size", "token files hold uint16 ids, so at most 65536", self.vocab_size)
         if not self.shape:
             raise ConfigError("data.shape", "needs one or more sizes, each > 0", self.shape)
+        if self.tokenizer is not None and self.name == "text":
+            raise ConfigError(
+                "data.tokenizer",
+                "data.name=text is character-level (its ids are the text's characters); for a tokenizer, tokenise "
+                "the text into token ids (data.name=tokens)",
+                self.tokenizer,
+            )
 
 
 @dataclass(kw_only=True, slots=True)

@@ -6,15 +6,21 @@ against without importing this.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch.utils.data import Dataset
 
 from gputrain.config.names import add_choice
 from gputrain.config.schema import DataConfig
 from gputrain.data.spec import DataSpec
+from gputrain.errors import DataError
 from gputrain.registry import Registry
+
+if TYPE_CHECKING:
+    from gputrain.text.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)
@@ -25,6 +31,9 @@ class DataBundle:
     val: Dataset | None
     test: Dataset | None
     spec: DataSpec
+    tokenizer: Tokenizer | None = None
+    """The tokenizer the token ids mean, where the source knows it (data.tokenizer, a prepared
+    folder's): the run keeps it, and generate, evaluate and export speak text with it."""
 
 
 DataBuilder = Callable[[DataConfig, int], DataBundle]
@@ -52,4 +61,31 @@ def available_data() -> list[str]:
 
 
 def build_data(config: DataConfig, seed: int) -> DataBundle:
-    return SOURCES[config.name](config, seed)
+    """The source's splits. With data.tokenizer, the tokenizer is loaded first: it sizes the
+    vocabulary where data.vocab_size is unset, and is the bundle's unless the source set its own.
+
+    Raises:
+        UsageError: from the source; a tokenizer that is not one, or whose ids the model could not embed.
+    """
+    given = None
+    if config.tokenizer is not None:
+        from gputrain.text.tokenizer import load_tokenizer
+
+        given = load_tokenizer(config.tokenizer)
+        if config.vocab_size is None:
+            config = dataclasses.replace(config, vocab_size=given.vocab_size)
+    bundle = SOURCES[config.name](config, seed)
+    if given is None:
+        return bundle
+    vocab = bundle.spec.vocab_size
+    if vocab is None:
+        raise DataError(
+            f"data.tokenizer: data.name={config.name} gives the model no token ids, so a tokenizer has nothing to "
+            "mean; leave data.tokenizer unset"
+        )
+    if given.vocab_size > vocab:
+        raise DataError(
+            f"data.tokenizer {config.tokenizer}: {given.vocab_size} tokens, but data.vocab_size = {vocab}: the model "
+            f"could not embed ids {vocab}..{given.vocab_size - 1}; raise data.vocab_size (or leave it unset)"
+        )
+    return bundle if bundle.tokenizer is not None else dataclasses.replace(bundle, tokenizer=given)

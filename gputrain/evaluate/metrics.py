@@ -21,6 +21,7 @@ Nothing here reads from the device until `compute`, which makes one read of the 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -266,3 +267,10 @@ def _gather_rows(rows: torch.Tensor, group: Any) -> torch.Tensor:
     parts = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(parts, padded, group=group)
     return torch.cat([part[:c] for part, c in zip(parts, counts, strict=True)])
+
+
+def bits_per_byte(mean_loss_nats: float, tokens: int, text_bytes: int) -> float:
+    """A language model's bits per UTF-8 byte of text, from its mean token loss in nats over text of
+    `tokens` tokens and `text_bytes` bytes: loss × tokens / (bytes × ln 2). Unlike the loss, it
+    compares models whose tokenizers differ."""
+    return mean_loss_nats * tokens / (text_bytes * math.log(2))

@@ -72,9 +72,14 @@ def run_dir_path(value: str | Path) -> Path:
 
 def write_text(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a reader never sees half a file."""
+    write_bytes(path, text.encode())
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """`write_text` for bytes."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}")  # not guessable (output.atomic)
     with removed_if_failed(tmp, path.name):  # a full disk: no empty temporary left, and said as such
-        tmp.write_text(text)
+        tmp.write_bytes(data)
         tmp.replace(path)
 
 
@@ -92,12 +97,17 @@ class Started(Protocol):
 
 
 def write_run_files(
-    run_dir: Path, config: Config, place: Started | None = None, kind: str = "train", note: str | None = None
+    run_dir: Path,
+    config: Config,
+    place: Started | None = None,
+    kind: str = "train",
+    note: str | None = None,
+    tokenizer: dict[str, Any] | None = None,
 ) -> None:
     """The files a run directory holds from its start: the resolved config (loadable with
     --config; `note`, what the run used beyond it, as comment lines at its head) and the doctor's
     facts about this machine, with the run's `kind` (the loop that trains it: prior.py's KINDS) and
-    `place`'s `start_facts` as "run"."""
+    `place`'s `start_facts` as "run", and what run/tokenizer.py records of the run's tokenizer."""
     from gputrain.env import collect_env  # the doctor's modules: only needed once a run starts
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -105,6 +115,8 @@ def write_run_files(
     write_text(run_dir / CONFIG, head + config_to_toml(config))
     facts = collect_env().to_dict()
     facts["run"] = {"kind": kind, **(place.start_facts() if place is not None else {})}
+    if tokenizer is not None:
+        facts["tokenizer"] = tokenizer
     write_json(run_dir / ENV, facts)
 
 

@@ -33,6 +33,8 @@ judges `checkpoint.resume` as a config field, in messages naming it.
       trace.json, profile.json, memory_snapshot.pickle
                              `gputrain profile` (observe/profiler.py); -rankN before the suffix per rank
       report.html            `gputrain report` of one run (report/build.py)
+      tokenizer/             the tokenizer the run's token ids mean (run/tokenizer.py, rank 0 at the start):
+        tokenizer_meta.json    its kind, hash, vocabulary size and eos id; its file(s) beside (text/tokenizer.py)
       bench-infer.json       `gputrain bench-infer`'s figures
       export/FORMAT/         `gputrain export` without -o: export.json and the files it lists
 
@@ -78,6 +80,9 @@ CHECKPOINTS = "checkpoints"
 """The run's checkpoints, one `step-N` folder each."""
 TENSORBOARD = "tensorboard"
 """TensorBoard's event files (train.tensorboard)."""
+TOKENIZER = "tokenizer"
+"""The tokenizer the run's ids mean, as text/tokenizer.py's `Tokenizer.save` writes it (also in a
+prepared data folder and beside an export)."""
 
 # ----------------------------------------------------------------- inside a checkpoint (checkpoint/io.py writes them)
 
@@ -150,7 +155,7 @@ def memory_snapshot_name(rank: int | None) -> str:
 
 # ----------------------------------------------------------------- the groups the code needs
 
-RUN_DIRS = (CHECKPOINTS, TENSORBOARD)
+RUN_DIRS = (CHECKPOINTS, TENSORBOARD, TOKENIZER)
 """Entries a run writes as directories (checked for their kind and for links leading out)."""
 RUN_FILES = (CONFIG, ENV, SUMMARY, METRICS, ERROR_LOG, FINAL_WEIGHTS, EMA_WEIGHTS)
 """Entries a training run writes as regular files under fixed names: what run/files.py checks

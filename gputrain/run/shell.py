@@ -75,6 +75,9 @@ class LoopShape:
     kind's run is refused."""
     config_note: str | None = None
     """Comment lines at the head of config.toml: what the run used beyond its config (a user's optimizer)."""
+    tokenizer: Any = None
+    """The tokenizer the run's token ids mean (text/tokenizer.py's Tokenizer), kept in the run
+    directory at the start (run/tokenizer.py); None: the run has none."""
 
 
 class RunShell:
@@ -157,6 +160,7 @@ class RunShell:
             complete=shape.complete,
             kind=shape.kind,
             config_note=shape.config_note,
+            tokenizer=shape.tokenizer,
         )
 
     def _restore(self, path: Path, saved: dict[str, Any]) -> LoopState:

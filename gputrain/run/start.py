@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gputrain.config import Config
 from gputrain.run.files import write_run_files
@@ -21,7 +21,11 @@ from gputrain.run.prior import (
 )
 from gputrain.run.record import RecordedParts, RunEnding
 from gputrain.run.signals import StopRequest
+from gputrain.run.tokenizer import check_same_tokenizer, store_tokenizer
 from gputrain.train.state import LoopState
+
+if TYPE_CHECKING:
+    from gputrain.text.tokenizer import Tokenizer
 
 Restore = Callable[[Path, dict[str, Any]], LoopState]
 """(checkpoint path, what it holds) -> the loop's state, once the loop's parts are loaded from it."""
@@ -43,6 +47,7 @@ def start_run(
     complete: Complete | None = None,
     kind: str = "train",
     config_note: str | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> bool:
     """Resume from the checkpoint the config points at (`restore` loads it), write config.toml, open
     the metrics from the resumed state (`state` where there is none) and arm the signals.
@@ -55,6 +60,8 @@ def start_run(
         kind: the kind of run (prior.py's KINDS), recorded in env.json; a directory that holds
             another kind's run is refused.
         config_note: comment lines written at the head of config.toml (files.py's write_run_files).
+        tokenizer: the tokenizer the run's ids mean, kept in the run directory (run/tokenizer.py); a
+            run continuing one trained with another is refused.
 
     Returns:
         False where the directory holds a complete run with nothing left to train: its summary is
@@ -69,6 +76,7 @@ def start_run(
     # again now the directory is held (lock.py): a run of the other kind may have begun there since
     # the build claimed it
     check_run_kind(run_dir, prior, kind)
+    check_same_tokenizer(run_dir, tokenizer, prior is not None and prior.owns)
     longer_asked = asks_longer(saved_config(run_dir), config) if prior is not None and prior.owns else None
     if not continue_run(run_dir, prior, config.checkpoint.resume, path, total, longer_asked):
         return _keep(ending, prior, parts, longer)
@@ -80,7 +88,8 @@ def start_run(
     ending.started = True
     if parts.place.dist.is_main:
         # env.json: the kind, the start's device, precision, ranks
-        write_run_files(run_dir, config, parts.place, kind, config_note)
+        kept = store_tokenizer(run_dir, tokenizer) if tokenizer is not None else None
+        write_run_files(run_dir, config, parts.place, kind, config_note, kept)
     parts.metrics.open(state, resumed=path is not None)
     console.start(total, state.global_step)
     return True

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -30,6 +30,7 @@ from gputrain.run.layout import scores_name
 from gputrain.run.record import LoopFigures
 from gputrain.run.shell import LoopShape, RunShell
 from gputrain.run.signals import StopRequest
+from gputrain.text.for_run import tokenizer_for
 from gputrain.train.build import TrainingParts, UserTPPlan, build_model_and_data, build_training, profile_target
 from gputrain.train.cadence import TIMED_OUT, check_cadence, validation_due_mid_epoch
 from gputrain.train.callbacks import Callbacks
@@ -40,6 +41,9 @@ from gputrain.train.state import LoopState
 from gputrain.train.step import StepResult, train_step
 from gputrain.train.tasks import ComputeLoss, LossFn
 from gputrain.train.user_optim import OptimizerArg, SchedulerArg, check_given, config_note
+
+if TYPE_CHECKING:
+    from gputrain.text.tokenizer import Tokenizer
 
 ConfigLike = Config | Mapping[str, Any] | str | Path | None
 
@@ -198,6 +202,9 @@ class Trainer:
             for the device. One may stop the run (`trainer.request_stop(reason)`: stopped_early) and
             keep a state in checkpoints (`state_dict`/`load_state_dict`). gputrain.EMA and
             gputrain.StopOnMetric are two; train/callbacks.py says when each hook runs and what it may read.
+        tokenizer: the tokenizer the token ids mean (gputrain.text.load_tokenizer or train_bpe): the run
+            keeps it (RUN/tokenizer/, its hash in env.json), so `gputrain generate`/`evaluate`/`export`
+            speak text; continuing a run kept with another is refused. `from_config` passes the data's.
 
     Attributes:
         config: the run's config: as given until the run is built (assignable until then), then
@@ -239,6 +246,7 @@ class Trainer:
         optimizer: OptimizerArg | None = None,
         scheduler: SchedulerArg | None = None,
         callbacks: Iterable[Any] | None = None,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         # Only what the arguments alone can tell is checked here: nothing joins a process group,
         # runs a forward pass or a trial step, or touches the file system before `setup()`.
@@ -247,6 +255,7 @@ class Trainer:
         check_given(optimizer, scheduler, config, self._config)  # the optimizer's and the schedule's
         check_cadence(self._config, val_data is not None)
         self._callbacks = Callbacks(callbacks)
+        self._tokenizer = tokenizer
         self._stop_reason: str | None = None
         """Why the run stopped before its end (summary.json's stop_reason: an early stop, train.max_time)."""
         self._given = _Given(
@@ -315,6 +324,7 @@ class Trainer:
             before_save=self._before_save,
             after_save=self._checkpointed,
             config_note=config_note(parts.optimizer_record) if parts.optimizer_record is not None else None,
+            tokenizer=self._tokenizer,
         )
         states = {"callbacks": self._callbacks}
         return _Built(parts, RunShell(parts, parts.place.config, shape, self._figures, states=states))
@@ -407,7 +417,15 @@ class Trainer:
         val, test = (data.val, data.test) if evaluate else (None, None)
         names = (cfg.model.name, cfg.data.name)
         return cls(
-            model, data.train, val_data=val, test_data=test, config=cfg, run_dir=run_dir, spec=data.spec, names=names
+            model,
+            data.train,
+            val_data=val,
+            test_data=test,
+            config=cfg,
+            run_dir=run_dir,
+            spec=data.spec,
+            names=names,
+            tokenizer=tokenizer_for(cfg, data),
         )
 
     def profile(self, top: int = 10) -> ProfileReport:

@@ -5,6 +5,10 @@ The figures come from training's own `Evaluator` (evaluate/evaluator.py), built 
 test metrics the run reported. Under torchrun every rank loads the whole model and evaluates its
 share of the data; the metrics and the kept scores are combined (plain DDP's evaluation).
 
+A language model's figures are its mean token loss and perplexity (exp of it), and bits per byte
+(loss × tokens / (bytes × ln 2)) where the text's UTF-8 bytes are known: a prepared folder's split
+(its manifest.json), or a text file given as new data and read through the run's tokenizer.
+
 Written beside the run's own files (or to `out_dir`): `eval-<name>.json` (the metrics, which
 weights, which data) and `scores-<name>.npz` (evaluate/scores.py: per-sample probabilities or
 predictions, for the report). The name is the split's (`test`), with the weights' kind where they
@@ -14,6 +18,7 @@ are not the final ones (`test-best`) and `-custom` where data overrides rebuilt 
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -31,6 +36,7 @@ from gputrain.distributed.context import DistContext, env_world, init_distribute
 from gputrain.errors import UsageError
 from gputrain.evaluate.evaluator import EvalSpec, Evaluator, resolve_metrics
 from gputrain.evaluate.layout import eval_layout
+from gputrain.evaluate.metrics import bits_per_byte
 from gputrain.evaluate.scores import Scores, is_scores_file, save_scores
 from gputrain.precision import Precision
 from gputrain.run.files import write_json
@@ -39,7 +45,7 @@ from gputrain.run.output import Owner, check_output_file, check_output_folder, j
 from gputrain.switches import apply_process_switches
 from gputrain.train.tasks import resolve_task
 from gputrain.use.loaded import LoadedRun, data_overrides, load_run
-from gputrain.use.new_data import check_new_data_overrides, read_new_data
+from gputrain.use.new_data import TextSize, check_new_data_overrides, read_new_data
 from gputrain.use.options import use_device
 
 log = logging.getLogger("gputrain")
@@ -91,15 +97,17 @@ def evaluate_run(
     config = loaded.config
     apply_process_switches(loaded.device, loaded.precision, config.train.deterministic)  # as the run had them
     transform: Callable[[Any], Any] | None
+    size: TextSize | None = None
     if new:
         data_config = load_config(loaded.run_dir / CONFIG, overrides).data
-        data: Dataset = read_new_data(loaded.pre, data_config)
+        data, size = read_new_data(loaded.pre, data_config, loaded.tokenizer)
         name = name or _stem(Path(data_config.val_path or data_config.path or "new"))
         transform = _preprocess_on(loaded)
     else:
         data = _split(loaded, split)
         name = name or _split_name(split, loaded, custom=bool(overrides))
         data_config = config.data
+        size = prepared_split_size(data_config.path, split) if loaded.pre.task == "lm" else None
         transform = pixel_scaler_for(loaded.data.spec, data, loaded.device)  # as training evaluates
     _check_name(name)
     # where the files go, judged on every rank alike before the evaluation: never over the inputs,
@@ -126,6 +134,8 @@ def evaluate_run(
     start = time.perf_counter()
     result = evaluator.evaluate(data, name, keep_scores=True)
     metrics, scores = result.metrics, result.scores
+    if size is not None and "loss" in metrics and size.bytes:
+        metrics["bits_per_byte"] = bits_per_byte(metrics["loss"], size.tokens, size.bytes)
     record = {
         "name": name,
         "split": None if new else split,
@@ -139,10 +149,32 @@ def evaluate_run(
         "world_size": dist.world_size,
         "wall_s": round(time.perf_counter() - start, 3),
         "scores": scores_name(name) if scores is not None else None,
+        "text": {"tokens": size.tokens, "bytes": size.bytes} if size is not None else None,
         **marked("evaluate"),
     }
     files = _write(out, option, name, record, scores, dist)
     return EvalResult(name, metrics, record, scores, files)
+
+
+PREPARED_MANIFEST = "manifest.json"
+"""A prepared data folder's record (`gputrain prepare`): each split's tokens and UTF-8 bytes."""
+_MANIFEST_LIMIT = 64 << 20
+
+
+def prepared_split_size(data_path: str | None, split: str) -> TextSize | None:
+    """The tokens and text bytes of `split` of a prepared folder at `data_path`, from its manifest;
+    None where data_path is not one, or its manifest does not say (bits per byte are then left out)."""
+    manifest = Path(data_path) / PREPARED_MANIFEST if data_path else None
+    if manifest is None or not manifest.is_file() or manifest.stat().st_size > _MANIFEST_LIMIT:
+        return None
+    try:
+        entry = json.loads(manifest.read_bytes()).get("splits", {}).get(split, {})
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    tokens, size = (entry.get("tokens"), entry.get("bytes")) if isinstance(entry, dict) else (None, None)
+    if type(tokens) is not int or type(size) is not int or tokens <= 0 or size <= 0:
+        return None
+    return TextSize(tokens, size)
 
 
 def _run_eval_batch(config: Config) -> int:

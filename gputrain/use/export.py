@@ -120,6 +120,10 @@ def export_run(run_dir: str | Path, options: ExportOptions) -> dict[str, Any]:
         files = artifacts.write_onnx(served, example, loaded.pre, out)
         extra["opset"] = ONNX_OPSET
     write_json(out / "preprocess.json", loaded.pre.to_dict())
+    if loaded.tokenizer is not None:  # beside the model, so the export speaks text as the run does
+        tokenizer_files = loaded.tokenizer.write_files(out)
+        files = [*files, *tokenizer_files]
+        extra["tokenizer"] = {"kind": loaded.tokenizer.kind, "hash": loaded.tokenizer.hash, "files": tokenizer_files}
     record = {
         "format": fmt,
         "files": files,

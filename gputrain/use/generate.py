@@ -10,8 +10,9 @@ Other language models (model.name=hf) are sampled the same way without a cache: 
 a forward pass over the window (at most the run's data.seq_len).
 
 Tokenizers: a character-level run (data.name=text) maps each character of its training file to an
-id; a token-id run (tokens, synthetic) was trained on ids whose tokenizer is not part of the run, so
-its prompt and output are ids.
+id; a token-id run that keeps its tokenizer (RUN/tokenizer/: data.tokenizer, a prepared folder's, an
+HF model directory's) reads and writes text through it; another token-id run (tokens, synthetic) was
+trained on ids whose tokenizer is not part of the run, so its prompt and output are ids.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import nn
 
 from gputrain.errors import DataError, UsageError
 from gputrain.models.gpt import GPT, KVCache
+from gputrain.text.tokenizer import Tokenizer as TextTokenizer
 from gputrain.use import bounds
 from gputrain.use.preprocess import Preprocessing
 
@@ -36,18 +38,29 @@ class Tokenizer:
     vocab: tuple[str, ...] | None
     """Character-level: the character of each id; None: the model reads ids."""
     vocab_size: int
+    text: TextTokenizer | None = None
+    """The run's own tokenizer (text/tokenizer.py), where it keeps one: prompts and output are text."""
 
     @classmethod
-    def of(cls, pre: Preprocessing) -> Tokenizer:
+    def of(cls, pre: Preprocessing, text: TextTokenizer | None = None) -> Tokenizer:
         if pre.task != "lm":
             raise UsageError(
                 f"this run is {pre.task} (data.name={pre.source}), not a language model: "
                 "gputrain generate samples from runs of model.name=gpt; use gputrain predict"
             )
         assert pre.vocab_size is not None
-        return cls(pre.vocab, pre.vocab_size)
+        return cls(pre.vocab, pre.vocab_size, text if pre.vocab is None else None)
+
+    @property
+    def allowed(self) -> int | None:
+        """Ids at or above it are never drawn: those beyond the characters or the tokenizer's tokens."""
+        if self.vocab is not None:
+            return len(self.vocab)
+        return self.text.vocab_size if self.text is not None else None
 
     def describe(self) -> str:
+        if self.text is not None:
+            return f"the run's {self.text.kind} tokenizer, {self.text.vocab_size:,} tokens ({self.text.hash[:19]}...)"
         if self.vocab is not None:
             return f"character-level: {len(self.vocab)} characters of the training text"
         return f"token ids 0..{self.vocab_size - 1} (the run's tokenizer is not part of it: prompts and output are ids)"
@@ -61,6 +74,11 @@ class Tokenizer:
         """
         if not prompt:
             raise UsageError("--prompt is empty: the model needs at least one token to continue")
+        if self.text is not None:
+            ids = self.text.encode(prompt)
+            if not ids:
+                raise UsageError(f"--prompt {prompt!r}: the tokenizer gives no token for it")
+            return ids
         if self.vocab is None:
             return self._ids(prompt)
         index = {ch: i for i, ch in enumerate(self.vocab)}
@@ -93,12 +111,54 @@ class Tokenizer:
         return [int(word) for word in words]
 
     def decode(self, ids: list[int]) -> str:
+        if self.text is not None:
+            return self.text.decode(ids)
         if self.vocab is None:
             return "".join(f" {i}" for i in ids)
         return "".join(self.vocab[i] for i in ids)
 
     def decode_prompt(self, ids: list[int]) -> str:
-        return self.decode(ids).lstrip(" ")
+        return self.decode(ids) if self.text is not None else self.decode(ids).lstrip(" ")
+
+    def continuation(self, prompt: list[int], new: list[int]) -> str:
+        """The text `new` adds after `prompt` (a tokenizer's text of the whole, less the prompt's)."""
+        if self.text is None:
+            return self.decode(new)
+        return self.decode(prompt + new)[len(self.decode(prompt)) :]
+
+    def stream(self, prompt: list[int]) -> TextStream:
+        """Text as new ids come, for printing them one by one (after `decode_prompt(prompt)`)."""
+        return TextStream(self, prompt)
+
+
+class TextStream:
+    """The text new tokens add, given one at a time. A tokenizer's token may be part of a character
+    (byte-level BPE) and its text may depend on the tokens before (a sentencepiece space), so the
+    ids since the last line break are decoded together and what was not printed yet is given, held
+    back while it ends inside a character (U+FFFD) (transformers' TextStreamer does the same)."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt: list[int]) -> None:
+        self.tokenizer = tokenizer
+        self.ids = list(prompt) if tokenizer.text is not None else []
+        self.shown = len(tokenizer.decode(self.ids)) if self.ids else 0
+
+    def add(self, token: int) -> str:
+        if self.tokenizer.text is None:  # one id is one character, or one number
+            return self.tokenizer.decode([token])
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        new, self.shown = text[self.shown :], len(text)
+        if new.endswith("\n"):  # a fresh start: decoding stays short
+            self.ids, self.shown = [], 0
+        return new
+
+    def end(self) -> str:
+        """What was held back (a character cut short at the end)."""
+        if self.tokenizer.text is None or not self.ids:
+            return ""
+        return self.tokenizer.decode(self.ids)[self.shown :]
 
 
 @dataclass(frozen=True, slots=True)

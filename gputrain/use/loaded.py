@@ -22,6 +22,10 @@ from gputrain.data.spec import DataSpec
 from gputrain.errors import ConfigError, UsageError
 from gputrain.models import build_model
 from gputrain.precision import resolve_precision
+from gputrain.run.layout import TOKENIZER
+from gputrain.run.tokenizer import read_run_tokenizer
+from gputrain.text.for_run import tokenizer_for
+from gputrain.text.tokenizer import Tokenizer
 from gputrain.use.options import use_device
 from gputrain.use.preprocess import Preprocessing, ServedModel, build_preprocessing
 from gputrain.use.run_dir import WeightsSource, choose_weights, open_run, run_config
@@ -41,6 +45,8 @@ class LoadedRun:
     device: torch.device
     precision: str
     """train.precision resolved for this device (fp32 where the run's cannot run here)."""
+    tokenizer: Tokenizer | None = None
+    """The tokenizer the run keeps (RUN/tokenizer/), else its data's or model's; None: ids only."""
 
     def served(self) -> ServedModel:
         """The model behind its preprocessing (raw samples in), in eval mode on `device`."""
@@ -82,9 +88,19 @@ def load_run(
             longer be read.
     """
     path = open_run(run_dir)
-    config = run_config(path, data_overrides(overrides))
+    found = data_overrides(overrides)
+    config = run_config(path, found)
     weights = choose_weights(path, checkpoint)  # before the data is read: the cheap checks first
     where = use_device(device)
+    kept = read_run_tokenizer(path)
+    if kept is not None and config.data.tokenizer is not None:
+        # the run's copy means what its ids mean, wherever data.tokenizer's file is now
+        if any(text.partition("=")[0].strip() == "data.tokenizer" for text in found):
+            raise UsageError(
+                f"data.tokenizer: the run keeps its own tokenizer ({path / TOKENIZER}), which its token ids mean; "
+                "leave data.tokenizer out"
+            )
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data, tokenizer=str(path / TOKENIZER)))
     bundle = build_data(config.data, config.train.seed)
     model = build_trained_model(config.model, bundle.spec)
     load_weights(weights, model)
@@ -97,6 +113,7 @@ def load_run(
         weights=weights,
         device=where,
         precision=_precision(config, where),
+        tokenizer=kept if kept is not None else tokenizer_for(config, bundle),
     )
 
 

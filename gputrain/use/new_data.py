@@ -8,7 +8,9 @@ lacks a class, or an image folder with fewer class folders, is scored against th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,12 +24,27 @@ from gputrain.use.held_out import evenly_spaced
 from gputrain.use.preprocess import Preprocessing
 from gputrain.use.tables import read_rows
 
+if TYPE_CHECKING:
+    from gputrain.text.tokenizer import Tokenizer as TextTokenizer
+
 NEW_DATA_KEYS = ("data.path", "data.val_path")
 """The overrides that name new data rather than change how the run's own data is built."""
 
 
-def read_new_data(pre: Preprocessing, data: DataConfig) -> Dataset:
-    """The labelled samples at `data.path` (tokens: `data.val_path` where given), raw.
+@dataclass(frozen=True, slots=True)
+class TextSize:
+    """Text read through a tokenizer: its tokens and its UTF-8 bytes (for bits per byte)."""
+
+    tokens: int
+    bytes: int
+
+
+def read_new_data(
+    pre: Preprocessing, data: DataConfig, tokenizer: TextTokenizer | None = None
+) -> tuple[Dataset, TextSize | None]:
+    """The labelled samples at `data.path` (tokens: `data.val_path` where given), raw; with the
+    text's size where it was text read through the run's `tokenizer` (a token-id run's data.path
+    that is not a .bin file is UTF-8 text where the run keeps its tokenizer).
 
     Raises:
         UsageError (DataError): the source reads no files, or the data does not match the model
@@ -42,7 +59,19 @@ def read_new_data(pre: Preprocessing, data: DataConfig) -> Dataset:
         )
     if not path.exists():
         raise DataError(f"data.path: no such file or folder: {path}")
-    return _capped(readers[source](pre, path, data), data.max_eval_samples)
+    if tokenizer is not None and source != "text" and path.suffix != ".bin" and not path.is_dir():
+        windows, size = _tokenized_text(tokenizer, path, pre.input_shape[0])
+        return _capped(windows, data.max_eval_samples), size
+    return _capped(readers[source](pre, path, data), data.max_eval_samples), None
+
+
+def _tokenized_text(tokenizer: TextTokenizer, path: Path, seq_len: int) -> tuple[TensorData, TextSize]:
+    from gputrain.data.text import read_text
+
+    text = read_text(path)  # its refusals name the file already
+    ids = tokenizer.encode(text)
+    windows = _windows(torch.tensor(ids, dtype=torch.long), seq_len, path)
+    return windows, TextSize(len(ids), len(text.encode("utf-8")))
 
 
 def _csv(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:

@@ -46,6 +46,7 @@ _GROUPS = {
     "test_callbacks.py": "callbacks",
     "test_token_loss.py": "token losses",
     "test_cadence.py": "cadences and limits",
+    "test_tokenizers.py": "tokenizers",
 }
 _cases: Counter[str] = Counter()
 
