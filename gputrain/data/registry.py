@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from torch.utils.data import Dataset
 
@@ -25,6 +26,11 @@ class DataBundle:
     val: Dataset | None
     test: Dataset | None
     spec: DataSpec
+    tokenizer: Any = None
+    """The tokenizer the ids mean, where the source has one (a prepared folder's). MERGE(i30): part T's
+    `tokenizer: Tokenizer | None = None` replaces this line."""
+    tokenizer_hash: str | None = None
+    """Its hash ("sha256:..."), as the prepared folder's manifest records it, for the run to record."""
 
 
 DataBuilder = Callable[[DataConfig, int], DataBundle]
