@@ -1,0 +1,203 @@
+"""data.name=tokens on a prepared folder (issue 30 §3): each split one stream over its shards, read
+through memory maps; windows that span a shard boundary; the vocabulary and the tokenizer hash from
+the manifest; the nanoGPT .bin as a stream of one shard; and a corpus larger than the process may
+hold in memory trains. The bad folders, one line each: tests/adversarial/test_token_shards.py."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from gputrain.config import load_config
+from gputrain.data import build_data
+from gputrain.data import prepared as prepared_module
+from gputrain.data.registry import DataBundle
+from gputrain.data.token_stream import TokenStream
+from gputrain.errors import ConfigError, DataError
+from tests.unit.data.files import write_tokens
+from tests.unit.data.prepared_files import TOKENIZER_HASH, token_ids, write_prepared
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _build(path: Path, **fields: Any) -> DataBundle:
+    config = load_config({"data.name": "tokens", "data.path": str(path), **{f"data.{k}": v for k, v in fields.items()}})
+    return build_data(config.data, seed=0)
+
+
+def _uneven(ids: np.ndarray, cuts: list[int]) -> list[np.ndarray]:
+    return [ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(ids)])]
+
+
+def test_windows_across_shard_boundaries_equal_the_concatenations(tmp_path: Path) -> None:
+    ids = token_ids(1000, vocab=300)
+    # uneven shards, one empty and one shorter than a window: the stream is their concatenation
+    folder = write_prepared(tmp_path / "p", _uneven(ids, [37, 37, 50, 401, 700]), [token_ids(100, 300, 1)],
+                            vocab_size=300)
+    bundle = _build(folder, seq_len=16)
+    assert len(bundle.train) == 999 // 16 and len(bundle.val) == 99 // 16 and bundle.test is None
+    for i in range(len(bundle.train)):
+        x, y = bundle.train[i]
+        assert x.dtype == torch.int64 and torch.equal(x, torch.from_numpy(ids[16 * i:16 * i + 16])), i
+        assert torch.equal(y, torch.from_numpy(ids[16 * i + 1:16 * i + 17])), i
+    # a micro-batch read at once (what the loader calls) is the same windows
+    order = [5, 2, 61, 2, 0, 25]
+    batch = bundle.train.__getitems__(order)
+    assert all(torch.equal(b[0], bundle.train[i][0]) and torch.equal(b[1], bundle.train[i][1])
+               for b, i in zip(batch, order))
+
+
+def test_the_stream_reads_across_many_shards_and_names_where_a_token_is(tmp_path: Path) -> None:
+    ids = token_ids(300, vocab=1000)
+    files = []
+    for k, part in enumerate(_uneven(ids, [1, 2, 100, 101, 299])):
+        files.append(tmp_path / f"s{k}.bin")
+        part.astype(np.uint32).tofile(files[-1])
+    stream = TokenStream(files, "uint32", [1, 1, 98, 1, 198, 1])
+    assert len(stream) == 300
+    assert np.array_equal(stream.read(0, 300), ids)
+    assert np.array_equal(stream.gather([0, 1, 99, 250], 50), np.stack([ids[s:s + 50] for s in (0, 1, 99, 250)]))
+    assert stream.locate(0) == (files[0], 0) and stream.locate(100) == (files[3], 0)
+    assert stream.locate(150) == (files[4], 49)
+    with pytest.raises(ValueError, match="run past the end"):
+        stream.read(290, 11)
+    # a worker gets the stream without its maps (a DataLoader pickles the data set), and maps its own
+    clone = pickle.loads(pickle.dumps(stream))
+    assert clone._maps == [None] * 6 and np.array_equal(clone.read(95, 10), ids[95:105])
+
+
+def test_a_single_bin_is_a_stream_of_one_shard_read_as_before(tmp_path: Path) -> None:
+    path = write_tokens(tmp_path / "train.bin", 1000, vocab=300)
+    tokens = np.fromfile(path, dtype=np.uint16).astype(np.int64)
+    bundle = _build(path, seq_len=16, val_fraction=0.1, test_fraction=0.0)
+    assert bundle.train.stream.files == (path,) and bundle.train.path == path
+    assert bundle.tokenizer is None and bundle.tokenizer_hash is None
+    batch = bundle.train.__getitems__([3, 0, 7])
+    for (x, y), i in zip(batch, [3, 0, 7]):
+        assert torch.equal(x, torch.from_numpy(tokens[16 * i:16 * i + 16]))
+        assert torch.equal(y, torch.from_numpy(tokens[16 * i + 1:16 * i + 17]))
+
+
+def test_the_vocabulary_and_the_tokenizer_hash_come_from_the_manifest(tmp_path: Path) -> None:
+    folder = write_prepared(tmp_path / "p", [token_ids(500, vocab=40)], vocab_size=512)
+    bundle = _build(folder, seq_len=8)
+    assert bundle.spec.vocab_size == 512  # the tokenizer's, not the largest id seen (39)
+    assert bundle.tokenizer_hash == TOKENIZER_HASH
+    assert _build(folder, seq_len=8, vocab_size=512).spec.vocab_size == 512
+    with pytest.raises(ConfigError, match=r"^config error: data.vocab_size = 600: disagrees with .*manifest.json "
+                                          r"\(vocab_size 512, its tokenizer's\); leave it unset"):
+        _build(folder, seq_len=8, vocab_size=600)
+
+
+def test_uint32_ids_beyond_65535_are_read_as_they_are(tmp_path: Path) -> None:
+    ids = token_ids(400, vocab=100) + 70_000
+    folder = write_prepared(tmp_path / "p", _uneven(ids, [133]), vocab_size=100_000, dtype="uint32")
+    bundle = _build(folder, seq_len=10, vocab_size=100_000)
+    assert bundle.spec.vocab_size == 100_000
+    assert torch.equal(bundle.train[13][0], torch.from_numpy(ids[130:140]))
+
+
+def test_without_a_usable_val_split_validation_comes_from_the_end_of_train(tmp_path: Path) -> None:
+    ids = token_ids(1000)
+    folder = write_prepared(tmp_path / "p", [ids], [token_ids(5, seed=1)])  # val: shorter than one window
+    bundle = _build(folder, seq_len=16, val_fraction=0.1, test_fraction=0.0)
+    assert len(bundle.train) + len(bundle.val) == 999 // 16 and bundle.test is None
+    first = len(bundle.train)
+    assert torch.equal(bundle.val[0][0], torch.from_numpy(ids[16 * first:16 * first + 16]))
+
+
+def test_the_prepared_folders_tokenizer_goes_into_the_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaded through part T's load_tokenizer (the hook), from the folder the manifest names."""
+    loaded: list[Path] = []
+
+    def load(path: Path) -> object:
+        loaded.append(path)
+        return type("Tok", (), {"hash": TOKENIZER_HASH})()
+
+    monkeypatch.setattr(prepared_module, "load_tokenizer_hook", load)
+    monkeypatch.setattr("gputrain.data.tokens.load_tokenizer_hook", load)
+    folder = write_prepared(tmp_path / "p", [token_ids(200)])
+    bundle = _build(folder, seq_len=8)
+    assert loaded == [folder / "tokenizer"] and bundle.tokenizer.hash == TOKENIZER_HASH
+
+
+def test_a_tokenizer_the_user_names_must_be_the_one_the_shards_were_made_with(tmp_path: Path) -> None:
+    folder = write_prepared(tmp_path / "p", [token_ids(200)])
+    prepared = prepared_module.read_prepared(folder)
+    same, other = (type("Tok", (), {"hash": h})() for h in (TOKENIZER_HASH, "sha256:" + "cd" * 32))
+    prepared_module.check_tokenizer(prepared, same, "tok.json")  # agrees: nothing to say
+    with pytest.raises(DataError) as err:
+        prepared_module.check_tokenizer(prepared, other, "tok.json")
+    assert str(err.value) == (
+        f"{folder / 'manifest.json'}: shards from another tokenizer: made by {TOKENIZER_HASH}, but data.tokenizer "
+        f"(tok.json) is sha256:{'cd' * 32}; prepare the corpus again with it, or leave data.tokenizer unset"
+    )
+
+
+_LIMITED = textwrap.dedent("""
+    import resource, sys
+    import numpy as np
+    from gputrain import Trainer
+
+    def vm_data() -> int:
+        status = open("/proc/self/status").read()
+        return int(status.split("VmData:")[1].split()[0]) * 1024
+
+    mode, folder, run_dir = sys.argv[1:]
+    headroom = 384 << 20  # the corpus is 1 GiB
+    resource.setrlimit(resource.RLIMIT_DATA, (vm_data() + headroom, resource.RLIM_INFINITY))
+    if mode == "load":
+        try:
+            parts = [np.fromfile(f"{folder}/train-{k:05d}.bin", dtype=np.uint16) for k in range(2)]
+        except MemoryError:
+            print("MemoryError")
+            sys.exit(3)
+        print("loaded", sum(len(p) for p in parts))
+        sys.exit(0)
+    summary = Trainer.from_config({
+        "model.name": "gpt", "model.n_layer": 1, "model.n_head": 2, "model.d_model": 16, "data.name": "tokens",
+        "data.path": folder, "data.seq_len": 16, "data.num_workers": 0, "train.batch_size": 8, "train.max_steps": 3,
+        "train.device": "cpu", "log.progress": "none", "log.tensorboard": False, "eval.every_epochs": 0,
+        "checkpoint.enabled": False}, run_dir=run_dir).fit()
+    print("trained", summary["global_step"], vm_data() >> 20)
+""")
+
+
+def test_a_corpus_larger_than_the_process_may_hold_trains(tmp_path: Path) -> None:
+    """1 GiB of shards (sparse files: no disk, ids 0) against a data limit of 384 MiB above what the
+    process holds after its imports: loading the shards fails, training from their maps does not."""
+    folder = write_prepared(tmp_path / "p", [np.zeros(16, np.int64)] * 2, [token_ids(200, seed=1)])
+    half = 1 << 28  # tokens per shard: 512 MiB of uint16 each
+    for k in range(2):
+        with open(folder / f"train-{k:05d}.bin", "r+b") as file:
+            file.truncate(half * 2)
+
+    def edit(m: dict) -> None:
+        m["splits"]["train"]["tokens"] = 2 * half
+        for shard in m["splits"]["train"]["shards"]:
+            shard["tokens"] = half
+
+    from tests.unit.data.prepared_files import edit_manifest
+
+    edit_manifest(folder, edit)
+    script = tmp_path / "limited.py"
+    script.write_text(_LIMITED)
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+
+    def run(mode: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), mode, str(folder), str(tmp_path / "run")], env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    loading = run("load")
+    assert loading.returncode == 3 and loading.stdout.strip() == "MemoryError", loading.stderr[-2000:]
+    training = run("train")
+    assert training.returncode == 0, training.stderr[-3000:]
+    assert training.stdout.split()[:2] == ["trained", "3"], training.stdout
