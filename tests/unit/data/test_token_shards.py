@@ -142,6 +142,34 @@ def test_a_tokenizer_the_user_names_must_be_the_one_the_shards_were_made_with(tm
     )
 
 
+def test_each_rank_reads_only_its_own_windows_and_together_the_global_batch(tmp_path: Path) -> None:
+    """Through the real feed: 2 ranks × 2 accumulation steps read, between them, exactly the windows
+    one process reads for the same global batch, each window once, in the same order."""
+    from gputrain.data.batches import BatchPlan
+    from gputrain.data.feed import BatchFeed
+
+    ids = np.arange(16 * 64 + 1)  # every window its own tokens
+    folder = write_prepared(tmp_path / "p", _uneven(ids, [300, 301, 900]), [ids[:40]], vocab_size=2000)
+    train = _build(folder, seq_len=16).train
+    assert len(train) == 64
+
+    def steps(rank: int, ranks: int, accum: int) -> list[list[torch.Tensor]]:
+        plan = BatchPlan(len(train), 16, accum, dp_rank=rank, dp_size=ranks, seed=7)
+        feed = BatchFeed(train, plan, torch.device("cpu"), num_workers=0)
+        return [[x for x, _ in group] for group in feed.epoch(1, start_step=1)]
+
+    one = steps(0, 1, 1)
+    ranks = [steps(r, 2, 2) for r in range(2)]
+    assert len(one) == len(ranks[0]) == len(ranks[1]) == 64 // 16 - 1
+    for s, (whole,) in enumerate(one):
+        # accumulation chunk j of the global batch: rank 0's 4 windows, then rank 1's
+        parts = [ranks[r][s][j] for j in range(2) for r in range(2)]
+        assert all(len(p) == 4 for p in parts)
+        assert torch.equal(torch.cat(parts), whole)
+    read = torch.cat([x for r in ranks for group in r for x in group])
+    assert len({tuple(row.tolist()) for row in read}) == len(read)  # no window read twice
+
+
 _LIMITED = textwrap.dedent("""
     import resource, sys
     import numpy as np
