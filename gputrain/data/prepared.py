@@ -68,7 +68,7 @@ def read_prepared(folder: Path) -> Prepared:
             f"{path}: not a gputrain prepared folder's manifest (format {found!r}, expected {FORMAT!r}); "
             "make the folder with `gputrain prepare`"
         )
-    if manifest.get("version") != VERSION:
+    if not _count(manifest.get("version")) or manifest["version"] != VERSION:  # (true == 1 in Python)
         raise DataError(
             f"{path}: manifest version {manifest.get('version')!r}; this gputrain reads version {VERSION} "
             "(prepare the corpus again with this version)"
@@ -119,7 +119,8 @@ def _split(folder: Path, path: Path, name: str, split: Any, dtype: str) -> Token
         file = folder / _inside(path, f"{where}.shards[{i}].file", shard.get("file"))
         tokens = shard["tokens"]
         if not file.is_file():
-            raise DataError(f"{file}: shard {i} of the {name} split is missing (listed in {path})")
+            problem = "is not a file" if file.exists() or file.is_symlink() else "is missing"
+            raise DataError(f"{file}: shard {i} of the {name} split {problem} (listed in {path})")
         size = file.stat().st_size
         if size != tokens * itemsize:
             cut = "truncated" if size < tokens * itemsize else "longer than the manifest says"

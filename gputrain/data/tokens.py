@@ -243,7 +243,9 @@ def _prepared_streams(config: DataConfig, prepared: Prepared) -> tuple[TokenStre
     tokenizer the user names."""
     manifest = prepared.folder / MANIFEST
     if config.val_path is not None:
-        raise ConfigError("data.val_path", f"{prepared.folder} is a prepared folder: its val split is in {manifest}")
+        raise ConfigError(
+            "data.val_path", f"{prepared.folder} is a prepared folder: its val split is in {manifest}", config.val_path
+        )
     if config.vocab_size is not None and config.vocab_size != prepared.vocab_size:
         raise ConfigError(
             "data.vocab_size",
