@@ -11,7 +11,7 @@ The goal (issue 30): at least 20× what one H100 trains on GPT-2 124M (≈ 500K 
 It also times the start-up scan of the shards for ids beyond the vocabulary (GB/s).
 
     python benchmarks/token_loader_speed.py [--tokens 64000000] [--shards 4] [--seq-len 1024]
-        [--micro-batch 16] [--ranks 1] [--workers 0,auto] [--repeats 3]
+        [--micro-batch 16] [--ranks 1] [--workers 0,auto] [--repeats 3] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def feed_rate(train, args, workers: str, max_steps: int) -> float:  # type: igno
     from gputrain.data.feed import BatchFeed
 
     plan = BatchPlan(len(train), args.micro_batch * args.ranks, 1, dp_rank=0, dp_size=args.ranks, seed=0)
-    feed = BatchFeed(train, plan, torch.device("cpu"), num_workers=workers)
+    feed = BatchFeed(train, plan, torch.device(args.device), num_workers=workers)
     try:
         best = 0.0
         for epoch in range(args.repeats + 1):  # the first pass starts any workers and warms the maps: dropped
@@ -92,6 +92,8 @@ def feed_rate(train, args, workers: str, max_steps: int) -> float:  # type: igno
                 tokens += sum(int(x.numel()) for x, _ in group)
                 if steps >= max_steps:
                     break
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
             rate = tokens / (time.perf_counter() - start)
             if epoch:
                 best = max(best, rate)
@@ -110,12 +112,17 @@ def main() -> None:
     parser.add_argument("--workers", default="0,auto")
     parser.add_argument("--steps", type=int, default=400, help="steps timed per pass")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="where the feed puts the batches (cuda: pinned, prefetched)")
     args = parser.parse_args()
     from gputrain.config import load_config
     from gputrain.data import build_data
     from gputrain.data import tokens as token_data
 
-    print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; torch {torch.__version__}")
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    print(
+        f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, {gpu}; torch {torch.__version__}; "
+        f"feed to {args.device}, micro-batch {args.micro_batch} x {args.seq_len} tokens, {args.ranks} ranks"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         write_prepared(Path(tmp), args.tokens, args.shards)
         config = load_config({"data.name": "tokens", "data.path": tmp, "data.seq_len": args.seq_len})

@@ -170,6 +170,33 @@ def test_each_rank_reads_only_its_own_windows_and_together_the_global_batch(tmp_
     assert len({tuple(row.tolist()) for row in read}) == len(read)  # no window read twice
 
 
+def test_the_workers_probe_times_a_batch_read_as_the_loader_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Token windows read a micro-batch at once (`__getitems__`): data.num_workers=auto times that read,
+    not 64 single reads, and keeps a cheap batch in the training process."""
+    from gputrain.data import feed
+    from tests.sim_clock import SimClock
+
+    monkeypatch.setattr(feed.os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    clock = SimClock()
+
+    class Windows(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 4096
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            clock.advance(20e-6)  # a window alone: 64 of them cost 1.3 ms
+            return torch.zeros(8)
+
+        def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+            clock.advance(50e-6)  # the whole micro-batch in one pass
+            return [torch.zeros(8) for _ in indices]
+
+    assert feed.auto_num_workers("auto", Windows(), micro_batch=64, clock=clock) == 0
+    del Windows.__getitems__
+    assert feed.auto_num_workers("auto", Windows(), micro_batch=64, clock=clock) == 3
+
+
 _LIMITED = textwrap.dedent("""
     import resource, sys
     import numpy as np
