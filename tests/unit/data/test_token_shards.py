@@ -170,6 +170,23 @@ def test_each_rank_reads_only_its_own_windows_and_together_the_global_batch(tmp_
     assert len({tuple(row.tolist()) for row in read}) == len(read)  # no window read twice
 
 
+def test_a_loader_worker_maps_the_shards_itself_and_reads_the_same_batches(tmp_path: Path) -> None:
+    from gputrain.data.batches import BatchPlan
+    from gputrain.data.feed import BatchFeed
+
+    folder = write_prepared(tmp_path / "p", _uneven(token_ids(16 * 32 + 1), [100, 333]), [token_ids(40, seed=1)])
+    train = _build(folder, seq_len=16).train
+    train[0]  # mapped here first: the worker must not inherit (or be sent) this process's maps
+    batches = {}
+    for workers in (0, 1):
+        feed = BatchFeed(train, BatchPlan(len(train), 8, 1, seed=1), torch.device("cpu"), num_workers=workers)
+        try:
+            batches[workers] = [torch.cat([x for x, _ in group]) for group in feed.epoch(0)]
+        finally:
+            feed.close()
+    assert len(batches[0]) == 4 and all(torch.equal(a, b) for a, b in zip(batches[0], batches[1]))
+
+
 def test_the_workers_probe_times_a_batch_read_as_the_loader_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Token windows read a micro-batch at once (`__getitems__`): data.num_workers=auto times that read,
     not 64 single reads, and keeps a cheap batch in the training process."""
