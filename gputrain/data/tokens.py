@@ -1,16 +1,22 @@
-"""Pre-tokenised data: a flat binary of uint16 token ids (the nanoGPT `train.bin`/`val.bin` format).
+"""Pre-tokenised data: a prepared folder (`gputrain prepare`'s shards and manifest), or a flat binary
+of uint16 token ids (the nanoGPT `train.bin`/`val.bin` format).
 
-The file is memory-mapped, never read whole. Sample i is the window of `seq_len + 1` tokens
-starting at token i·seq_len (x = its first seq_len, y = shifted by one): fixed per index, so the
-trainer's seeded batch order alone decides what a step sees and a resumed run is exact.
-Validation comes from `data.val_path` (or `val.bin` beside `train.bin`), else from a contiguous
-`data.val_fraction` (and `test_fraction`) at the end of the file.
+Each split is one stream (data/token_stream.py): a prepared folder's, the concatenation of its shards;
+a `.bin`, a stream of one shard. The files are memory-mapped, never read whole. Sample i is the window
+of `seq_len + 1` tokens starting at token i·seq_len of the stream (x = its first seq_len, y = shifted
+by one; it may span two shards): fixed per index, so the trainer's seeded batch order alone decides
+what a step sees, each rank reads only its own windows, and a resumed run is exact on any world
+size. A micro-batch is gathered in one pass (`TokenWindows.__getitems__`, which the loader calls).
+Validation comes from the prepared folder's val split, or `data.val_path` (or `val.bin` beside
+`train.bin`), else from a contiguous `data.val_fraction` (and `test_fraction`) at the end of train.
 
-Checked before training, each file naming itself: an even byte count, at least one window, ids
-below `data.vocab_size` (every file is scanned once for its largest id: an id beyond the model's
-embedding table would fail at the first step that drew it), and not 32- or 64-bit ids written by
-mistake (every second 16-bit value zero). A window is checked again as it is read, so a file
-changed under a running job fails naming the sample (data/guard.py) rather than inside the model.
+Checked before training, each file naming itself. A prepared folder: its manifest and shards
+(data/prepared.py), `data.vocab_size` equal to the manifest's where given, every shard's ids below
+the manifest's vocabulary (scanned in chunks, once per process). A `.bin`: an even byte count, at
+least one window, ids below `data.vocab_size` (every file is scanned once for its largest id: an id
+beyond the model's embedding table would fail at the first step that drew it), and not 32- or 64-bit
+ids written by mistake (every second 16-bit value zero). A window is checked again as it is read, so
+a file changed under a running job fails naming the sample (data/guard.py) rather than inside the model.
 """
 
 from __future__ import annotations
@@ -280,7 +286,10 @@ def _prepared_streams(config: DataConfig, prepared: Prepared) -> tuple[TokenStre
 def build_tokens(config: DataConfig, seed: int) -> DataBundle:
     if config.task not in ("auto", "lm"):
         raise ConfigError("data.task", "token data is for language modelling (lm)", config.task)
-    prepared = read_prepared(Path(config.path)) if config.path is not None and is_prepared(Path(config.path)) else None
+    given = Path(config.path) if config.path is not None else None
+    if given is not None and given.name == MANIFEST and given.is_file():
+        given = given.parent  # the manifest named itself: its folder is meant
+    prepared = read_prepared(given) if given is not None and is_prepared(given) else None
     if prepared is not None:
         stream, val_stream, vocab_size = _prepared_streams(config, prepared)
     else:

@@ -92,6 +92,7 @@ def test_the_vocabulary_and_the_tokenizer_hash_come_from_the_manifest(tmp_path: 
     assert bundle.spec.vocab_size == 512  # the tokenizer's, not the largest id seen (39)
     assert bundle.tokenizer_hash == TOKENIZER_HASH
     assert _build(folder, seq_len=8, vocab_size=512).spec.vocab_size == 512
+    assert _build(folder / "manifest.json", seq_len=8).train.path == folder  # the manifest itself: its folder
     with pytest.raises(ConfigError, match=r"^config error: data.vocab_size = 600: disagrees with .*manifest.json "
                                           r"\(vocab_size 512, its tokenizer's\); leave it unset"):
         _build(folder, seq_len=8, vocab_size=600)
