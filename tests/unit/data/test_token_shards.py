@@ -274,3 +274,26 @@ def test_a_corpus_larger_than_the_process_may_hold_trains(tmp_path: Path) -> Non
     training = run("train")
     assert training.returncode == 0, training.stderr[-3000:]
     assert training.stdout.split()[:2] == ["trained", "3"], training.stdout
+
+
+def test_evaluate_on_a_prepared_folder_streams_its_val_split(tmp_path: Path) -> None:
+    """`gputrain evaluate RUN data.path=FOLDER`: the folder's val split, read from its shards as training
+    reads it (the same figures as the run's own validation on it); ids beyond the model's vocabulary
+    are one line naming the shard."""
+    from gputrain import Trainer
+    from gputrain.use.evaluate import evaluate_run
+
+    ids = token_ids(3000, vocab=50)
+    folder = write_prepared(tmp_path / "p", [ids[:1000], ids[1000:]], [token_ids(400, seed=1)])
+    run = tmp_path / "run"
+    summary = Trainer.from_config({
+        "model.name": "gpt", "model.n_layer": 1, "model.n_head": 2, "model.d_model": 16, "data.name": "tokens",
+        "data.path": str(folder), "data.seq_len": 16, "train.batch_size": 8, "train.max_steps": 4,
+        "train.device": "cpu", "log.progress": "none", "log.tensorboard": False, "checkpoint.enabled": False},
+        run_dir=run).fit()
+    result = evaluate_run(run, device="cpu", overrides=[f"data.path={folder / 'manifest.json'}"])
+    assert result.metrics["loss"] == pytest.approx(summary["val"]["loss"], rel=1e-6)
+    bad = write_prepared(tmp_path / "bad", [ids], [np.full(40, 60)], vocab_size=64)
+    with pytest.raises(DataError, match=rf"^{bad / 'val-00000.bin'}: holds token id 60, but the model's vocabulary "
+                                        r"is 0\.\.49; the model's vocabulary is fixed$"):
+        evaluate_run(run, device="cpu", overrides=[f"data.path={bad}"])
