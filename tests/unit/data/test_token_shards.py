@@ -5,6 +5,7 @@ hold in memory trains. The bad folders, one line each: tests/adversarial/test_to
 
 from __future__ import annotations
 
+import json
 import pickle
 import subprocess
 import sys
@@ -297,3 +298,30 @@ def test_evaluate_on_a_prepared_folder_streams_its_val_split(tmp_path: Path) -> 
     with pytest.raises(DataError, match=rf"^{bad / 'val-00000.bin'}: holds token id 60, but the model's vocabulary "
                                         r"is 0\.\.49; the model's vocabulary is fixed$"):
         evaluate_run(run, device="cpu", overrides=[f"data.path={bad}"])
+
+
+def test_a_run_stopped_mid_epoch_resumes_bit_for_bit(tmp_path: Path) -> None:
+    """One process, stopped at step 3 of a 5-step epoch and run again to step 8 (into the next epoch):
+    the weights of the unbroken run, exactly. (Other world sizes: tests/dist/test_token_shards.py.)"""
+    from safetensors.torch import load_file
+
+    from gputrain import Trainer
+
+    ids = token_ids(16 * 40 + 1, vocab=50)
+    folder = write_prepared(tmp_path / "p", [ids[:300], ids[300:]], [token_ids(100, seed=1)])
+
+    def run(run_dir: Path, steps: int) -> None:
+        Trainer.from_config({
+            "model.name": "gpt", "model.n_layer": 1, "model.n_head": 2, "model.d_model": 16, "data.name": "tokens",
+            "data.path": str(folder), "data.seq_len": 16, "train.batch_size": 8, "train.max_steps": steps,
+            "train.epochs": 5, "checkpoint.every_steps": 3, "train.device": "cpu", "log.progress": "none",
+            "log.tensorboard": False, "log.every_steps": 1, "eval.every_epochs": 0}, run_dir=run_dir).fit()
+
+    run(tmp_path / "straight", 8)
+    run(tmp_path / "resumed", 3)
+    run(tmp_path / "resumed", 8)
+    a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rows = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
+    steps = [row["step"] for row in map(json.loads, rows) if "split" not in row]
+    assert steps == list(range(1, 9))  # resumed at step 4, not trained again from the start
