@@ -10,10 +10,11 @@ Checked before anything is trained or written, each failure one line naming the 
 is JSON and ours (format, version, dtype, vocabulary, the splits' shard lists and counts); every
 shard is a plain file inside the folder, present, and exactly its `tokens` × the dtype's size (a
 truncated or overlong shard is named); no id is at or above the vocabulary (data/tokens.py scans);
-and, where the user names a tokenizer (`data.tokenizer`), the shards were made by it (the
-manifest's tokenizer hash). The shards' sha256 are not recomputed here: a run would read the whole
-corpus once per start on every rank for it; the size check catches a cut shard, and the scan ids
-that do not belong to the vocabulary.
+and the shards were made by the tokenizer the folder holds and by the one the user names
+(`data.tokenizer`), where either is given (the manifest's tokenizer hash against theirs). The
+shards' sha256 are not recomputed here: a run would read the whole corpus once per start on every
+rank for it; the size check catches a cut shard, and the scan ids that do not belong to the
+vocabulary.
 """
 
 from __future__ import annotations
@@ -167,6 +168,25 @@ def check_tokenizer(prepared: Prepared, given: Any, source: str) -> None:
         f"{prepared.folder / MANIFEST}: shards from another tokenizer: made by {prepared.tokenizer_hash}, but "
         f"data.tokenizer ({source}) is {theirs}; prepare the corpus again with it, or leave data.tokenizer unset"
     )
+
+
+def folder_tokenizer(prepared: Prepared) -> Any:
+    """The tokenizer the folder holds (None where it holds none, or until part T's module is here),
+    checked to be the one the manifest says made the shards.
+
+    Raises:
+        DataError: naming the tokenizer folder and both hashes.
+    """
+    if prepared.tokenizer_dir is None or not prepared.tokenizer_dir.exists():
+        return None
+    tokenizer = load_tokenizer_hook(prepared.tokenizer_dir)
+    theirs = getattr(tokenizer, "hash", None)
+    if theirs is not None and prepared.tokenizer_hash is not None and theirs != prepared.tokenizer_hash:
+        raise DataError(
+            f"{prepared.tokenizer_dir}: tokenizer {theirs}, but {prepared.folder / MANIFEST} says the shards were made "
+            f"by {prepared.tokenizer_hash}: the folder's tokenizer is not its shards'; prepare the corpus again"
+        )
+    return tokenizer
 
 
 def load_tokenizer_hook(path: Path) -> Any:

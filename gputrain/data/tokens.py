@@ -29,7 +29,15 @@ from torch.utils.data import Dataset
 
 from gputrain.config.paths import not_a_token_file
 from gputrain.config.schema import DataConfig
-from gputrain.data.prepared import MANIFEST, Prepared, check_tokenizer, is_prepared, load_tokenizer_hook, read_prepared
+from gputrain.data.prepared import (
+    MANIFEST,
+    Prepared,
+    check_tokenizer,
+    folder_tokenizer,
+    is_prepared,
+    load_tokenizer_hook,
+    read_prepared,
+)
 from gputrain.data.registry import DataBundle, register_data
 from gputrain.data.spec import DataSpec
 from gputrain.data.text import contiguous_split
@@ -314,6 +322,5 @@ def build_tokens(config: DataConfig, seed: int) -> DataBundle:
     )
     if prepared is not None:
         bundle.tokenizer_hash = prepared.tokenizer_hash
-        if prepared.tokenizer_dir is not None and prepared.tokenizer_dir.exists():
-            bundle.tokenizer = load_tokenizer_hook(prepared.tokenizer_dir)
+        bundle.tokenizer = folder_tokenizer(prepared)
     return bundle

@@ -19,6 +19,7 @@ import pytest
 
 from gputrain.config import load_config
 from gputrain.data import build_data
+from gputrain.data import prepared as prepared_module
 from gputrain.data.guard import BadSample, GuardedDataset, guarded_collate, unwrap
 from gputrain.errors import ConfigError, DataError
 from tests.conftest import run_cli
@@ -200,6 +201,21 @@ def test_shards_from_another_tokenizer_are_refused_naming_both_hashes(tmp_path: 
     with pytest.raises(DataError, match=re.escape(f"shards from another tokenizer: made by {TOKENIZER_HASH}, but "
                                                   f"data.tokenizer (tok.json) is {other}")):
         build_data(config, seed=0)
+
+
+def test_a_folder_whose_tokenizer_is_not_its_shards_is_refused(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """OUT/tokenizer replaced after `prepare` (part T's loader gives its hash): the ids would be decoded by
+    another vocabulary, so the folder is refused naming the tokenizer folder and both hashes."""
+    other = "sha256:" + "ef" * 32
+    monkeypatch.setattr(prepared_module, "load_tokenizer_hook", lambda path: type("T", (), {"hash": other})())
+    folder = _folder(tmp_path)
+    (folder / "tokenizer").mkdir()
+    with pytest.raises(DataError) as err:
+        _build(folder)
+    assert str(err.value) == (
+        f"{folder / 'tokenizer'}: tokenizer {other}, but {folder / M} says the shards were made by {TOKENIZER_HASH}: "
+        "the folder's tokenizer is not its shards'; prepare the corpus again")
 
 
 def test_a_shard_cut_under_a_running_job_fails_naming_the_sample_and_the_shard(tmp_path: Path) -> None:

@@ -47,7 +47,8 @@ def write_prepared(
             listed.append({"file": file, "tokens": len(data), "sha256": hashlib.sha256(data.tobytes()).hexdigest()})
         splits[name] = {"tokens": sum(s["tokens"] for s in listed), "documents": len(listed), "bytes": 0,
                         "shards": listed}
-    (folder / "tokenizer").mkdir(exist_ok=True)
+    # (no tokenizer/ folder: the manifest names one, but these tests stand in for part T's loader where
+    # they need it; an empty folder would be a broken tokenizer to the real one)
     content = {
         "format": "gputrain-tokens", "version": 1, "dtype": dtype, "vocab_size": vocab_size, "eos_id": vocab_size - 1,
         "tokenizer": {"kind": "bpe", "hash": TOKENIZER_HASH, "dir": "tokenizer"},

@@ -127,6 +127,8 @@ def test_the_prepared_folders_tokenizer_goes_into_the_bundle(tmp_path: Path, mon
     monkeypatch.setattr(prepared_module, "load_tokenizer_hook", load)
     monkeypatch.setattr("gputrain.data.tokens.load_tokenizer_hook", load)
     folder = write_prepared(tmp_path / "p", [token_ids(200)])
+    assert _build(folder, seq_len=8).tokenizer is None and not loaded  # the folder holds none
+    (folder / "tokenizer").mkdir()
     bundle = _build(folder, seq_len=8)
     assert loaded == [folder / "tokenizer"] and bundle.tokenizer.hash == TOKENIZER_HASH
 
