@@ -92,7 +92,7 @@ class DataConfig:
     name: str = "digits"
     """Data source from the registry: digits (bundled), mnist, image_folder, csv, text, tokens, synthetic."""
     path: str | None = None
-    """File or folder to read: csv/text: the file; mnist: the folder of IDX files; image_folder: the folder of class folders; tokens: the train .bin file (or a folder with train.bin and val.bin)."""
+    """File or folder to read: csv/text: the file; mnist: the folder of IDX files; image_folder: the folder of class folders; tokens: a folder made by `gputrain prepare` (manifest.json and its train/val shards, streamed), or a nanoGPT train .bin file (or a folder with train.bin and val.bin)."""
     val_path: str | None = None
     """tokens: a separate validation .bin file (unset: val.bin beside the train file, else a val_fraction split)."""
     task: Task = "auto"
@@ -142,8 +142,6 @@ class DataConfig:
         size = [self.image_size] if isinstance(self.image_size, int) else self.image_size
         if len(size) not in (1, 2):
             raise ConfigError("data.image_size", "must be a size > 0 or [height, width]", self.image_size)
-        if self.vocab_size is not None and self.vocab_size > 65536 and self.name == "tokens":
-            raise ConfigError("data.vocab_size", "token files hold uint16 ids, so at most 65536", self.vocab_size)
         if not self.shape:
             raise ConfigError("data.shape", "needs one or more sizes, each > 0", self.shape)
         if self.tokenizer is not None and self.name == "text":

@@ -74,6 +74,8 @@ def read_seconds_per_batch(
     `_PROBE_GROUPS` reads of whole micro-batches spread over the data set (the least, so that a first
     read's one-time cost or another process's load does not count). Timed on whole micro-batches, not
     scaled up from a few samples: collating has a cost per batch that scaling would count per sample.
+    A data set that reads a batch at once (`__getitems__`: token windows, Hugging Face datasets) is
+    timed so, as the loader reads it.
     A first read of `_FIRST_PROBE` samples that already shows a batch far over IN_PROCESS_BATCH_S
     (image files, say) is the answer: such a data set is not read any further here. None where the
     samples cannot be read or collated so (the loader's guard then names the sample). `clock`: seconds
@@ -86,9 +88,11 @@ def read_seconds_per_batch(
         return None
     order = torch.randperm(size, generator=torch.Generator().manual_seed(0)).tolist()
 
+    many = getattr(dataset, "__getitems__", None)  # a batch read at once, as the loader's guard reads it
+
     def read(indices: list[int]) -> float:
         start = clock()
-        default_collate([dataset[i] for i in indices])
+        default_collate(list(many(indices)) if many is not None else [dataset[i] for i in indices])
         return clock() - start
 
     try:

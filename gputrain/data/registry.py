@@ -34,6 +34,8 @@ class DataBundle:
     tokenizer: Tokenizer | None = None
     """The tokenizer the token ids mean, where the source knows it (data.tokenizer, a prepared
     folder's): the run keeps it, and generate, evaluate and export speak text with it."""
+    tokenizer_hash: str | None = None
+    """Its hash ("sha256:..."), as a prepared folder's manifest records it."""
 
 
 DataBuilder = Callable[[DataConfig, int], DataBundle]

@@ -1,5 +1,6 @@
 """New labelled data for `evaluate` (`data.path=...` on its command line), read whole as raw samples
-of the run's data source and labelled with the run's classes, vocabulary or token range.
+of the run's data source and labelled with the run's classes, vocabulary or token range (a prepared
+folder of token shards is streamed from its shards instead: its val split, else its train split).
 
 The run's preprocessing (its training split's statistics, not the new file's) is applied to them
 batch by batch on the device, and the targets keep the model's class order: a new CSV file that
@@ -115,8 +116,12 @@ def _text(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:
 
 
 def _tokens(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:
+    from gputrain.data.prepared import MANIFEST, is_prepared
     from gputrain.data.tokens import check_vocab, check_width, count_tokens
 
+    folder = path.parent if path.name == MANIFEST and path.is_file() else path
+    if is_prepared(folder):
+        return _prepared_tokens(pre, folder)
     if path.is_dir():
         raise DataError(f"{path}: a folder; give the token file (flat uint16 ids) with data.path=FILE.bin")
     count_tokens(path, pre.input_shape[0])
@@ -128,6 +133,30 @@ def _tokens(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:
         raise DataError(f"{str(err).split('; set data.vocab_size')[0]}; the model's vocabulary is fixed") from None
     ids = torch.from_numpy(np.fromfile(path, dtype=np.uint16).astype(np.int64))
     return _windows(ids, pre.input_shape[0], path)
+
+
+def _prepared_tokens(pre: Preprocessing, folder: Path) -> Dataset:
+    """A prepared folder's val split (its train split where it has none), streamed from its shards
+    as training reads them, its ids checked against the model's fixed vocabulary."""
+    from gputrain.data.prepared import read_prepared
+    from gputrain.data.tokens import TokenWindows, largest_in
+
+    prepared = read_prepared(folder)  # its refusals name the manifest or the shard
+    split = "val" if "val" in prepared.splits else "train"
+    stream, seq_len = prepared.splits[split], pre.input_shape[0]
+    count = (len(stream) - 1) // seq_len
+    if count < 1:
+        raise DataError(
+            f"{folder}: {split} split: {len(stream)} tokens, fewer than one window of data.seq_len + 1 = {seq_len + 1}"
+        )
+    assert pre.vocab_size is not None
+    largest, file = largest_in(stream)
+    if largest >= pre.vocab_size:
+        raise DataError(
+            f"{file}: holds token id {largest}, but the model's vocabulary is 0..{pre.vocab_size - 1}; the model's "
+            "vocabulary is fixed"
+        )
+    return TokenWindows(stream, seq_len, 0, count, vocab_size=pre.vocab_size)
 
 
 def _windows(ids: torch.Tensor, seq_len: int, path: Path) -> TensorData:

@@ -47,6 +47,7 @@ _GROUPS = {
     "test_token_loss.py": "token losses",
     "test_cadence.py": "cadences and limits",
     "test_tokenizers.py": "tokenizers",
+    "test_token_shards.py": "token shards",
 }
 _cases: Counter[str] = Counter()
 

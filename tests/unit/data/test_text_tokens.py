@@ -110,9 +110,10 @@ def test_missing_and_short_token_files(tmp_path: Path) -> None:
         _build("tokens", short, seq_len=32)
 
 
-def test_token_config_errors() -> None:
+def test_token_config_errors(tmp_path: Path) -> None:
+    # (a prepared folder of uint32 ids has a larger vocabulary: checked where the path is known)
     with pytest.raises(ConfigError, match="data.vocab_size = 70000: token files hold uint16 ids"):
-        load_config({"data.name": "tokens", "data.vocab_size": 70000})
+        _build("tokens", write_tokens(tmp_path / "train.bin", 100), vocab_size=70000)
     with pytest.raises(ConfigError, match="data.path: data.name=tokens needs a uint16 token file"):
         build_data(load_config({"data.name": "tokens"}).data, seed=0)
     with pytest.raises(ConfigError, match=r"data.image_size = \[1, 2, 3\]: must be a size > 0 or \[height, width\]"):
