@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torch.utils.data import Dataset
@@ -62,6 +63,14 @@ def available_data() -> list[str]:
     return SOURCES.names()
 
 
+def _brings_its_vocabulary(config: DataConfig) -> bool:
+    """A prepared folder's manifest says its vocabulary (and checks data.tokenizer against its own)."""
+    from gputrain.data.prepared import MANIFEST, is_prepared
+
+    path = Path(config.path) if config.path is not None else None
+    return config.name == "tokens" and path is not None and (is_prepared(path) or path.name == MANIFEST)
+
+
 def build_data(config: DataConfig, seed: int) -> DataBundle:
     """The source's splits. With data.tokenizer, the tokenizer is loaded first: it sizes the
     vocabulary where data.vocab_size is unset, and is the bundle's unless the source set its own.
@@ -74,7 +83,7 @@ def build_data(config: DataConfig, seed: int) -> DataBundle:
         from gputrain.text.tokenizer import load_tokenizer
 
         given = load_tokenizer(config.tokenizer)
-        if config.vocab_size is None:
+        if config.vocab_size is None and not _brings_its_vocabulary(config):
             config = dataclasses.replace(config, vocab_size=given.vocab_size)
     bundle = SOURCES[config.name](config, seed)
     if given is None:

@@ -188,18 +188,16 @@ def test_a_config_value_against_the_manifest_is_one_line(tmp_path: Path, case: s
     assert "\n" not in str(err.value) and re.fullmatch(pattern, str(err.value)), str(err.value)
 
 
-def test_shards_from_another_tokenizer_are_refused_naming_both_hashes(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """data.tokenizer (part T's key) names a tokenizer whose hash is not the manifest's."""
-    other = "sha256:" + "cd" * 32
-    monkeypatch.setattr("gputrain.data.tokens.read_tokenizer", lambda path: type("T", (), {"hash": other})())
-    config = load_config({"data.name": "tokens", "data.path": str(_folder(tmp_path)), "data.seq_len": 16}).data
-    if not hasattr(config, "tokenizer"):
-        pytest.skip("data.tokenizer comes with part T (gputrain/text/tokenizer.py); until it is merged, "
-                    "check_tokenizer is tested on its own in tests/unit/data/test_token_shards.py")
-    config.tokenizer = "tok.json"
+def test_shards_from_another_tokenizer_are_refused_naming_both_hashes(tmp_path: Path) -> None:
+    """data.tokenizer names a real tokenizer whose hash is not the one the manifest says made the shards."""
+    from gputrain.text.tokenizer import train_bpe
+
+    other = train_bpe(["the shards were made by another tokenizer"] * 4, vocab_size=300)
+    given = other.save(tmp_path / "mine")
+    config = load_config({"data.name": "tokens", "data.path": str(_folder(tmp_path)), "data.seq_len": 16,
+                          "data.tokenizer": str(given)}).data
     with pytest.raises(DataError, match=re.escape(f"shards from another tokenizer: made by {TOKENIZER_HASH}, but "
-                                                  f"data.tokenizer (tok.json) is {other}")):
+                                                  f"data.tokenizer ({given}) is {other.hash}")):
         build_data(config, seed=0)
 
 
