@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from torch.utils.data import Dataset
 
@@ -25,6 +26,9 @@ class DataBundle:
     val: Dataset | None
     test: Dataset | None
     spec: DataSpec
+    tokenizer: Any = None
+    """The tokenizer the token ids mean, where the source read text through one (issue 30's contract:
+    gputrain.text.tokenizer.Tokenizer; typed loosely until that module is merged)."""
 
 
 DataBuilder = Callable[[DataConfig, int], DataBundle]
@@ -37,6 +41,8 @@ SOURCES: Registry[DataBuilder] = Registry(
         "gputrain.data.image_folder",
         "gputrain.data.text",
         "gputrain.data.tokens",
+        "gputrain.data.instructions",
+        "gputrain.data.text_classes",
     ]
 )
 

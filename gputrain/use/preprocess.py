@@ -203,6 +203,8 @@ def _with_feature_stats(pre: Preprocessing, config: Config, normalised: TensorDa
 
 def _class_names(pre: Preprocessing, config: Config, spec: DataSpec) -> tuple[str, ...]:
     assert spec.num_classes is not None
+    if spec.class_names is not None:
+        return spec.class_names
     if pre.table is not None and pre.table.classes is not None:
         return pre.table.classes
     if pre.source == "image_folder":
