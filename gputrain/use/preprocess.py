@@ -68,6 +68,8 @@ class Preprocessing:
             "text": "character ids (see vocab)",
             "tokens": "token ids",
             "synthetic": "samples as data.name=synthetic generates them",
+            "instructions": "token ids of prompt/response text (data.tokenizer)",
+            "text_classes": "token ids of text (data.tokenizer), padded on the right to data.seq_len",
         }.get(self.source, f"samples as data.name={self.source} gives them")
         return {"dtype": dtype, "shape": ["batch", *self.input_shape], "meaning": meaning}
 
