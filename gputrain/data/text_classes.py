@@ -95,10 +95,10 @@ def build_text_classes(config: DataConfig, seed: int) -> DataBundle:
     tokenizer = read_tokenizer(config)
     pad_id = tokenizer.eos_id if tokenizer.eos_id is not None else 0
     records = read_records(path)
+    inputs = encode_texts(path, records, config, tokenizer, pad_id)
     labels = [(r[0], _label(path, r, config.label_field)) for r in records]
     classes = class_names(path, labels, config.label_field)
     index = {c: i for i, c in enumerate(classes)}
-    inputs = encode_texts(path, records, config, tokenizer, pad_id)
     targets = torch.tensor([index[v] for _, v in labels], dtype=torch.long)
     spec = DataSpec(
         task="classification",
