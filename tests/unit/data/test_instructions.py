@@ -126,7 +126,7 @@ def _logged_first_loss(tmp: Path, model: torch.nn.Module, bundle: DataBundle) ->
             "log.tensorboard": False,
             "log.every_steps": 1,
             "train.batch_size": len(bundle.train),
-            "train.grad_accum": 2,
+            "train.grad_accum": len(bundle.train),  # one sequence per micro-batch: uneven token counts
             "train.max_steps": 1,
             "checkpoint.enabled": False,
             "eval.every_epochs": 0,
