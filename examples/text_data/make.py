@@ -41,7 +41,7 @@ bad = [
     "a waste of an evening",
 ]
 rows = ["review,sentiment"]
-for i in range(300):
+for _ in range(300):
     pos = rng.random() < 0.5
     rows.append(f'"{rng.choice(good if pos else bad)}",{"positive" if pos else "negative"}')
 corpus = [json.dumps(r) for r in sft] + rows + good + bad
