@@ -196,7 +196,8 @@ class GPT(nn.Module):
             x = block(x) if mask is None else block(x, mask)
         x = self.ln_f(x)
         if self.cls_head is not None:
-            return self.cls_head(x[torch.arange(len(idx), device=idx.device), last_real_token(idx, self.shape.pad_id)])
+            last = last_real_token(idx, self.shape.pad_id)  # gathered: torch.export keeps the batch dynamic
+            return self.cls_head(x.gather(1, last.view(-1, 1, 1).expand(-1, 1, x.shape[-1])).squeeze(1))
         return self.lm_head(x)
 
     def forward_cached(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -229,13 +230,11 @@ def document_positions_and_mask(idx: torch.Tensor, document_end: int) -> tuple[t
     T = idx.shape[1]
     ends = (idx == document_end).long()
     doc = ends.cumsum(dim=1) - ends  # a document's end token is its own, the next token starts another
-    arange = torch.arange(T, device=idx.device)
-    starts = torch.ones_like(doc, dtype=torch.bool)
-    starts[:, 1:] = doc[:, 1:] != doc[:, :-1]
-    first = torch.where(starts, arange, 0).cummax(dim=1).values  # where each token's document starts
     causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
     mask = (doc[:, :, None] == doc[:, None, :]) & causal
-    return arange - first, mask[:, None]
+    # a token's position: the tokens of its document it sees, less itself (no slicing of T: torch.export
+    # keeps the sequence length dynamic down to 1)
+    return mask.sum(dim=-1) - 1, mask[:, None]
 
 
 def last_real_token(idx: torch.Tensor, pad_id: int | None) -> torch.Tensor:
@@ -243,7 +242,7 @@ def last_real_token(idx: torch.Tensor, pad_id: int | None) -> torch.Tensor:
     a sequence of padding only), the rule of transformers' decoder sequence classifiers."""
     T = idx.shape[1]
     if pad_id is None:
-        return torch.full((len(idx),), T - 1, dtype=torch.long, device=idx.device)
+        return torch.full_like(idx[:, 0], T - 1)
     arange = torch.arange(T, device=idx.device)
     return (arange * (idx != pad_id)).argmax(dim=1)
 

@@ -100,9 +100,9 @@ def _check_fits_data(hf_config: Any, spec: DataSpec, model_name: str) -> None:
         raise ConfigError(
             "model.name",
             f"a sequence classifier takes token ids; this data gives {spec.input_shape[0]} numbers per sample that "
-            "are not token ids",
+            "are not token ids: use data.name=text_classes (a text column and a label column, read through "
+            "data.tokenizer)",
             model_name,
-            hint="use data.name=text_classes (a text column and a label column, with data.tokenizer)",
         )
     if spec.document_end is not None:
         raise ConfigError(
