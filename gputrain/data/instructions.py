@@ -87,11 +87,13 @@ def tokenize(path: Path, records: list[Record], config: DataConfig, tokenizer: T
     """
     assert tokenizer.eos_id is not None
     T, truncated, examples = config.seq_len, 0, []
-    for record in records:
+    pieces = [_pieces(path, record, config, tokenizer) for record in records]
+    encoded = iter(tokenizer.encode_batch([text for example in pieces for text, _ in example]))  # one call: fast
+    for record, example in zip(records, pieces, strict=True):
         ids: list[int] = []
         learnt: list[bool] = []
-        for text, is_learnt in _pieces(path, record, config, tokenizer):
-            piece = tokenizer.encode(text)
+        for _, is_learnt in example:
+            piece = next(encoded)
             ids += piece
             learnt += [is_learnt] * len(piece)
         ids.append(tokenizer.eos_id)

@@ -79,8 +79,9 @@ def encode_texts(
     """int64 [records, seq_len]: each text's ids, truncated and padded on the right."""
     T = config.seq_len
     out = torch.full((len(records), T), pad_id, dtype=torch.long)
-    for row, record in enumerate(records):
-        ids = tokenizer.encode(text_field(path, record, config.text_field, "data.text_field"))[:T]
+    texts = [text_field(path, record, config.text_field, "data.text_field") for record in records]
+    for row, (record, ids) in enumerate(zip(records, tokenizer.encode_batch(texts), strict=True)):
+        ids = ids[:T]
         if not ids:
             raise DataError(f"{path}: line {record[0]}: field {config.text_field!r} is empty (no tokens)")
         out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)

@@ -3,7 +3,7 @@
 Part T owns `gputrain/text/tokenizer.py` (`Tokenizer`, `load_tokenizer`). Until it is in this
 branch, the instruction and text-class sources read their tokenizer through this module, a small
 adapter over the `tokenizers` library giving the subset of that interface they use: `encode`
-(no special tokens added), `decode`, `vocab_size`, `eos_id`, `chat_template` and `source`. At merge this
+(no special tokens added), `encode_batch`, `decode`, `vocab_size`, `eos_id`, `chat_template` and `source`. At merge this
 module becomes `from gputrain.text.tokenizer import Tokenizer, load_tokenizer` (its only importers
 are data/instructions.py and data/text_classes.py).
 """
@@ -33,6 +33,9 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(self.backend.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [list(e.ids) for e in self.backend.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: list[int]) -> str:
         return str(self.backend.decode(ids, skip_special_tokens=False))
@@ -84,6 +87,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         if eos_id is not None:
             break
     template = config.get("chat_template")
+    jinja = file.parent / "chat_template.jinja"  # where transformers >= 4.43 saves it
+    if template is None and jinja.is_file():
+        template = jinja.read_text(encoding="utf-8")
     if isinstance(template, list):  # several named templates: the default one
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")

@@ -221,3 +221,13 @@ def test_gputrain_train_on_instructions_end_to_end(tmp_path: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     assert summary["global_step"] == 3
     assert math.isfinite(summary["val"]["loss"]) and math.isfinite(summary["test"]["loss"])
+
+
+def test_a_chat_template_saved_as_chat_template_jinja_is_read(tmp_path: Path) -> None:
+    """transformers >= 4.43 saves the template beside tokenizer_config.json, as chat_template.jinja."""
+    tok = make_tokenizer(tmp_path / "tok")
+    (tok / "chat_template.jinja").write_text(CHATML)
+    convo = {"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}]}
+    bundle = _bundle(tmp_path, [convo], val_fraction=0.0, test_fraction=0.0)
+    learnt = [t for t in bundle.train.tensors[1][0].tolist() if t != -100]
+    assert load_tokenizer(tok).decode(learnt) == "world<|im_end|>\n<|endoftext|>"
