@@ -97,6 +97,13 @@ def _hf(classifier_labels: int | None, make: Make) -> Make:
     return with_model
 
 
+def _model(name: str, make: Make, *extra: str) -> Make:
+    def with_model(tmp: Path) -> list[str]:
+        return [*make(tmp), f"model.name={name}", *extra]
+
+    return with_model
+
+
 _REWRITES = (  # marks the last turn: rendered again with one more, the earlier text changes
     "{% for m in messages %}{{ m['role'] + ':' + m['content'] + ('!' if loop.last else '') + '\n' }}{% endfor %}"
 )
@@ -188,6 +195,8 @@ CASES: list[tuple[str, Make, list[str]]] = [
     ),
     ("cls-task-lm", classes(_rows(), extra=("data.task=lm",)), ["data.task", "classification"]),
     ("cls-hf-other-num-labels", _hf(5, classes(_rows())), ["classifier of 5 labels", "2 classes (neg, pos)"]),
+    ("cls-into-an-mlp", _model("mlp", classes(_rows())), ["mlp reads numeric features", "use gpt or hf"]),
+    ("cls-gpt-context-too-short", _model("gpt", classes(_rows()), "model.seq_len=8"), ["data.seq_len", "16"]),
     ("cls-line-not-object", classes([*_rows(), "[1]"]), ["line 9", "not an object"]),
 ]
 
