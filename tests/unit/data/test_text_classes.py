@@ -103,13 +103,22 @@ def _hidden(model: Any, idx: torch.Tensor) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "bert"])
+@pytest.mark.parametrize("kind", ["gpt2", "gpt2-own-pad", "bert", "roberta"])
 def test_an_hf_classifier_reads_a_padded_text_as_the_text_alone(tmp_path: Path, kind: str) -> None:
     """GPT-2 pools its last real token (pad_token_id is set to the data's padding); BERT pools the
     first and attends both ways, so without the attention mask its padding would change the logits."""
     tok = load_tokenizer(make_tokenizer(tmp_path / "tok"))
     if kind == "gpt2":
         directory = tiny_gpt2_dir(tmp_path / "m", vocab_size=300, classifier=True)
+    elif kind == "gpt2-own-pad":  # pools at its last token that is not ITS pad id: the data's padding becomes it
+        directory = tiny_gpt2_dir(tmp_path / "m", vocab_size=300, classifier=True, pad_token_id=5)
+    elif kind == "roberta":  # its own pad id (1), from which it numbers positions: kept, the padding made of it
+        from transformers import RobertaConfig
+
+        directory = tmp_path / "m"
+        RobertaConfig(vocab_size=300, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                      max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                      pad_token_id=1).save_pretrained(str(directory))  # fmt: skip
     else:
         from transformers import BertConfig
 
@@ -127,6 +136,7 @@ def test_an_hf_classifier_reads_a_padded_text_as_the_text_alone(tmp_path: Path, 
         alone = model.model(input_ids=torch.tensor([ids])).logits
     torch.testing.assert_close(padded, alone, rtol=1e-5, atol=1e-6)
     assert model.config.id2label == {0: "neg", 1: "pos"}
+    assert model.config.pad_token_id == {"roberta": 1, "gpt2-own-pad": 5}.get(kind, tok.eos_id)
 
 
 def test_an_hf_classifier_of_another_number_of_labels_is_refused_in_one_line(tmp_path: Path) -> None:
