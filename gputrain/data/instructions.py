@@ -154,17 +154,35 @@ def sequences(examples: list[Example], seq_len: int, pad_id: int, pack: bool) ->
     return x, y
 
 
+def eos_of(tokenizer: Tokenizer) -> int:
+    """The tokenizer's EOS id, which ends every example.
+
+    Raises:
+        DataError: it has none.
+    """
+    if tokenizer.eos_id is None:
+        raise DataError(
+            f"data.tokenizer: {tokenizer.source} has no end-of-sequence token (eos_token in tokenizer_config.json, "
+            "or <|endoftext|> / </s>): each instruction example ends with one"
+        )
+    return tokenizer.eos_id
+
+
+def read_sequences(path: Path, config: DataConfig) -> TensorData:
+    """A whole JSONL file's examples as (inputs, targets) sequences, as a split is made (new data for
+    `gputrain evaluate`)."""
+    tokenizer = read_tokenizer(config)
+    eos = eos_of(tokenizer)
+    return TensorData(*sequences(tokenize(path, read_jsonl(path), config, tokenizer), config.seq_len, eos, config.pack))
+
+
 @register_data("instructions")
 def build_instructions(config: DataConfig, seed: int) -> DataBundle:
     if config.task not in ("auto", "lm"):
         raise ConfigError("data.task", "instruction data is for language modelling (lm)", config.task)
     path, val_path = source_files(config)
     tokenizer = read_tokenizer(config)
-    if tokenizer.eos_id is None:
-        raise DataError(
-            f"data.tokenizer: {tokenizer.source} has no end-of-sequence token (eos_token in tokenizer_config.json, "
-            "or <|endoftext|> / </s>): each instruction example ends with one"
-        )
+    eos = eos_of(tokenizer)
     vocab_size = tokenizer.vocab_size
     if config.vocab_size is not None:
         if config.vocab_size < vocab_size:
@@ -180,7 +198,7 @@ def build_instructions(config: DataConfig, seed: int) -> DataBundle:
     def part(chosen: list[Example]) -> TensorData | None:
         if not chosen:
             return None
-        return TensorData(*sequences(chosen, config.seq_len, tokenizer.eos_id or 0, config.pack))
+        return TensorData(*sequences(chosen, config.seq_len, eos, config.pack))
 
     def pick(indices: torch.Tensor) -> list[Example]:
         return [examples[i] for i in sorted(indices.tolist())]  # file order: the packing is the file's
@@ -191,7 +209,7 @@ def build_instructions(config: DataConfig, seed: int) -> DataBundle:
         task="lm",
         input_shape=(config.seq_len,),
         vocab_size=vocab_size,
-        document_end=tokenizer.eos_id if config.pack else None,
+        document_end=eos if config.pack else None,
     )
     val = part(held) if held is not None else part(pick(val_idx))
     return DataBundle(train=train, val=val, test=part(pick(test_idx)), spec=spec, tokenizer=tokenizer)

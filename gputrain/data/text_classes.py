@@ -73,6 +73,11 @@ def class_names(path: Path, labels: list[tuple[int, str | int]], column: str) ->
     return distinct
 
 
+def pad_of(tokenizer: Tokenizer) -> int:
+    """The id texts are padded with: the tokenizer's EOS, else 0."""
+    return tokenizer.eos_id if tokenizer.eos_id is not None else 0
+
+
 def encode_texts(
     path: Path, records: list[Record], config: DataConfig, tokenizer: Tokenizer, pad_id: int
 ) -> torch.Tensor:
@@ -88,13 +93,38 @@ def encode_texts(
     return out
 
 
+def read_labelled(
+    path: Path, config: DataConfig, tokenizer: Tokenizer, pad_id: int, names: tuple[str, ...], known_from: str
+) -> TensorData:
+    """A file's texts and labels against classes already fixed (`names`, from `known_from`): a
+    separate validation file, or new data for `gputrain evaluate`.
+
+    Raises:
+        DataError: naming the file and line of a label that is not one of `names`, and the classes.
+    """
+    records = read_records(path)
+    inputs = encode_texts(path, records, config, tokenizer, pad_id)
+    index = {name: i for i, name in enumerate(names)}
+    targets = []
+    for record in records:
+        value = _label(path, record, config.label_field)
+        if str(value) not in index:
+            shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+            raise DataError(
+                f"{path}: line {record[0]}: label {value!r} is not a class of {known_from} ({shown}); the model has "
+                "no output for it"
+            )
+        targets.append(index[str(value)])
+    return TensorData(inputs, torch.tensor(targets, dtype=torch.long))
+
+
 @register_data("text_classes")
 def build_text_classes(config: DataConfig, seed: int) -> DataBundle:
     if config.task not in ("auto", "classification"):
         raise ConfigError("data.task", "text_classes data is for classification", config.task)
     path, val_path = source_files(config)
     tokenizer = read_tokenizer(config)
-    pad_id = tokenizer.eos_id if tokenizer.eos_id is not None else 0
+    pad_id = pad_of(tokenizer)
     records = read_records(path)
     inputs = encode_texts(path, records, config, tokenizer, pad_id)
     labels = [(r[0], _label(path, r, config.label_field)) for r in records]
@@ -109,20 +139,10 @@ def build_text_classes(config: DataConfig, seed: int) -> DataBundle:
         pad_id=pad_id,
         class_names=tuple(str(c) for c in classes),
     )
-    held: TensorData | None = None
+    assert spec.class_names is not None
+    held = None
     if val_path is not None:
-        val_records = read_records(val_path)
-        val_labels = [(r[0], _label(val_path, r, config.label_field)) for r in val_records]
-        for line, value in val_labels:
-            if value not in index:
-                raise DataError(
-                    f"{val_path}: line {line}: label {value!r} is not a class of the training file {path} "
-                    f"({', '.join(map(str, classes[:10]))}); the model has no output for it"
-                )
-        held = TensorData(
-            encode_texts(val_path, val_records, config, tokenizer, pad_id),
-            torch.tensor([index[v] for _, v in val_labels], dtype=torch.long),
-        )
+        held = read_labelled(val_path, config, tokenizer, pad_id, spec.class_names, f"the training file {path}")
     train_idx, val_idx, test_idx = split_indices(
         len(inputs), 0.0 if held is not None else config.val_fraction, config.test_fraction, seed
     )

@@ -221,3 +221,41 @@ def test_bad_lm_inputs_are_one_line_exit_2_and_nothing_written(
     for word in words:
         assert word in err_text, (word, err_text)
     assert not run_dir.exists()
+
+
+@pytest.fixture(scope="module")
+def classes_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A text_classes run (gpt, 2 steps) on pos/neg, to evaluate new files against."""
+    root = tmp_path_factory.mktemp("classes_run")
+    overrides = classes(_rows())(root)
+    base = ["model.name=gpt", "model.n_layer=1", "model.n_head=2", "model.d_model=16", "train.device=cpu"]
+    steps = ["train.max_steps=2", "train.batch_size=4", "log.progress=none", "data.val_fraction=0.25"]
+    assert main(["train", "--run-dir", str(root / "run"), *base, *steps, *overrides]) == 0
+    return root / "run"
+
+
+@pytest.mark.parametrize(
+    ("lines", "words"),
+    [
+        (
+            [json.dumps({"text": "good movie", "label": "meh"})],
+            ["line 1", "label 'meh' is not a class of the model (neg, pos)"],
+        ),
+        ([json.dumps({"text": "good movie", "label": 1})], ["label 1 is not a class of the model"]),
+        ([json.dumps({"text": ["good"], "label": "pos"})], ["'text' is a JSON list, not a string"]),
+        (["not json"], ["line 1", "not JSON"]),
+    ],
+    ids=["unseen-name", "unseen-number", "text-a-list", "not-json"],
+)
+def test_evaluate_on_new_text_classes_refuses_what_the_model_cannot_score(
+    classes_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], lines: list[str], words: list[str]
+) -> None:
+    capsys.readouterr()
+    before = sorted(p.name for p in classes_run.iterdir())
+    new = _lines(tmp_path, "new.jsonl", lines)
+    code = main(["evaluate", str(classes_run), f"data.path={new}", "--name", "new", "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, (word, err)
+    assert sorted(p.name for p in classes_run.iterdir()) == before  # no eval-new.json

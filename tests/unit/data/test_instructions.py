@@ -221,6 +221,11 @@ def test_gputrain_train_on_instructions_end_to_end(tmp_path: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     assert summary["global_step"] == 3
     assert math.isfinite(summary["val"]["loss"]) and math.isfinite(summary["test"]["loss"])
+    evaluated = run_cli("evaluate", str(run), f"data.path={data}", "--name", "again", "--device", "cpu")
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    again = json.loads((run / "eval-again.json").read_text())
+    assert again["samples"] == len(_bundle(tmp_path, _records(40), val_fraction=0.0, test_fraction=0.0).train)
+    assert math.isfinite(again["metrics"]["loss"])
 
 
 def test_a_chat_template_saved_as_chat_template_jinja_is_read(tmp_path: Path) -> None:

@@ -172,3 +172,8 @@ def test_gputrain_train_on_text_classes_end_to_end_and_predict_names_the_classes
     assert lines[0] == "input,predicted,p_meh,p_neg,p_pos"
     names = ("meh", "neg", "pos")
     assert [line.split(",")[1] for line in lines[1:]] == [names[int(i)] for i in bundle.test.tensors[1][:4]]
+    if model == "gpt":  # new labelled data, by class name: the whole file scored against the model's classes
+        evaluated = run_cli("evaluate", str(run), f"data.path={data}", "--name", "again", "--device", "cpu")
+        assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+        again = json.loads((run / "eval-again.json").read_text())
+        assert again["samples"] == 60 and again["metrics"]["accuracy"] == 1.0
