@@ -91,7 +91,7 @@ class DataConfig:
     name: str = "digits"
     """Data source from the registry: digits (bundled), mnist, image_folder, csv, text, tokens, synthetic, instructions (prompt/response JSONL for fine-tuning a language model), text_classes (a text column and a label column, CSV or JSONL)."""
     path: str | None = None
-    """File or folder to read: csv/text: the file; mnist: the folder of IDX files; image_folder: the folder of class folders; tokens: the train .bin file (or a folder with train.bin and val.bin)."""
+    """File or folder to read: csv/text: the file; instructions: a JSONL file; text_classes: a CSV or JSONL file; mnist: the folder of IDX files; image_folder: the folder of class folders; tokens: the train .bin file (or a folder with train.bin and val.bin)."""
     val_path: str | None = None
     """tokens: a separate validation .bin file (unset: val.bin beside the train file, else a val_fraction split); instructions, text_classes: a separate validation file of the same format (unset: a val_fraction split)."""
     task: Task = "auto"

@@ -20,6 +20,11 @@ alone. transformers' models do that only with flash-attention-2: model.name=hf r
 data; with `data.pack=false` each sequence holds one example, padded on the right, which a causal
 model never attends to.
 
+The EOS therefore cannot appear inside a packed example (a text holding it, a chat template that
+writes `eos_token` after every turn): such an example is refused, naming its line, for
+`data.pack=false`. Examples are split into train/val/test (seeded, `data.val_path` for a separate
+validation file) before they are packed, each split in file order.
+
 An example longer than `data.seq_len` is truncated, its end cut off, as TRL's SFTTrainer truncates
 to its max_length (one warning counts them); one whose prompt leaves no response token within
 `data.seq_len` trains nothing and is refused, naming its line.
@@ -96,6 +101,13 @@ def tokenize(path: Path, records: list[Record], config: DataConfig, tokenizer: T
             piece = next(encoded)
             ids += piece
             learnt += [is_learnt] * len(piece)
+        if config.pack and tokenizer.eos_id in ids:
+            # the model tells packed examples apart by it: the rest would not see what came before
+            raise DataError(
+                f"{path}: line {record[0]}: the example holds the end-of-sequence token "
+                f"({tokenizer.decode([tokenizer.eos_id])!r}) inside it (in its text, or written by the chat template), "
+                "and packed examples are told apart by it; set data.pack=false (one example per sequence)"
+            )
         ids.append(tokenizer.eos_id)
         learnt.append(True)
         if len(ids) > T:

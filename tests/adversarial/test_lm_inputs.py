@@ -107,6 +107,7 @@ def _model(name: str, make: Make, *extra: str) -> Make:
 _REWRITES = (  # marks the last turn: rendered again with one more, the earlier text changes
     "{% for m in messages %}{{ m['role'] + ':' + m['content'] + ('!' if loop.last else '') + '\n' }}{% endfor %}"
 )
+_EOS_TURNS = "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + eos_token }}{% endfor %}"
 _RAISES = "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
 
 CASES: list[tuple[str, Make, list[str]]] = [
@@ -149,6 +150,8 @@ CASES: list[tuple[str, Make, list[str]]] = [
     ("chat-message-not-object", sft({"messages": ["hello", CHAT[1]]}), ["messages[0] is not an object"]),
     ("chat-without-template", sft({"messages": CHAT}, template=None), ["line 2", "has no chat template"]),
     ("chat-template-rewrites", sft({"messages": CHAT}, template=_REWRITES), ["cannot be told apart"]),
+    ("sft-eos-inside-packed", sft({"prompt": "a <|endoftext|> b", "response": "c"}), ["line 2", "data.pack=false"]),
+    ("chat-template-eos-per-turn", sft({"messages": CHAT}, template=_EOS_TURNS), ["'<|endoftext|>'", "pack=false"]),
     ("chat-template-raises", sft({"messages": CHAT}, template=_RAISES), ["chat template fails", "must alternate"]),
     # ---- instructions: the tokenizer and the model
     ("sft-no-tokenizer", _no_tokenizer, ["data.tokenizer", "tokenizer.json"]),

@@ -236,3 +236,24 @@ def test_a_chat_template_saved_as_chat_template_jinja_is_read(tmp_path: Path) ->
     bundle = _bundle(tmp_path, [convo], val_fraction=0.0, test_fraction=0.0)
     learnt = [t for t in bundle.train.tensors[1][0].tolist() if t != -100]
     assert load_tokenizer(tok).decode(learnt) == "world<|im_end|>\n<|endoftext|>"
+
+
+def test_a_template_writing_eos_after_every_turn_trains_unpacked(tmp_path: Path) -> None:
+    """Llama-2/Zephyr-style templates end every turn with eos_token: packed, the EOS would split the
+    conversation (refused: tests/adversarial/test_lm_inputs.py); with data.pack=false it is one example."""
+    template = "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + eos_token }}{% endfor %}"
+    tok = make_tokenizer(tmp_path / "tok", template)
+    convo = {
+        "messages": [
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "world"},
+            {"role": "user", "content": "again"},
+            {"role": "assistant", "content": "four"},
+        ]
+    }
+    bundle = _bundle(tmp_path, [convo], val_fraction=0.0, test_fraction=0.0, pack=False)
+    assert bundle.spec.document_end is None
+    learnt = [t for t in bundle.train.tensors[1][0].tolist() if t != -100]
+    # no generation prompt in this template: the role's words are part of the turn it adds
+    expected = "assistant: world<|endoftext|>assistant: four<|endoftext|><|endoftext|>"
+    assert load_tokenizer(tok).decode(learnt) == expected
