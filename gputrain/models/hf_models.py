@@ -8,11 +8,14 @@ weights (model.safetensors, pytorch_model.bin, or their sharded indexes) is load
 stays off). Weights are kept in fp32, as gputrain's own models are: mixed precision is the
 trainer's (`train.precision`), whatever dtype the checkpoint was saved in.
 
-Token data padded on the right (the spec's `pad_id`: data.name=text_classes) sets the model's
-`pad_token_id` to the data's (a decoder's classifier reads the last token that is not padding),
-and the model is given the attention mask of the tokens up to that one. Packed instruction data is
-refused: transformers keeps packed documents apart only with flash-attention-2 (position_ids
-restarts), so attention would cross examples; `data.pack=false` gives one example per sequence.
+Token data padded on the right (the spec's `pad_id`: data.name=text_classes): the model is given
+the attention mask of the tokens up to the last that is not padding, and its padding is the
+model's own `pad_token_id` where its config has one (the data's padding is replaced by it: a
+pretrained encoder such as RoBERTa numbers its positions from its pad id), else the data's, which
+then becomes the model's (a decoder's classifier reads the last token that is not its pad id).
+Packed instruction data is refused: transformers keeps packed documents apart only with
+flash-attention-2 (position_ids restarts), so attention would cross examples; `data.pack=false`
+gives one example per sequence.
 """
 
 from __future__ import annotations
@@ -51,11 +54,13 @@ class HFLogits(nn.Module):
     (observe/flops.py).
     """
 
-    def __init__(self, model: nn.Module, pad_id: int | None = None) -> None:
+    def __init__(self, model: nn.Module, pad_id: int | None = None, model_pad_id: int | None = None) -> None:
         super().__init__()
         self.model = model
         self.pad_id = pad_id
         """Inputs are padded on the right with this id: attention covers each up to its last other token."""
+        self.model_pad_id = model_pad_id if model_pad_id != pad_id else None
+        """The model's own pad id, which replaces the data's padding, where it is another."""
 
     @property
     def config(self) -> Any:
@@ -68,6 +73,8 @@ class HFLogits(nn.Module):
         # padding is what follows the last other token (a pad id inside the text stays text)
         last = last_real_token(input_ids, self.pad_id)
         mask = torch.arange(input_ids.shape[1], device=input_ids.device) <= last[:, None]
+        if self.model_pad_id is not None:
+            input_ids = torch.where(mask, input_ids, self.model_pad_id)
         logits = self.model(input_ids=input_ids, attention_mask=mask.long()).logits
         return logits
 
@@ -140,8 +147,8 @@ def _auto_class(transformers: Any, spec: DataSpec, hf_config: Any) -> Any:
         hf_config.pad_token_id = None
         return transformers.AutoModelForCausalLM
     hf_config.num_labels = spec.num_model_outputs
-    if spec.pad_id is not None:  # the data's padding, which a decoder's classifier looks for
-        hf_config.pad_token_id = spec.pad_id
+    if spec.pad_id is not None and getattr(hf_config, "pad_token_id", None) is None:
+        hf_config.pad_token_id = spec.pad_id  # the data's padding, which a decoder's classifier looks for
     if spec.class_names is not None:  # after num_labels, which resets them
         hf_config.id2label = dict(enumerate(spec.class_names))
         hf_config.label2id = {name: i for i, name in enumerate(spec.class_names)}
@@ -238,4 +245,6 @@ def build_hf_model(config: ModelConfig, spec: DataSpec) -> nn.Module:
     model = model.float()
     if spec.task != "lm":
         _check_classifies_batches(model, config.hf_config)
-    return HFLogits(model, spec.pad_id if spec.task != "lm" else None)
+    if spec.task == "lm":
+        return HFLogits(model)
+    return HFLogits(model, spec.pad_id, getattr(hf_config, "pad_token_id", None))
