@@ -67,7 +67,7 @@ def gpt_pipeline_stages(
     if holder.shape.document_end is not None or holder.shape.num_classes is not None:
         # a stage passes only the residual stream on: no document mask, no padding to pool at
         raise ConfigError(
-            "distributed.strategy",
+            "parallel.pp",
             "pipeline stages of gpt read plain token windows; packed instruction data and text classes are not cut",
             hint="use ddp or fsdp (or data.pack=false for instructions)",
         )

@@ -34,3 +34,18 @@ def test_torch_export_keeps_batch_and_length_dynamic(spec: DataSpec) -> None:
     other = torch.randint(0, 50, (3, 20 if spec.task == "lm" else 32))
     with torch.no_grad():
         torch.testing.assert_close(program.module()(other), model(other))
+
+
+@pytest.mark.parametrize("spec", [PACKED, CLASSES], ids=["packed", "classes"])
+def test_tensor_and_pipeline_parallel_refuse_what_their_plans_do_not_cover(spec: DataSpec) -> None:
+    """A stage passes only the residual stream on, and the tensor-parallel plan shards lm_head and the
+    sequence: neither carries the document mask or the classifier's pooling, so both refuse in one line."""
+    from gputrain.errors import ConfigError
+    from gputrain.models.gpt_parallel import gpt_pipeline_stages, gpt_tp_plan
+
+    model = build_model(ModelConfig(name="gpt", n_layer=2, n_head=2, d_model=16), spec)
+    with pytest.raises(ConfigError, match=r"^config error: parallel\.tp = 2: gpt's tensor-parallel plan") as err:
+        gpt_tp_plan(model, 2)
+    assert "use ddp or fsdp" in str(err.value)
+    with pytest.raises(ConfigError, match=r"^config error: parallel\.pp: pipeline stages of gpt"):
+        gpt_pipeline_stages(model, [range(1), range(1, 2)], [0])
