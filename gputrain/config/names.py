@@ -20,7 +20,17 @@ MODEL_LIBRARIES: tuple[str, ...] = ("timm", "torchvision")
 """Outside libraries whose models `model.name=<library>:<name>` builds (`@register_library(...)` in
 gputrain/models/{timm,torchvision}_models.py). Only the form is checked here: which names a library
 has is known once it is imported, so the name itself is checked when the model is built."""
-DATA_NAMES: tuple[str, ...] = ("csv", "digits", "image_folder", "mnist", "synthetic", "text", "tokens")
+DATA_NAMES: tuple[str, ...] = (
+    "csv",
+    "digits",
+    "image_folder",
+    "instructions",
+    "mnist",
+    "synthetic",
+    "text",
+    "text_classes",
+    "tokens",
+)
 """Built-in data sources: `@register_data(...)` in the modules gputrain/data/registry.py lists."""
 
 ActionKind = Literal["discrete", "continuous"]

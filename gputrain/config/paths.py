@@ -15,7 +15,7 @@ from gputrain.config.schema import CheckpointConfig, Config, DataConfig, ModelCo
 from gputrain.errors import ConfigError, DataError
 from gputrain.run.layout import checkpoints_folder, is_checkpoint_dir
 
-FILE_SOURCES = ("csv", "text")
+FILE_SOURCES = ("csv", "text", "instructions", "text_classes")
 """Data sources whose data.path is one file."""
 FOLDER_SOURCES = ("mnist", "image_folder")
 """Data sources whose data.path is a folder."""

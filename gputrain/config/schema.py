@@ -90,11 +90,11 @@ class ModelConfig:
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
     name: str = "digits"
-    """Data source from the registry: digits (bundled), mnist, image_folder, csv, text, tokens, synthetic."""
+    """Data source from the registry: digits (bundled), mnist, image_folder, csv, text, tokens, synthetic, instructions (prompt/response JSONL for fine-tuning a language model), text_classes (a text column and a label column, CSV or JSONL)."""
     path: str | None = None
-    """File or folder to read: csv/text: the file; mnist: the folder of IDX files; image_folder: the folder of class folders; tokens: a folder made by `gputrain prepare` (manifest.json and its train/val shards, streamed), or a nanoGPT train .bin file (or a folder with train.bin and val.bin)."""
+    """File or folder to read: csv/text: the file; instructions: a JSONL file; text_classes: a CSV or JSONL file; mnist: the folder of IDX files; image_folder: the folder of class folders; tokens: a folder made by `gputrain prepare` (manifest.json and its train/val shards, streamed), or a nanoGPT train .bin file (or a folder with train.bin and val.bin)."""
     val_path: str | None = None
-    """tokens: a separate validation .bin file (unset: val.bin beside the train file, else a val_fraction split)."""
+    """tokens: a separate validation .bin file (unset: val.bin beside the train file, else a val_fraction split); instructions, text_classes: a separate validation file of the same format (unset: a val_fraction split)."""
     task: Task = "auto"
     """What to learn: auto (from the data), classification, regression or lm (language modelling)."""
     val_fraction: float = 0.1
@@ -122,9 +122,19 @@ class DataConfig:
     vocab_size: int | None = None
     """Vocabulary size of token data: synthetic (unset: 256); tokens (unset: largest id in the file + 1; the files are read once at load either way, and an id beyond it is an error); text (unset: the distinct characters)."""
     tokenizer: str | None = None
-    """The tokenizer the token ids mean: a tokenizer.json, a model directory holding one, a .tiktoken file (gpt2, r50k_base, p50k_base, cl100k_base, o200k_base by name, else with a sibling NAME.json giving its pattern and special tokens) or a saved tokenizer folder; never downloaded. The run keeps a copy (RUN/tokenizer/, its hash in env.json), so generate, evaluate and export speak text; it also sets data.vocab_size where that is unset. Unset: model.name=hf uses its model directory's tokenizer.json where there is one; a prepared folder, its own."""
+    """The tokenizer the token ids mean: a tokenizer.json, a model directory holding one, a .tiktoken file (gpt2, r50k_base, p50k_base, cl100k_base, o200k_base by name, else with a sibling NAME.json giving its pattern and special tokens) or a saved tokenizer folder; never downloaded. The run keeps a copy (RUN/tokenizer/, its hash in env.json), so generate, evaluate and export speak text; it also sets data.vocab_size where that is unset. Unset: model.name=hf uses its model directory's tokenizer.json where there is one; a prepared folder, its own. instructions and text_classes read their text through it (a tokenizer_config.json or chat_template.jinja beside a tokenizer.json may add a chat template)."""
     augment: list[str] = field(default_factory=list)
     """On-device augmentation of training image batches: any of "crop" (random crop, zero padding H/8) and "flip" (horizontal)."""
+    prompt_field: str = "prompt"
+    """instructions: the JSONL field holding each example's prompt (no loss on its tokens)."""
+    response_field: str = "response"
+    """instructions: the JSONL field holding each example's response (the loss is on its tokens and the EOS after it). A record with a `messages` list (role/content) instead is rendered with the tokenizer's chat template, the assistant turns being the response."""
+    pack: bool = True
+    """instructions: pack several examples into each data.seq_len sequence (greedy, in file order); the built-in gpt keeps attention and positions within each example. false: one example per sequence, padded (needed by model.name=hf, whose attention would cross packed examples)."""
+    text_field: str = "text"
+    """text_classes: the CSV column or JSONL field holding the text."""
+    label_field: str = "label"
+    """text_classes: the CSV column or JSONL field holding the label (class names or whole numbers: classes sorted, their names kept in the run)."""
     on_error: Literal["fail", "skip"] = "fail"
     """A sample that cannot be read (corrupt image, bad row) in any split or pass: fail naming the file, split and step, or skip it (counted in summary.json data.skipped_samples, and eval_skipped_samples per split; a training step none of whose samples can be read is left out, with no update, in one process; a split none of whose samples can be read fails)."""
 

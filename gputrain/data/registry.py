@@ -49,6 +49,8 @@ SOURCES: Registry[DataBuilder] = Registry(
         "gputrain.data.image_folder",
         "gputrain.data.text",
         "gputrain.data.tokens",
+        "gputrain.data.instructions",
+        "gputrain.data.text_classes",
     ]
 )
 

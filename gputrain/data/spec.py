@@ -31,6 +31,14 @@ class DataSpec:
     size_field: str | None = None
     """The config field that sets the size of these samples (data.image_size for image folders,
     data.shape for synthetic data); None where the source's size is fixed (digits, MNIST, a table)."""
+    pad_id: int | None = None
+    """Token sequences padded on the right with this id (text_classes): a classifier reads each
+    sequence up to its last other token, and a Hugging Face model is given the matching attention mask."""
+    document_end: int | None = None
+    """Token sequences that pack several documents, each ending with this id (instructions): a model
+    that can keeps attention and positions within each document (models/gpt.py)."""
+    class_names: tuple[str, ...] | None = None
+    """Classification: the name of each class id, in order, where the source has names (text_classes)."""
 
     @property
     def num_model_outputs(self) -> int:

@@ -1,7 +1,16 @@
 """A GPT-2-style decoder: pre-norm blocks, learned positions, tied input/output embeddings.
 
 Attention goes through `F.scaled_dot_product_attention(is_causal=True)`, so CUDA picks the flash
-or memory-efficient kernels. With biases, vocab 50257, context 1024, d_model 768, 12 layers and
+or memory-efficient kernels.
+
+Data that packs several documents in a sequence, each ending with a known id (the spec's
+`document_end`: data.name=instructions), is read document by document: a block-diagonal causal
+mask from per-token document ids (SDPA's `attn_mask`, so the memory-efficient kernel rather than
+flash on CUDA) and positions that restart at each document, so every document's logits are those
+it would have alone. Token-id classification data (data.name=text_classes) gets a classification
+head in place of the language-model head's use: the final hidden state of each sequence's last
+token that is not padding (the spec's `pad_id`; a causal model's last token has read the whole
+text) through a linear layer to the classes. With biases, vocab 50257, context 1024, d_model 768, 12 layers and
 12 heads this is GPT-2 124M: 124,439,808 parameters (the output layer shares the token embedding).
 """
 
@@ -34,6 +43,11 @@ class GPTShape:
     bias: bool = True
     dropout: float = 0.0
     activation: str = "gelu"
+    document_end: int | None = None
+    """Sequences pack documents each ending with this id: attention and positions stay within each."""
+    num_classes: int | None = None
+    """A classifier of token sequences: logits [B, num_classes] at the last token that is not `pad_id`."""
+    pad_id: int | None = None
 
 
 class CausalSelfAttention(nn.Module):
@@ -65,9 +79,14 @@ class CausalSelfAttention(nn.Module):
         B, _, T, _ = y.shape
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, -1)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`mask` (bool [B, 1, T, T], True where attention may go) replaces the causal mask."""
         q, k, v = self._heads(x)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        dropout = self.dropout if self.training else 0.0
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
         return self._merge(y)
 
     def forward_cached(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
@@ -112,8 +131,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(shape.d_model, bias=shape.bias)
         self.mlp = MLP(shape)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        # the mask only where there is one: tensor parallelism prepares the attention's inputs one by one
+        x = x + (self.attn(self.ln_1(x)) if mask is None else self.attn(self.ln_1(x), mask))
         return x + self.mlp(self.ln_2(x))
 
     def forward_cached(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
@@ -146,6 +166,8 @@ class GPT(nn.Module):
         self.ln_f: nn.Module = nn.LayerNorm(shape.d_model, bias=shape.bias)
         self.lm_head: nn.Module = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one matrix embeds and un-embeds
+        # a classifier's head; the tied lm_head holds no parameter of its own, so none goes unused
+        self.cls_head = nn.Linear(shape.d_model, shape.num_classes) if shape.num_classes is not None else None
         run_init_steps(self, self.init_steps())
 
     def init_steps(self) -> list[InitStep]:
@@ -164,11 +186,19 @@ class GPT(nn.Module):
         T = idx.shape[1]
         if self.shape.seq_len < T:  # shapes only: no host-device sync
             raise ValueError(f"sequence of {T} tokens is longer than the model's context ({self.shape.seq_len})")
-        positions = torch.arange(T, device=idx.device)
+        mask = None
+        if self.shape.document_end is None:
+            positions = torch.arange(T, device=idx.device)
+        else:
+            positions, mask = document_positions_and_mask(idx, self.shape.document_end)
         x = self.drop(self.wte(idx) + self.wpe(positions))
         for block in self.blocks:
-            x = block(x)
-        return self.lm_head(self.ln_f(x))
+            x = block(x) if mask is None else block(x, mask)
+        x = self.ln_f(x)
+        if self.cls_head is not None:
+            last = last_real_token(idx, self.shape.pad_id)  # gathered: torch.export keeps the batch dynamic
+            return self.cls_head(x.gather(1, last.view(-1, 1, 1).expand(-1, 1, x.shape[-1])).squeeze(1))
+        return self.lm_head(x)
 
     def forward_cached(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Logits [B, T, vocab_size] of the new tokens `idx` [B, T], which follow the `cache.length`
@@ -191,6 +221,30 @@ class GPT(nn.Module):
             x = block.forward_cached(x, cache.keys[layer], cache.values[layer], start)
         cache.length = start + T
         return self.lm_head(self.ln_f(x))
+
+
+def document_positions_and_mask(idx: torch.Tensor, document_end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For token ids [B, T] that pack documents each ending with `document_end`: each token's position
+    within its document [B, T], and the attention mask [B, 1, T, T] (True: token i may attend to j)
+    that lets a token see the tokens of its own document up to itself. On the device, no sync."""
+    T = idx.shape[1]
+    ends = (idx == document_end).long()
+    doc = ends.cumsum(dim=1) - ends  # a document's end token is its own, the next token starts another
+    causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
+    mask = (doc[:, :, None] == doc[:, None, :]) & causal
+    # a token's position: the tokens of its document it sees, less itself (no slicing of T: torch.export
+    # keeps the sequence length dynamic down to 1)
+    return mask.sum(dim=-1) - 1, mask[:, None]
+
+
+def last_real_token(idx: torch.Tensor, pad_id: int | None) -> torch.Tensor:
+    """Index [B] of each sequence's last token that is not `pad_id` (the last token without one; 0 for
+    a sequence of padding only), the rule of transformers' decoder sequence classifiers."""
+    T = idx.shape[1]
+    if pad_id is None:
+        return torch.full_like(idx[:, 0], T - 1)
+    arange = torch.arange(T, device=idx.device)
+    return (arange * (idx != pad_id)).argmax(dim=1)
 
 
 class KVCache:
@@ -225,13 +279,13 @@ def resolve_gpt_shape(config: ModelConfig, spec: DataSpec) -> GPTShape:
         ConfigError: the data is not token sequences, its windows exceed the context, or its vocabulary
             exceeds model.vocab_size.
     """
-    if spec.task != "lm" or spec.vocab_size is None:
+    if spec.task == "regression" or spec.vocab_size is None:
         raise ConfigError(
             "model.name",
-            f"gpt models token sequences (data.task=lm); this data is {spec.task} "
+            f"gpt models token sequences (data.task=lm, or classification of token ids); this data is {spec.task} "
             f"with samples of shape {list(spec.input_shape)}",
             config.name,
-            hint="use data.name=text, tokens or synthetic with data.task=lm",
+            hint="use data.name=text, tokens, instructions or synthetic with data.task=lm, or text_classes",
         )
     data_seq_len = spec.input_shape[0]
     check_gpt_context(config, data_seq_len)
@@ -254,6 +308,9 @@ def resolve_gpt_shape(config: ModelConfig, spec: DataSpec) -> GPTShape:
         bias=config.bias,
         dropout=config.dropout or 0.0,
         activation="gelu" if config.activation == "auto" else config.activation,
+        document_end=spec.document_end,
+        num_classes=spec.num_classes if spec.task == "classification" else None,
+        pad_id=spec.pad_id,
     )
 
 

@@ -64,6 +64,13 @@ def gpt_pipeline_stages(
     holds the embedding/head matrix the first and last stages share (None where it holds neither).
     """
     assert isinstance(holder, GPT)  # models/plans.py hands this cut only GPTs
+    if holder.shape.document_end is not None or holder.shape.num_classes is not None:
+        # a stage passes only the residual stream on: no document mask, no padding to pool at
+        raise ConfigError(
+            "parallel.pp",
+            "pipeline stages of gpt read plain token windows; packed instruction data and text classes are not cut",
+            hint="use ddp or fsdp (or data.pack=false for instructions)",
+        )
     num_stages = len(ranges)
     first, last = 0 in stage_ids, num_stages - 1 in stage_ids
     stages: list[nn.Module] = [GPTStage(holder, ranges[s], first=s == 0, last=s == num_stages - 1) for s in stage_ids]
@@ -90,6 +97,13 @@ def gpt_tp_plan(model: nn.Module, tp_degree: int) -> dict[str, ParallelStyle]:
         ConfigError: the heads do not divide over the ranks (each rank takes whole heads).
     """
     assert isinstance(model, (GPT, GPTStage))  # models/plans.py hands this plan only GPTs and their stages
+    if model.shape.document_end is not None or model.shape.num_classes is not None:
+        raise ConfigError(
+            "parallel.tp",
+            "gpt's tensor-parallel plan covers plain token windows, not packed instruction data or text classes",
+            tp_degree,
+            hint="use ddp or fsdp (or data.pack=false for instructions)",
+        )
     if model.shape.n_head % tp_degree:
         raise ConfigError(
             "parallel.tp",

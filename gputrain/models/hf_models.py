@@ -7,10 +7,20 @@ weights (model.safetensors, pytorch_model.bin, or their sharded indexes) is load
 (`from_config`). Nothing is downloaded, and no code from the directory runs (trust_remote_code
 stays off). Weights are kept in fp32, as gputrain's own models are: mixed precision is the
 trainer's (`train.precision`), whatever dtype the checkpoint was saved in.
+
+Token data padded on the right (the spec's `pad_id`: data.name=text_classes): the model is given
+the attention mask of the tokens up to the last that is not padding, and its padding is the
+model's own `pad_token_id` where its config has one (the data's padding is replaced by it: a
+pretrained encoder such as RoBERTa numbers its positions from its pad id), else the data's, which
+then becomes the model's (a decoder's classifier reads the last token that is not its pad id).
+Packed instruction data is refused: transformers keeps packed documents apart only with
+flash-attention-2 (position_ids restarts), so attention would cross examples; `data.pack=false`
+gives one example per sequence.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +32,7 @@ from gputrain.config.schema import ModelConfig
 from gputrain.data.spec import DataSpec
 from gputrain.errors import ConfigError
 from gputrain.models.ecosystem import import_library
+from gputrain.models.gpt import last_real_token
 from gputrain.models.registry import register_model
 
 _WEIGHT_FILES = (
@@ -43,16 +54,28 @@ class HFLogits(nn.Module):
     (observe/flops.py).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, pad_id: int | None = None, model_pad_id: int | None = None) -> None:
         super().__init__()
         self.model = model
+        self.pad_id = pad_id
+        """Inputs are padded on the right with this id: attention covers each up to its last other token."""
+        self.model_pad_id = model_pad_id if model_pad_id != pad_id else None
+        """The model's own pad id, which replaces the data's padding, where it is another."""
 
     @property
     def config(self) -> Any:
         return self.model.config
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.model(input_ids=input_ids).logits
+        if self.pad_id is None:
+            logits: torch.Tensor = self.model(input_ids=input_ids).logits
+            return logits
+        # padding is what follows the last other token (a pad id inside the text stays text)
+        last = last_real_token(input_ids, self.pad_id)
+        mask = torch.arange(input_ids.shape[1], device=input_ids.device) <= last[:, None]
+        if self.model_pad_id is not None:
+            input_ids = torch.where(mask, input_ids, self.model_pad_id)
+        logits = self.model(input_ids=input_ids, attention_mask=mask.long()).logits
         return logits
 
 
@@ -84,9 +107,17 @@ def _check_fits_data(hf_config: Any, spec: DataSpec, model_name: str) -> None:
         raise ConfigError(
             "model.name",
             f"a sequence classifier takes token ids; this data gives {spec.input_shape[0]} numbers per sample that "
-            "are not token ids (gputrain's data sources give token ids for language modelling only, data.task=lm): "
-            "train one from Python, on a Dataset of (input_ids, labels)",
+            "are not token ids: use data.name=text_classes (a text column and a label column, read through "
+            "data.tokenizer)",
             model_name,
+        )
+    if spec.document_end is not None:
+        raise ConfigError(
+            "data.pack",
+            "packs several examples per sequence, and a transformers model would attend across them "
+            "(it keeps packed documents apart only with flash-attention-2)",
+            True,
+            hint="set data.pack=false: one example per sequence, padded",
         )
     vocab = getattr(hf_config, "vocab_size", None)
     if spec.vocab_size is not None and isinstance(vocab, int) and vocab < spec.vocab_size:
@@ -116,8 +147,39 @@ def _auto_class(transformers: Any, spec: DataSpec, hf_config: Any) -> Any:
         hf_config.pad_token_id = None
         return transformers.AutoModelForCausalLM
     hf_config.num_labels = spec.num_model_outputs
+    if spec.pad_id is not None and getattr(hf_config, "pad_token_id", None) is None:
+        hf_config.pad_token_id = spec.pad_id  # the data's padding, which a decoder's classifier looks for
+    if spec.class_names is not None:  # after num_labels, which resets them
+        hf_config.id2label = dict(enumerate(spec.class_names))
+        hf_config.label2id = {name: i for i, name in enumerate(spec.class_names)}
     hf_config.problem_type = "regression" if spec.task == "regression" else "single_label_classification"
     return transformers.AutoModelForSequenceClassification
+
+
+def _check_num_labels(config_file: Path, spec: DataSpec, config_path: str) -> None:
+    """A config.json that declares its classifier's labels (num_labels, id2label) declares as many as the
+    data has classes: a pretrained head of another size would be dropped or fail to load. A config
+    that declares none (a bare GPT-2 config) gets the data's number.
+
+    Raises:
+        ConfigError: naming model.hf_config, both counts and the fix.
+    """
+    try:
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return  # AutoConfig read it; what it cannot read it has already refused
+    declared = raw.get("num_labels") if isinstance(raw, dict) else None
+    if declared is None and isinstance(raw, dict) and isinstance(raw.get("id2label"), dict):
+        declared = len(raw["id2label"])
+    classes = spec.num_model_outputs
+    if isinstance(declared, int) and declared != classes:
+        names = f" ({', '.join(spec.class_names[:10])})" if spec.class_names else ""
+        raise ConfigError(
+            "model.hf_config",
+            f"declares a classifier of {declared} labels, but the data has {classes} classes{names}",
+            config_path,
+            hint=f"set num_labels (and id2label) in {config_file} to {classes} classes, or use data of {declared}",
+        )
 
 
 def _check_classifies_batches(model: nn.Module, config_path: str) -> None:
@@ -156,6 +218,8 @@ def build_hf_model(config: ModelConfig, spec: DataSpec) -> nn.Module:
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError("model.hf_config", f"transformers cannot read it: {exc}", config.hf_config) from exc
     _check_fits_data(hf_config, spec, config.name)
+    if spec.task == "classification":
+        _check_num_labels(config_file, spec, config.hf_config)
     auto_class = _auto_class(transformers, spec, hf_config)
     if weights_dir is not None and config.init != "default":
         raise ConfigError(
@@ -181,4 +245,6 @@ def build_hf_model(config: ModelConfig, spec: DataSpec) -> nn.Module:
     model = model.float()
     if spec.task != "lm":
         _check_classifies_batches(model, config.hf_config)
-    return HFLogits(model)
+    if spec.task == "lm":
+        return HFLogits(model)
+    return HFLogits(model, spec.pad_id, getattr(hf_config, "pad_token_id", None))

@@ -37,6 +37,10 @@ def build_mlp(config: ModelConfig, spec: DataSpec) -> nn.Module:
         raise ConfigError(
             "model.name", "mlp cannot model token sequences; use a language model such as gpt", config.name
         )
+    if spec.vocab_size is not None:  # ids are names of tokens, not quantities an MLP could weigh
+        raise ConfigError(
+            "model.name", "mlp reads numeric features, and this data gives token ids; use gpt or hf", config.name
+        )
     return MLP(
         num_features(spec.input_shape),
         config.hidden_sizes,

@@ -42,6 +42,7 @@ from gputrain.run.layout import TOKENIZER as TOKENIZER_DIR  # the folder `Tokeni
 META = "tokenizer_meta.json"
 HF_FILE = "tokenizer.json"
 HF_CONFIG = "tokenizer_config.json"
+CHAT_TEMPLATE = "chat_template.jinja"
 TIKTOKEN_FILE = "encoding.tiktoken"
 TIKTOKEN_SPECIALS = "encoding.json"
 """A saved tiktoken tokenizer's files: the ranks as given, and the pattern and special tokens."""
@@ -268,7 +269,7 @@ def _load_hf(path: Path, kind: str = "hf") -> Tokenizer:
         vocab_size=max(vocab.values()) + 1,
         eos_id=_hf_eos(vocab, config),
         source=str(path),
-        chat_template=_chat_template(config),
+        chat_template=_chat_template(config, path.parent),
     )
 
 
@@ -292,8 +293,18 @@ def _hf_eos(vocab: dict[str, int], config: dict[str, Any]) -> int | None:
     return next((vocab[name] for name in EOS_NAMES if name in vocab), None)
 
 
-def _chat_template(config: dict[str, Any]) -> str | None:
+def _chat_template(config: dict[str, Any], directory: Path) -> str | None:
+    """tokenizer_config.json's chat template, else a chat_template.jinja beside it (where transformers
+    4.43 and later save it)."""
     template = config.get("chat_template")
+    jinja = directory / CHAT_TEMPLATE
+    if template is None and jinja.is_file():
+        try:
+            template = _read(jinja, CHAT_TEMPLATE).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise DataError(
+                f"{jinja}: not UTF-8 text ({err.reason} at byte {err.start}), so not a chat template"
+            ) from None
     if isinstance(template, list):  # several named templates: the default one
         template = next(
             (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None

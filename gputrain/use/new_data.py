@@ -1,6 +1,7 @@
 """New labelled data for `evaluate` (`data.path=...` on its command line), read whole as raw samples
 of the run's data source and labelled with the run's classes, vocabulary or token range (a prepared
-folder of token shards is streamed from its shards instead: its val split, else its train split).
+folder of token shards is streamed from its shards instead: its val split, else its train split; text
+classes and instructions through the run's data.tokenizer).
 
 The run's preprocessing (its training split's statistics, not the new file's) is applied to them
 batch by batch on the device, and the targets keep the model's class order: a new CSV file that
@@ -53,7 +54,15 @@ def read_new_data(
     """
     source = pre.source
     path = Path(data.val_path if source == "tokens" and data.val_path else data.path or "")
-    readers = {"csv": _csv, "image_folder": _image_folder, "mnist": _mnist, "text": _text, "tokens": _tokens}
+    readers = {
+        "csv": _csv,
+        "image_folder": _image_folder,
+        "mnist": _mnist,
+        "text": _text,
+        "tokens": _tokens,
+        "instructions": _instructions,
+        "text_classes": _text_classes,
+    }
     if source not in readers:
         raise UsageError(
             f"data.name={source} reads no data files: evaluate one of its splits with --split (train, val, test)"
@@ -157,6 +166,23 @@ def _prepared_tokens(pre: Preprocessing, folder: Path) -> Dataset:
             "vocabulary is fixed"
         )
     return TokenWindows(stream, seq_len, 0, count, vocab_size=pre.vocab_size)
+
+
+def _instructions(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:
+    """Instruction records tokenized, labelled and packed as training read them (data/instructions.py)."""
+    from gputrain.data.instructions import read_sequences
+
+    return read_sequences(path, data)
+
+
+def _text_classes(pre: Preprocessing, path: Path, data: DataConfig) -> Dataset:
+    """Texts and labels against the model's classes, by name: a label it has no output for is refused."""
+    from gputrain.data.records import read_tokenizer
+    from gputrain.data.text_classes import pad_of, read_labelled
+
+    assert pre.class_names is not None
+    tokenizer = read_tokenizer(data)
+    return read_labelled(path, data, tokenizer, pad_of(tokenizer), pre.class_names, "the model")
 
 
 def _windows(ids: torch.Tensor, seq_len: int, path: Path) -> TensorData:

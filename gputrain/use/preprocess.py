@@ -68,6 +68,8 @@ class Preprocessing:
             "text": "character ids (see vocab)",
             "tokens": "token ids",
             "synthetic": "samples as data.name=synthetic generates them",
+            "instructions": "token ids of prompt/response text (data.tokenizer)",
+            "text_classes": "token ids of text (data.tokenizer), padded on the right to data.seq_len",
         }.get(self.source, f"samples as data.name={self.source} gives them")
         return {"dtype": dtype, "shape": ["batch", *self.input_shape], "meaning": meaning}
 
@@ -203,6 +205,8 @@ def _with_feature_stats(pre: Preprocessing, config: Config, normalised: TensorDa
 
 def _class_names(pre: Preprocessing, config: Config, spec: DataSpec) -> tuple[str, ...]:
     assert spec.num_classes is not None
+    if spec.class_names is not None:
+        return spec.class_names
     if pre.table is not None and pre.table.classes is not None:
         return pre.table.classes
     if pre.source == "image_folder":

@@ -48,6 +48,7 @@ _GROUPS = {
     "test_cadence.py": "cadences and limits",
     "test_tokenizers.py": "tokenizers",
     "test_token_shards.py": "token shards",
+    "test_lm_inputs.py": "language-model inputs",
 }
 _cases: Counter[str] = Counter()
 

@@ -179,5 +179,5 @@ def test_cli_refuses_a_sequence_classifier_on_data_without_token_ids(tmp_path: P
     assert code == 2 and len(err) == 1
     assert err[0] == (
         "gputrain train: config error: model.name = 'hf': a sequence classifier takes token ids; this data gives 3 "
-        "numbers per sample that are not token ids (gputrain's data sources give token ids for language modelling "
-        "only, data.task=lm): train one from Python, on a Dataset of (input_ids, labels)")
+        "numbers per sample that are not token ids: use data.name=text_classes (a text column and a label column, "
+        "read through data.tokenizer)")
