@@ -41,6 +41,11 @@ class TextSize:
     bytes: int
 
 
+_LM_SOURCES = ("tokens",)
+"""Sources of token ids whose new data may be plain text, read through the run's tokenizer into
+windows (instructions and text classes read their own records through it)."""
+
+
 def read_new_data(
     pre: Preprocessing, data: DataConfig, tokenizer: TextTokenizer | None = None
 ) -> tuple[Dataset, TextSize | None]:
@@ -69,7 +74,7 @@ def read_new_data(
         )
     if not path.exists():
         raise DataError(f"data.path: no such file or folder: {path}")
-    if tokenizer is not None and source != "text" and path.suffix != ".bin" and not path.is_dir():
+    if tokenizer is not None and source in _LM_SOURCES and path.suffix != ".bin" and not path.is_dir():
         windows, size = _tokenized_text(tokenizer, path, pre.input_shape[0])
         return _capped(windows, data.max_eval_samples), size
     return _capped(readers[source](pre, path, data), data.max_eval_samples), None
