@@ -9,12 +9,12 @@ since prepare", refused.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from gputrain.errors import DataError, UsageError
+from gputrain.prepare.shards import sha256_of
 from gputrain.prepare.sources import SourceFile
 from gputrain.run.output import atomic, marked, read_json
 
@@ -29,8 +29,7 @@ def fingerprint(files: list[SourceFile]) -> list[dict[str, Any]]:
     rows = []
     for f in files:
         try:
-            with f.path.open("rb") as handle:
-                digest = hashlib.file_digest(handle, "sha256").hexdigest()
+            digest = sha256_of(f.path)
         except OSError as err:
             raise DataError(f"{f.path}: cannot be read ({err.strerror or err})") from None
         rows.append({"path": str(f.path), "bytes": f.path.stat().st_size, "sha256": digest})

@@ -48,9 +48,13 @@ class SplitCount:
         return SplitCount(**data)
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
+    """A file's sha256, hex (read a MiB at a time: hashlib.file_digest is Python 3.11's)."""
+    digest = hashlib.sha256()
     with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _either(out: Path, name: str) -> Path:
@@ -102,7 +106,7 @@ class SplitWriter:
         self._file = None
         name = shard_name(self.split, len(self.count.shards))
         self.count.shards.append(
-            {"file": name, "tokens": self.count.open_tokens, "sha256": _sha256(self.out / (name + PART))}
+            {"file": name, "tokens": self.count.open_tokens, "sha256": sha256_of(self.out / (name + PART))}
         )
         self.count.open_tokens = 0
 

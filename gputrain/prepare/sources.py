@@ -18,6 +18,7 @@ are the corpus's own. Every refusal is a DataError: one line naming the file (an
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import json
 import os
 import stat
@@ -147,10 +148,10 @@ def expand(sources: list[str], pattern: str) -> list[SourceFile]:
 
 
 def _pyarrow() -> Any:
-    try:
-        import pyarrow
-        import pyarrow.ipc
-        import pyarrow.parquet
+    try:  # imported by name: pyarrow has no type stubs, and is optional
+        pyarrow = importlib.import_module("pyarrow")
+        importlib.import_module("pyarrow.ipc")
+        importlib.import_module("pyarrow.parquet")
     except ImportError:
         raise UsageError("reading Parquet and saved datasets needs pyarrow: pip install 'gputrain[lm]'") from None
     return pyarrow

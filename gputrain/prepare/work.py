@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import secrets
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,10 +46,13 @@ from gputrain.prepare.manifest import (
 from gputrain.prepare.progress import PrepareProgress
 from gputrain.prepare.shards import PART, SplitCount, SplitWriter, dtype_for
 from gputrain.prepare.sources import SourceFile, check, documents, expand
-from gputrain.prepare.tokenizer import TOKENIZER_DIR, Tokenizer, load_tokenizer, train_bpe
+from gputrain.prepare.tokenizer import Tokenizer, load_tokenizer, train_bpe
 from gputrain.run.output import Owner, check_output_folder, make_folder, marked
 
 SPLITS = ("train", "val")
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_META = "tokenizer_meta.json"
+"""What `Tokenizer.save(OUT)` writes (the contract's §1): OUT/tokenizer/, its record last."""
 DEFAULT_SHARD_TOKENS = 100_000_000
 BATCH_BYTES = 1 << 20
 """Text a batch of documents holds at most (one document more than this is a batch of its own)."""
@@ -86,11 +90,20 @@ class Outcome:
 
 
 def _ours(folder: Path) -> bool:
-    """A folder `prepare` wrote (a manifest or a resume state) holding nothing else."""
+    """A folder `prepare` wrote (a manifest, a resume state, or a start's saved tokenizer) holding nothing else."""
     names = [p.name for p in folder.iterdir()]
-    return (read_manifest(folder) is not None or read_state(folder) is not None) and all(
-        any(fnmatch.fnmatchcase(name, pattern) for pattern in OUR_NAMES) for name in names
-    )
+    mark = read_manifest(folder) or read_state(folder) or (folder / TOKENIZER_DIR / TOKENIZER_META).is_file()
+    return bool(mark) and all(any(fnmatch.fnmatchcase(name, pattern) for pattern in OUR_NAMES) for name in names)
+
+
+def _save_tokenizer(tokenizer: Tokenizer, out: Path) -> None:
+    """OUT/tokenizer, whole or not at all (it marks OUT as prepare's before the first state is saved)."""
+    staging = out / f".{TOKENIZER_DIR}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    folder = tokenizer.save(staging)
+    if (out / TOKENIZER_DIR).is_dir():  # a start killed before its first state: begun again
+        shutil.rmtree(out / TOKENIZER_DIR)
+    folder.replace(out / TOKENIZER_DIR)
+    staging.rmdir()
 
 
 def _check_options(o: Options) -> None:
@@ -231,7 +244,7 @@ def prepare(o: Options) -> Outcome:
                     "give one that has"
                 )
             make_folder(out, "--out")
-            tokenizer.save(out)
+            _save_tokenizer(tokenizer, out)
             state = {
                 **marked("prepare"),
                 "settings": settings,
