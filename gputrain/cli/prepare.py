@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             glob=args.glob,
             val_fraction=args.val_fraction,
             seed=args.seed,
-            workers=args.workers or _cores(),
+            workers=_cores() if args.workers is None else args.workers,
             shard_tokens=args.shard_tokens,
             quiet=args.quiet,
         )

@@ -58,6 +58,8 @@ def _size(path: Path, where: str) -> int:
     try:
         info = path.stat()
     except OSError as err:  # a dangling link, a loop of links, no permission
+        if path.is_symlink():
+            raise DataError(f"{where}: a symbolic link to nothing (or a loop of links); remove or mend it") from None
         raise DataError(f"{where}: cannot be read ({err.strerror or err})") from None
     if not stat.S_ISREG(info.st_mode):
         raise DataError(f"{where}: not a regular file; give text, JSONL or Parquet files, or folders of them")
@@ -106,9 +108,6 @@ def _walk(folder: Path, pattern: str) -> Iterator[Path]:
                 yield from visit(path)
             elif fnmatch.fnmatchcase(entry.name, pattern):
                 yield path
-            elif entry.is_symlink() and not os.path.exists(path):
-                # a link to nothing, or to itself: a corpus with a hole in it
-                raise DataError(f"{path}: a symbolic link to nothing (or to itself); remove or mend it")
         seen.pop()
 
     yield from visit(folder)

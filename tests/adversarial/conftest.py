@@ -45,6 +45,7 @@ _GROUPS = {
     "test_user_optimizer.py": "user optimizers",
     "test_callbacks.py": "callbacks",
     "test_token_loss.py": "token losses",
+    "test_prepare.py": "prepared corpora",
 }
 _cases: Counter[str] = Counter()
 

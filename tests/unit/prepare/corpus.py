@@ -48,7 +48,10 @@ def prepare(*args: str | Path) -> tuple[int, str, str]:
     """`gputrain prepare ARGS --quiet` in this process: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["prepare", *map(str, args), "--quiet"])
+        try:
+            code = main(["prepare", *map(str, args), "--quiet"])
+        except SystemExit as exit:  # argparse's refusals
+            code = int(exit.code or 0)
     return code, out.getvalue(), err.getvalue()
 
 
