@@ -20,6 +20,9 @@ from gputrain.run.output import atomic, marked, read_json
 
 MANIFEST = "manifest.json"
 STATE = ".prepare-state.json"
+SOURCES = ".prepare-sources.json"
+"""The state's list of source files, written once at the start: the state, saved after every batch,
+stays small whatever the number of files."""
 FORMAT = "gputrain-tokens"
 VERSION = 1
 
@@ -43,8 +46,19 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_state(out: Path) -> dict[str, Any] | None:
+    """The resume state with its sources (None where there is none, or it is not prepare's)."""
     data = read_json(out / STATE)
-    return data if isinstance(data, dict) and data.get("written_by") == marked("prepare")["written_by"] else None
+    if not (isinstance(data, dict) and data.get("written_by") == marked("prepare")["written_by"]):
+        return None
+    sources = read_json(out / SOURCES)
+    return {**data, "sources": sources.get("sources") if isinstance(sources, dict) else None}
+
+
+def write_state(out: Path, state: dict[str, Any], *, first: bool = False) -> None:
+    """The resume state (its sources only `first`, to their own file)."""
+    if first:
+        write_json(out / SOURCES, {**marked("prepare"), "sources": state["sources"]})
+    write_json(out / STATE, {k: v for k, v in state.items() if k != "sources"})
 
 
 def read_manifest(out: Path) -> dict[str, Any] | None:

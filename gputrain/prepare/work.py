@@ -35,6 +35,7 @@ from gputrain.errors import DataError, Interrupted, UsageError
 from gputrain.prepare.encode import Batch, Encoding, draws, encoded
 from gputrain.prepare.manifest import (
     MANIFEST,
+    SOURCES,
     STATE,
     fingerprint,
     manifest,
@@ -42,6 +43,7 @@ from gputrain.prepare.manifest import (
     read_state,
     same_corpus,
     write_json,
+    write_state,
 )
 from gputrain.prepare.progress import PrepareProgress
 from gputrain.prepare.shards import PART, SplitCount, SplitWriter, dtype_for
@@ -54,14 +56,16 @@ TOKENIZER_DIR = "tokenizer"
 TOKENIZER_META = "tokenizer_meta.json"
 """What `Tokenizer.save(OUT)` writes (the contract's §1): OUT/tokenizer/, its record last."""
 DEFAULT_SHARD_TOKENS = 100_000_000
-BATCH_BYTES = 1 << 20
-"""Text a batch of documents holds at most (one document more than this is a batch of its own)."""
-BATCH_DOCUMENTS = 4096
+BATCH_BYTES = 1 << 18
+"""Text a batch of documents holds at most (one document more than this is a batch of its own):
+small enough that the last batches keep every worker busy, large enough that a batch's passage
+through the pool and the state saved after it cost little beside its tokenizing."""
+BATCH_DOCUMENTS = 1024
 TRAIN_SAMPLE_BYTES = 1 << 30
 """Source bytes a trained tokenizer sees at most (module docstring)."""
 MIN_TRAINED_VOCAB = 257
 """A byte-level BPE holds the 256 bytes and the eos token at least."""
-OUR_NAMES = (MANIFEST, STATE, TOKENIZER_DIR, "train-*.bin", "val-*.bin", f"*.bin{PART}", ".*.tmp-*")
+OUR_NAMES = (MANIFEST, STATE, SOURCES, TOKENIZER_DIR, "train-*.bin", "val-*.bin", f"*.bin{PART}", ".*.tmp-*")
 """Every name prepare writes in OUT (a temporary of `atomic` included)."""
 
 
@@ -198,8 +202,8 @@ def _remove_work(out: Path, created: bool) -> None:
         out.rmdir()
 
 
-def _save_state(out: Path, state: dict[str, Any]) -> None:
-    write_json(out / STATE, state)
+def _save_state(out: Path, state: dict[str, Any], *, first: bool = False) -> None:
+    write_state(out, state, first=first)
 
 
 def prepare(o: Options) -> Outcome:
@@ -231,7 +235,8 @@ def prepare(o: Options) -> Outcome:
                 "give that one, or another --out"
             )
     if done is not None:
-        (out / STATE).unlink(missing_ok=True)  # a kill between the manifest and the state's removal
+        for name in (STATE, SOURCES):  # a kill between the manifest and the state's removal
+            (out / name).unlink(missing_ok=True)
         return Outcome(out, done, already=True)
     created = not present
     total_bytes = sum(row["bytes"] for row in sources)
@@ -254,7 +259,7 @@ def prepare(o: Options) -> Outcome:
                 "source_bytes_read": 0,
                 "splits": {split: SplitCount().to_json() for split in SPLITS},
             }
-            _save_state(out, state)
+            _save_state(out, state, first=True)
         else:
             tokenizer = load_tokenizer(out / TOKENIZER_DIR)
             if tokenizer.hash != state["tokenizer"]["hash"]:
@@ -318,4 +323,5 @@ def _work(
     )
     write_json(out / MANIFEST, record)
     os.unlink(out / STATE)
+    os.unlink(out / SOURCES)
     return record

@@ -18,6 +18,7 @@ from tests.unit.prepare.corpus import documents, files_of, prepare
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = documents(150)
+STATE = {".prepare-state.json", ".prepare-sources.json"}
 WRITES = 1 + -(-len(DOCS) // 7) + 1
 """The records a run in batches of 7 documents writes: the first state, one a batch, the manifest."""
 # The command in a process of its own, batches of 7 documents, killed (SIGKILL) just before its Nth
@@ -28,18 +29,22 @@ import os, signal, sys
 from gputrain.prepare import manifest, work
 work.BATCH_DOCUMENTS = 7
 kill_at, writes = int(sys.argv[1]), [0]
-write_json = manifest.write_json
+write_json, save_state = work.write_json, work._save_state
 def kill():
     os.kill(os.getpid(), signal.SIGKILL)
-def killed(path, data):
+def counted():
     writes[0] += 1
     if writes[0] == kill_at:
         kill()
+def manifest_written(path, data):
+    counted()
     write_json(path, data)
-    if kill_at == 0 and path.name == manifest.MANIFEST:
+    if kill_at == 0:
         os.unlink = lambda path: kill()
-work.write_json = killed
-work._save_state = lambda out, state: killed(out / manifest.STATE, state)
+def state_saved(out, state, first=False):
+    counted()
+    save_state(out, state, first=first)
+work.write_json, work._save_state = manifest_written, state_saved
 from gputrain.cli import main
 sys.exit(main(["prepare", *sys.argv[2:]]))
 """
@@ -69,9 +74,9 @@ SETTINGS = ("--val-fraction", "0.1", "--shard-tokens", "900", "--workers", "2")
     ("kill_at", "left"),
     [
         (1, {"tokenizer"}),  # the tokenizer saved, no state yet
-        (9, {"tokenizer", ".prepare-state.json", "part"}),  # a batch's tokens past the saved state
-        (WRITES, {"tokenizer", ".prepare-state.json", "bin"}),  # the shards named, no manifest yet
-        (0, {"tokenizer", ".prepare-state.json", "bin", "manifest.json"}),  # the state not removed yet
+        (9, {"tokenizer", *STATE, "part"}),  # a batch's tokens past the saved state
+        (WRITES, {"tokenizer", *STATE, "bin"}),  # the shards named, no manifest yet
+        (0, {"tokenizer", *STATE, "bin", "manifest.json"}),  # the state not removed yet
     ],
 )
 def test_killed_then_rerun_ends_with_the_unbroken_bytes(
