@@ -15,6 +15,7 @@ import collections
 import hashlib
 import multiprocessing
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,11 +93,30 @@ Batch = tuple[int, list[str], int]
 """(index of the first document, the documents' texts, the source bytes they took)"""
 
 
+def _pool(workers: int, tokenizer_dir: Path, encoding: Encoding) -> Any:
+    """`workers` processes with the tokenizer loaded. Forked where this process runs no other thread
+    (Linux: a worker starts at once, as nanoGPT's do), else spawned (nothing of this process's
+    threads or locks inherited). The tokenizers library's own threads, where a trained tokenizer
+    started them, are told off in the children (TOKENIZERS_PARALLELISM=false, set before the fork,
+    so the library disables them there without a warning)."""
+    fork = "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    context = multiprocessing.get_context("fork" if fork else "spawn")
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        return context.Pool(workers, initializer=_init, initargs=(str(tokenizer_dir), encoding))
+    finally:
+        if previous is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
+
+
 def encoded(
     batches: Iterable[Batch], tokenizer: Tokenizer, tokenizer_dir: Path, encoding: Encoding, workers: int
 ) -> Iterator[Encoded]:
     """Each batch encoded, in order: in this process for one worker, else in a pool of `workers`
-    processes (spawned: nothing of this process's state, threads or locks is inherited)."""
+    processes (`_pool`)."""
     if workers == 1:
         previous = os.environ.get("TOKENIZERS_PARALLELISM")
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -109,8 +129,7 @@ def encoded(
             else:
                 os.environ["TOKENIZERS_PARALLELISM"] = previous
         return
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=_init, initargs=(str(tokenizer_dir), encoding)) as pool:
+    with _pool(workers, tokenizer_dir, encoding) as pool:
         pending: collections.deque[Any] = collections.deque()
         for batch in batches:
             pending.append(pool.apply_async(_encode_in_worker, batch))

@@ -12,8 +12,12 @@ class PrepareProgress:
 
     def __init__(self, total_bytes: int, done_bytes: int, *, quiet: bool) -> None:
         self._bar: Any = None
-        if quiet or not sys.stderr.isatty():
-            return
+        self._shown = not quiet and sys.stderr.isatty()
+        self._total, self._done = total_bytes, done_bytes
+
+    def _start(self) -> None:
+        """The bar, at the first progress: its refresh thread starts after the pool's workers are forked."""
+        self._shown = False
         from rich.console import Console
         from rich.progress import (
             BarColumn,
@@ -34,10 +38,12 @@ class PrepareProgress:
             console=Console(stderr=True),
             transient=True,
         )
-        self._task = self._bar.add_task("prepare", total=max(total_bytes, 1), completed=done_bytes, tokens=0)
+        self._task = self._bar.add_task("prepare", total=max(self._total, 1), completed=self._done, tokens=0)
         self._bar.start()
 
     def advance(self, source_bytes: int, tokens: int) -> None:
+        if self._shown:
+            self._start()
         if self._bar is not None:
             self._bar.update(self._task, advance=source_bytes, tokens=tokens)
 

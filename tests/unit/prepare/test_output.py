@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gputrain.prepare import work
+from gputrain.prepare import encode, work
 from gputrain.prepare.encode import draws
 from gputrain.prepare.shards import dtype_for
 from tests.unit.prepare.corpus import documents, files_of, manifest, prepare, split_ids, split_texts
@@ -72,16 +72,18 @@ def test_manifest_counts_and_checksums(corpus: Path, tmp_path: Path, tokenizer_j
 
 
 def test_one_and_four_workers_write_the_same_bytes(
-    corpus: Path, tmp_path: Path, tokenizer_json: Path, small_batches: None
+    corpus: Path, tmp_path: Path, tokenizer_json: Path, small_batches: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     outs = []
-    for workers in (1, 4):
-        out = tmp_path / f"out{workers}"
+    for workers, start in ((1, "in-process"), (4, "fork"), (4, "spawn")):
+        if start == "spawn":  # what a process running another thread starts its workers with
+            monkeypatch.setattr(encode.threading, "active_count", lambda: 2)
+        out = tmp_path / f"out{workers}-{start}"
         args = ("--val-fraction", "0.1", "--shard-tokens", "700", "--workers", str(workers))
         code, _, err = prepare(corpus, "--out", out, "--tokenizer", tokenizer_json, *args)
         assert code == 0, err
         outs.append(files_of(out))
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1] == outs[2]
     assert sum(name.startswith("train-") for name in outs[0]) > 3
 
 
