@@ -147,3 +147,12 @@ def test_ids_are_uint32_beyond_65536_tokens(tmp_path: Path, tokenizer_json: Path
     ids = split_ids(out, "train")
     assert manifest(out)["dtype"] == "uint32" and ids.dtype == np.dtype("<u4")
     assert int(ids.max()) > 65535 and split_texts(out, "train") == ["hello zz65535zz world"]
+
+
+def test_the_split_draw_depends_on_the_seed_the_index_and_the_text() -> None:
+    text = DOCS[0].encode()
+    base = draws(0, text, 0)
+    assert draws(0, text, 0) == base
+    assert draws(1, text, 0) != base and draws(0, text, 1) != base and draws(0, DOCS[1].encode(), 0) != base
+    firsts = [draws(i, text, 0)[0] for i in range(2000)]
+    assert 0.45 < float(np.mean(np.array(firsts) < 0.5)) < 0.55, "uniform: a fraction draws its share"
