@@ -47,7 +47,7 @@ def init():
     enc = Tokenizer.from_file(tok_path)
     eos = enc.token_to_id("<|endoftext|>")
 def process(path):
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", newline="") as f:  # the text as it is (\r\n kept), as prepare reads it
         ids = enc.encode(f.read(), add_special_tokens=False).ids
     ids.append(eos)
     return np.array(ids, dtype=np.uint16)
@@ -73,7 +73,7 @@ def tokenize(batch):
     ids = [e.ids + [eos] for e in enc.encode_batch(batch["text"], add_special_tokens=False)]
     return {"ids": ids, "len": [len(i) for i in ids]}
 if __name__ == "__main__":
-    texts = [open(p, encoding="utf-8").read() for p in files]
+    texts = [open(p, encoding="utf-8", newline="").read() for p in files]
     data = Dataset.from_dict({"text": texts})
     data = data.map(tokenize, batched=True, num_proc=workers, remove_columns=["text"],
                     cache_file_name=os.path.join(cache, "map.arrow"))

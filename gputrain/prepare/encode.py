@@ -17,12 +17,14 @@ import multiprocessing
 import os
 import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from gputrain.errors import RunError
 from gputrain.prepare.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -93,18 +95,24 @@ Batch = tuple[int, list[str], int]
 """(index of the first document, the documents' texts, the source bytes they took)"""
 
 
-def _pool(workers: int, tokenizer_dir: Path, encoding: Encoding) -> Any:
+def _pool(workers: int, tokenizer_dir: Path, encoding: Encoding) -> ProcessPoolExecutor:
     """`workers` processes with the tokenizer loaded. Forked where this process runs no other thread
     (Linux: a worker starts at once, as nanoGPT's do), else spawned (nothing of this process's
     threads or locks inherited). The tokenizers library's own threads, where a trained tokenizer
     started them, are told off in the children (TOKENIZERS_PARALLELISM=false, set before the fork,
-    so the library disables them there without a warning)."""
+    so the library disables them there without a warning). An executor, not a `multiprocessing.Pool`:
+    a worker that dies (the kernel's OOM killer) breaks it, where a Pool would wait for ever."""
     fork = "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
     context = multiprocessing.get_context("fork" if fork else "spawn")
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        return context.Pool(workers, initializer=_init, initargs=(str(tokenizer_dir), encoding))
+        pool = ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_init, initargs=(str(tokenizer_dir), encoding)
+        )
+        for _ in range(workers):  # started now, while the variable holds (the executor starts them lazily)
+            pool.submit(int)
+        return pool
     finally:
         if previous is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
@@ -116,7 +124,11 @@ def encoded(
     batches: Iterable[Batch], tokenizer: Tokenizer, tokenizer_dir: Path, encoding: Encoding, workers: int
 ) -> Iterator[Encoded]:
     """Each batch encoded, in order: in this process for one worker, else in a pool of `workers`
-    processes (`_pool`)."""
+    processes (`_pool`).
+
+    Raises:
+        RunError: a worker died; what was written before stays, to continue from.
+    """
     if workers == 1:
         previous = os.environ.get("TOKENIZERS_PARALLELISM")
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -129,11 +141,19 @@ def encoded(
             else:
                 os.environ["TOKENIZERS_PARALLELISM"] = previous
         return
-    with _pool(workers, tokenizer_dir, encoding) as pool:
-        pending: collections.deque[Any] = collections.deque()
+    pool = _pool(workers, tokenizer_dir, encoding)
+    try:
+        pending: collections.deque[Future[Encoded]] = collections.deque()
         for batch in batches:
-            pending.append(pool.apply_async(_encode_in_worker, batch))
+            pending.append(pool.submit(_encode_in_worker, *batch))
             if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
+                yield pending.popleft().result()
         while pending:
-            yield pending.popleft().get()
+            yield pending.popleft().result()
+    except BrokenProcessPool:
+        raise RunError(
+            "a tokenizing worker process died (killed, or out of memory: fewer --workers need less); "
+            "run the same command again to continue"
+        ) from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

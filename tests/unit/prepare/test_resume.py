@@ -107,3 +107,28 @@ def test_a_corpus_changed_since_is_refused(
     assert code == 2 and not stdout
     assert len(err.strip().splitlines()) == 1 and "a corpus that changed since prepare" in err and str(mine) in err
     assert files_of(out) == before
+
+
+def test_a_worker_that_dies_is_said_and_the_rerun_continues(
+    unbroken: tuple[Path, dict[str, str]], tmp_path: Path, tokenizer_json: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gputrain.prepare import encode, work
+
+    corpus, expected = unbroken
+    out = tmp_path / "out"
+    real = encode.encode
+
+    def dies_at_document_70(tokenizer, encoding, first, texts, source_bytes):  # type: ignore[no-untyped-def]
+        if first <= 70 < first + len(texts):
+            os._exit(9)  # as the OOM killer leaves it: no exception, no clean-up
+        return real(tokenizer, encoding, first, texts, source_bytes)
+
+    monkeypatch.setattr(work, "BATCH_DOCUMENTS", 7)
+    monkeypatch.setattr(encode, "encode", dies_at_document_70)  # the forked workers run it
+    code, _, err = prepare(corpus, "--out", out, "--tokenizer", tokenizer_json, *SETTINGS)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "worker process died" in err, err
+    assert (out / ".prepare-state.json").exists() and not (out / "manifest.json").exists()
+    monkeypatch.setattr(encode, "encode", real)
+    code, _, err = prepare(corpus, "--out", out, "--tokenizer", tokenizer_json, *SETTINGS)
+    assert code == 0, err
+    assert files_of(out) == expected
