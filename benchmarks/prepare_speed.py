@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -122,14 +123,22 @@ def train_tokenizer(files: list[str], vocab: int, path: Path) -> None:
     tok.save(str(path))
 
 
-def timed(command: list[str]) -> float:
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(command: list[str]) -> tuple[float, float]:
+    """The command's wall time and the CPU time of it and its workers (the less a shared machine's
+    load moves it: the work each method does)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cpu = _children_cpu()
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"failed ({done.returncode}): {' '.join(command[:6])} ...\n{done.stderr[-2000:]}")
-    return wall
+    return wall, _children_cpu() - cpu
 
 
 def main() -> None:
@@ -151,6 +160,7 @@ def main() -> None:
         f"corpus: {len(files)} stdlib .py files, {size / 2**20:.1f} MiB; workers {args.workers}; {os.cpu_count()} cores"
     )
     times: dict[str, list[float]] = {m: [] for m in methods}
+    cpus: dict[str, list[float]] = {m: [] for m in methods}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         tok = tmp / "tokenizer.json"
@@ -186,9 +196,14 @@ def main() -> None:
                     command = [sys.executable, "-c", DATASETS, str(tok), str(work / "all.bin"), str(args.workers)]
                     command += [str(work), *files]
                 load = os.getloadavg()[0]
-                wall = timed(command)
+                wall, cpu = timed(command)
                 times[method].append(wall)
-                print(f"round {r + 1} {method:9s} {wall:7.2f} s  (load {load:.1f} -> {os.getloadavg()[0]:.1f})")
+                cpus[method].append(cpu)
+                print(
+                    f"round {r + 1} {method:9s} {wall:7.2f} s wall {cpu:7.2f} s CPU  "
+                    f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
             ours = tmp / f"gputrain-{r}" / "out"
             record = json.loads((ours / "manifest.json").read_text())
             stream = b"".join((ours / s["file"]).read_bytes() for s in record["splits"]["train"]["shards"])
@@ -198,11 +213,15 @@ def main() -> None:
                 assert (tmp / f"datasets-{r}" / "all.bin").read_bytes() == reference, "datasets.map's ids differ"
             tokens = record["splits"]["train"]["tokens"]
     medians = {m: statistics.median(t) for m, t in times.items()}
+    cpu_medians = {m: statistics.median(t) for m, t in cpus.items()}
     print(f"tokens: {tokens:,} (the same ids from every method)")
     for m, t in medians.items():
-        print(f"{m:9s} median {t:6.2f} s  {tokens / t:12,.0f} tokens/s")
+        print(f"{m:9s} median {t:6.2f} s  {tokens / t:12,.0f} tokens/s  {tokens / cpu_medians[m]:12,.0f} tokens/CPU-s")
     for m in methods[1:]:
-        print(f"gputrain / {m}: {medians[m] / medians['gputrain']:.2f}x (tokens/s ratio; goal >= 1.0)")
+        print(
+            f"gputrain / {m}: {medians[m] / medians['gputrain']:.2f}x tokens/s (goal >= 1.0), "
+            f"{cpu_medians[m] / cpu_medians['gputrain']:.2f}x tokens per CPU-second"
+        )
 
 
 if __name__ == "__main__":

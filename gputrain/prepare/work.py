@@ -22,11 +22,13 @@ document drawn by the hash that splits train from val, `encode.draws`).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import fnmatch
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,6 +204,37 @@ def _remove_work(out: Path, created: bool) -> None:
         out.rmdir()
 
 
+@contextlib.contextmanager
+def _held(out: Path) -> Iterator[Callable[[], None]]:
+    """A `take()` of an exclusive lock on the folder `out` (flock: the kernel drops it when the process
+    ends, however it ends), held until the block ends: two prepares into one folder would write each
+    other's shards.
+
+    Raises:
+        UsageError: another process holds `out`.
+    """
+    fds: list[int] = []
+
+    def take() -> None:
+        if fds:
+            return
+        fd = os.open(out, os.O_RDONLY)
+        fds.append(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(
+                f"--out {out}: another gputrain prepare is writing it; wait for it to end (or stop it) and "
+                "run the same command again"
+            ) from None
+
+    try:
+        yield take
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _save_state(out: Path, state: dict[str, Any], *, first: bool = False) -> None:
     write_state(out, state, first=first)
 
@@ -220,9 +253,18 @@ def prepare(o: Options) -> Outcome:
     for f in files:
         check(f, o.field, o.column)
     given = load_tokenizer(o.tokenizer) if o.tokenizer else None
+    with _held(out) as hold:
+        return _prepare(o, files, out, given, hold)
+
+
+def _prepare(
+    o: Options, files: list[SourceFile], out: Path, given: Tokenizer | None, hold: Callable[[], None]
+) -> Outcome:
+    present = out.is_dir()
+    if present:
+        hold()  # before its records are read: what another prepare writes is not read half-way
     sources = fingerprint(files)
     settings = _settings(o)
-    present = out.is_dir()
     done = read_manifest(out) if present else None
     state = read_state(out) if present else None
     recorded = done or state
@@ -249,6 +291,7 @@ def prepare(o: Options) -> Outcome:
                     "give one that has"
                 )
             make_folder(out, "--out")
+            hold()
             _save_tokenizer(tokenizer, out)
             state = {
                 **marked("prepare"),

@@ -5,10 +5,11 @@ by then is removed)."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -270,6 +271,11 @@ CASES = [
         ("noeos.json", "end-of-document", EOS),
     ),
     Case(
+        "--out being written by another prepare",
+        lambda r, t: [_texts(r / "c"), "--out", _locked(r / "o"), "--tokenizer", t],
+        ("--out", "another gputrain prepare"),
+    ),
+    Case(
         "a corpus changed since prepare",
         lambda r, t: [_changed(_complete(r, t)), "--out", r / "out", "--tokenizer", t],
         ("00.txt", "a corpus that changed since prepare"),
@@ -295,6 +301,25 @@ CASES = [
 def _made(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+_LOCKS: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def _unlocked() -> Iterator[None]:
+    yield
+    while _LOCKS:
+        os.close(_LOCKS.pop())
+
+
+def _locked(out: Path) -> Path:
+    """A folder another prepare holds (flock, as prepare does), not yet written into."""
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _LOCKS.append(fd)
+    return out
 
 
 def _made_dir(folder: Path, files: dict[str, str]) -> Path:
