@@ -43,6 +43,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("gputrain.cli.generate", "sample text from a run's language model"),
     "export": ("gputrain.cli.export", "export a run's model (safetensors, torch.export, ONNX), verified"),
     "bench-infer": ("gputrain.cli.bench_infer", "inference latency and throughput: eager, compiled, exported, ONNX"),
+    "prepare": ("gputrain.cli.prepare", "a corpus into token shards and a manifest for data.name=tokens (resumable)"),
     "rl": ("gputrain.cli.rl", "reinforcement learning: PPO on environments stepped as tensors"),
 }
 

@@ -49,6 +49,7 @@ _GROUPS = {
     "test_tokenizers.py": "tokenizers",
     "test_token_shards.py": "token shards",
     "test_lm_inputs.py": "language-model inputs",
+    "test_prepare.py": "prepared corpora",
 }
 _cases: Counter[str] = Counter()
 

@@ -1,0 +1,159 @@
+"""Documents into token ids, in a pool of worker processes, in order.
+
+A batch is a run of consecutive documents and the index of its first one. A worker encodes the
+batch's texts (`Tokenizer.encode_batch`, one thread each: the pool is the parallelism), puts the eos
+id after each document, sends each document to train or val (`draws`: a hash of the seed, the
+document's index and its text, so the split does not depend on how the documents are batched or how
+many workers there are) and returns each split's ids as raw bytes of the shard dtype. The results
+come back in batch order, at most `2 × workers` batches in flight, so memory stays bounded whatever
+the corpus's size.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import multiprocessing
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gputrain.errors import RunError
+from gputrain.prepare.tokenizer import Tokenizer, load_tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class Encoding:
+    """What a worker needs besides the documents."""
+
+    eos_id: int
+    dtype: str
+    val_fraction: float
+    seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A batch's result: per split, the ids (raw bytes), the documents and their UTF-8 bytes."""
+
+    ids: dict[str, bytes]
+    documents: dict[str, int]
+    text_bytes: dict[str, int]
+    source_bytes: int
+    """The source bytes the batch's documents took (for the progress bar)."""
+
+
+def draws(index: int, data: bytes, seed: int) -> tuple[float, float]:
+    """Two uniform numbers in [0, 1) of a document: the first puts it in val (below val_fraction), the
+    second in the sample a tokenizer is trained on. The same for the same seed, index and text."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{seed}\0{index}\0".encode())
+    h.update(data)
+    digest = h.digest()
+    return int.from_bytes(digest[:8], "little") / 2**64, int.from_bytes(digest[8:], "little") / 2**64
+
+
+def encode(tokenizer: Tokenizer, encoding: Encoding, first: int, texts: list[str], source_bytes: int) -> Encoded:
+    """One batch of documents (`first` the index of its first), in the worker or in-process."""
+    dtype = np.dtype(encoding.dtype).newbyteorder("<")
+    eos = np.array([encoding.eos_id], dtype=dtype)
+    parts: dict[str, list[np.ndarray]] = {"train": [], "val": []}
+    documents = {"train": 0, "val": 0}
+    text_bytes = {"train": 0, "val": 0}
+    for offset, (text, ids) in enumerate(zip(texts, tokenizer.encode_batch(texts), strict=True)):
+        data = text.encode("utf-8")
+        split = "val" if draws(first + offset, data, encoding.seed)[0] < encoding.val_fraction else "train"
+        parts[split].append(np.asarray(ids, dtype=dtype))
+        parts[split].append(eos)
+        documents[split] += 1
+        text_bytes[split] += len(data)
+    ids_bytes = {split: np.concatenate(arrays).tobytes() if arrays else b"" for split, arrays in parts.items()}
+    return Encoded(ids_bytes, documents, text_bytes, source_bytes)
+
+
+_worker: tuple[Tokenizer, Encoding] | None = None
+
+
+def _init(tokenizer_dir: str, encoding: Encoding) -> None:
+    global _worker
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread a worker: the pool is the parallelism
+    _worker = (load_tokenizer(tokenizer_dir), encoding)
+
+
+def _encode_in_worker(first: int, texts: list[str], source_bytes: int) -> Encoded:
+    assert _worker is not None
+    return encode(_worker[0], _worker[1], first, texts, source_bytes)
+
+
+Batch = tuple[int, list[str], int]
+"""(index of the first document, the documents' texts, the source bytes they took)"""
+
+
+def _pool(workers: int, tokenizer_dir: Path, encoding: Encoding) -> ProcessPoolExecutor:
+    """`workers` processes with the tokenizer loaded. Forked where this process runs no other thread
+    (Linux: a worker starts at once, as nanoGPT's do), else spawned (nothing of this process's
+    threads or locks inherited). The tokenizers library's own threads, where a trained tokenizer
+    started them, are told off in the children (TOKENIZERS_PARALLELISM=false, set before the fork,
+    so the library disables them there without a warning). An executor, not a `multiprocessing.Pool`:
+    a worker that dies (the kernel's OOM killer) breaks it, where a Pool would wait for ever."""
+    fork = "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    context = multiprocessing.get_context("fork" if fork else "spawn")
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        pool = ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_init, initargs=(str(tokenizer_dir), encoding)
+        )
+        for _ in range(workers):  # started now, while the variable holds (the executor starts them lazily)
+            pool.submit(int)
+        return pool
+    finally:
+        if previous is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
+
+
+def encoded(
+    batches: Iterable[Batch], tokenizer: Tokenizer, tokenizer_dir: Path, encoding: Encoding, workers: int
+) -> Iterator[Encoded]:
+    """Each batch encoded, in order: in this process for one worker, else in a pool of `workers`
+    processes (`_pool`).
+
+    Raises:
+        RunError: a worker died; what was written before stays, to continue from.
+    """
+    if workers == 1:
+        previous = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        try:
+            for first, texts, source_bytes in batches:
+                yield encode(tokenizer, encoding, first, texts, source_bytes)
+        finally:
+            if previous is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = previous
+        return
+    pool = _pool(workers, tokenizer_dir, encoding)
+    try:
+        pending: collections.deque[Future[Encoded]] = collections.deque()
+        for batch in batches:
+            pending.append(pool.submit(_encode_in_worker, *batch))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    except BrokenProcessPool:
+        raise RunError(
+            "a tokenizing worker process died (killed, or out of memory: fewer --workers need less); "
+            "run the same command again to continue"
+        ) from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
