@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from gputrain.errors import RunError
-from gputrain.prepare.tokenizer import Tokenizer, load_tokenizer
+from gputrain.text.tokenizer import Tokenizer, load_tokenizer
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,8 +50,8 @@ from gputrain.prepare.manifest import (
 from gputrain.prepare.progress import PrepareProgress
 from gputrain.prepare.shards import PART, SplitCount, SplitWriter, dtype_for
 from gputrain.prepare.sources import SourceFile, check, documents, expand
-from gputrain.prepare.tokenizer import Tokenizer, load_tokenizer, train_bpe
 from gputrain.run.output import Owner, check_output_folder, make_folder, marked
+from gputrain.text.tokenizer import Tokenizer, load_tokenizer, train_bpe
 
 SPLITS = ("train", "val")
 TOKENIZER_DIR = "tokenizer"

@@ -126,7 +126,7 @@ def test_a_trained_tokenizer_is_the_same_every_time_and_never_sees_val(corpus: P
         assert sorted(split_texts(out, "train") + split_texts(out, "val")) == sorted(DOCS)
     assert hashes[0] == hashes[1]
     # trained on train only: the val documents do not change it
-    from gputrain.prepare.tokenizer import train_bpe
+    from gputrain.text.tokenizer import train_bpe
 
     assert train_bpe(split_texts(tmp_path / "a", "train"), 300).hash == hashes[0]
 
