@@ -95,14 +95,24 @@ Batch = tuple[int, list[str], int]
 """(index of the first document, the documents' texts, the source bytes they took)"""
 
 
+def _one_thread() -> bool:
+    """Whether this process runs one thread, native ones counted: the tokenizers library's thread pool
+    (started by training a tokenizer here) is invisible to `threading`, and a child forked beside it
+    inherits its locks held (a worker then waits on a futex for ever)."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:  # no /proc: what Python knows of
+        return threading.active_count() == 1
+
+
 def _pool(workers: int, tokenizer_dir: Path, encoding: Encoding) -> ProcessPoolExecutor:
-    """`workers` processes with the tokenizer loaded. Forked where this process runs no other thread
-    (Linux: a worker starts at once, as nanoGPT's do), else spawned (nothing of this process's
-    threads or locks inherited). The tokenizers library's own threads, where a trained tokenizer
+    """`workers` processes with the tokenizer loaded. Forked where this process runs no other thread,
+    native ones counted (`_one_thread`; Linux: a worker starts at once, as nanoGPT's do), else
+    spawned (nothing of this process's threads or locks inherited). The tokenizers library's own threads, where a trained tokenizer
     started them, are told off in the children (TOKENIZERS_PARALLELISM=false, set before the fork,
     so the library disables them there without a warning). An executor, not a `multiprocessing.Pool`:
     a worker that dies (the kernel's OOM killer) breaks it, where a Pool would wait for ever."""
-    fork = "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    fork = "fork" in multiprocessing.get_all_start_methods() and _one_thread()
     context = multiprocessing.get_context("fork" if fork else "spawn")
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
