@@ -108,9 +108,8 @@ def _one_thread() -> bool:
 def _pool(workers: int, tokenizer_dir: Path, encoding: Encoding) -> ProcessPoolExecutor:
     """`workers` processes with the tokenizer loaded. Forked where this process runs no other thread,
     native ones counted (`_one_thread`; Linux: a worker starts at once, as nanoGPT's do), else
-    spawned (nothing of this process's threads or locks inherited). The tokenizers library's own threads, where a trained tokenizer
-    started them, are told off in the children (TOKENIZERS_PARALLELISM=false, set before the fork,
-    so the library disables them there without a warning). An executor, not a `multiprocessing.Pool`:
+    spawned (nothing of this process's threads or locks inherited). In the children the tokenizers
+    library keeps to one thread (TOKENIZERS_PARALLELISM=false, set before they start). An executor, not a `multiprocessing.Pool`:
     a worker that dies (the kernel's OOM killer) breaks it, where a Pool would wait for ever."""
     fork = "fork" in multiprocessing.get_all_start_methods() and _one_thread()
     context = multiprocessing.get_context("fork" if fork else "spawn")
