@@ -109,8 +109,9 @@ def _pool(workers: int, tokenizer_dir: Path, encoding: Encoding) -> ProcessPoolE
     """`workers` processes with the tokenizer loaded. Forked where this process runs no other thread,
     native ones counted (`_one_thread`; Linux: a worker starts at once, as nanoGPT's do), else
     spawned (nothing of this process's threads or locks inherited). In the children the tokenizers
-    library keeps to one thread (TOKENIZERS_PARALLELISM=false, set before they start). An executor, not a `multiprocessing.Pool`:
-    a worker that dies (the kernel's OOM killer) breaks it, where a Pool would wait for ever."""
+    library keeps to one thread (TOKENIZERS_PARALLELISM=false, set before they start). An executor,
+    not a `multiprocessing.Pool`: a worker that dies (the kernel's OOM killer) breaks it, where a Pool
+    would wait for ever."""
     fork = "fork" in multiprocessing.get_all_start_methods() and _one_thread()
     context = multiprocessing.get_context("fork" if fork else "spawn")
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
