@@ -12,10 +12,14 @@ the corpus's size.
 from __future__ import annotations
 
 import collections
+import ctypes
 import hashlib
 import multiprocessing
 import os
+import signal
+import sys
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -78,10 +82,36 @@ def encode(tokenizer: Tokenizer, encoding: Encoding, first: int, texts: list[str
 
 
 _worker: tuple[Tokenizer, Encoding] | None = None
+PR_SET_PDEATHSIG = 1
+"""prctl(2)'s option: the signal a process gets when its parent ends."""
 
 
-def _init(tokenizer_dir: str, encoding: Encoding) -> None:
+def _die_with(parent: int) -> None:
+    """End this worker when the prepare that started it ends, however it ends (kill -9 too): else it
+    would wait on its queue for ever, holding the terminal's pipes. Linux's parent-death signal;
+    elsewhere a thread that watches the parent."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        set_parent_death_signal = libc.prctl if sys.platform.startswith("linux") else None
+    except (OSError, AttributeError):
+        set_parent_death_signal = None
+    if set_parent_death_signal is not None:
+        set_parent_death_signal(PR_SET_PDEATHSIG, signal.SIGKILL)
+    else:
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:  # it ended before the signal was set
+        os._exit(1)
+
+
+def _init(tokenizer_dir: str, encoding: Encoding, parent: int) -> None:
     global _worker
+    _die_with(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread a worker: the pool is the parallelism
     _worker = (load_tokenizer(tokenizer_dir), encoding)
 
@@ -118,7 +148,7 @@ def _pool(workers: int, tokenizer_dir: Path, encoding: Encoding) -> ProcessPoolE
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
         pool = ProcessPoolExecutor(
-            workers, mp_context=context, initializer=_init, initargs=(str(tokenizer_dir), encoding)
+            workers, mp_context=context, initializer=_init, initargs=(str(tokenizer_dir), encoding, os.getpid())
         )
         for _ in range(workers):  # started now, while the variable holds (the executor starts them lazily)
             pool.submit(int)

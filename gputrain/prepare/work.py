@@ -351,7 +351,7 @@ def _work(
         raise DataError(
             "the corpus holds no text: every document is empty"
             if not everything
-            else f"no document went to train ({everything} documents, --val-fraction {o.val_fraction}); "
+            else f"no document went to train (of {everything}, --val-fraction {o.val_fraction}); "
             "lower --val-fraction or add documents"
         )
     splits = {split: writers[split].finish() for split in SPLITS}

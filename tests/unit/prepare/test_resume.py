@@ -51,9 +51,11 @@ sys.exit(main(["prepare", *sys.argv[2:]]))
 
 
 def _killed_run(kill_at: int, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    """The run in its own process, killed. Its workers end with it: one left waiting would hold the
+    captured pipes open, and this would time out."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-c", KILLED, str(kill_at), *map(str, args), "--quiet"]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.fixture(scope="module")
