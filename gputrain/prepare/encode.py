@@ -25,6 +25,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -109,9 +110,10 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def _init(tokenizer_dir: str, encoding: Encoding, parent: int) -> None:
+def _init(tokenizer_dir: str, encoding: Encoding, parent: int, ready: Any) -> None:
     global _worker
     _die_with(parent)
+    ready.release()  # the parent goes on once every worker would die with it
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread a worker: the pool is the parallelism
     _worker = (load_tokenizer(tokenizer_dir), encoding)
 
@@ -125,33 +127,34 @@ Batch = tuple[int, list[str], int]
 """(index of the first document, the documents' texts, the source bytes they took)"""
 
 
-def _one_thread() -> bool:
-    """Whether this process runs one thread, native ones counted: the tokenizers library's thread pool
-    (started by training a tokenizer here) is invisible to `threading`, and a child forked beside it
-    inherits its locks held (a worker then waits on a futex for ever)."""
-    try:
-        return len(os.listdir("/proc/self/task")) == 1
-    except OSError:  # no /proc: what Python knows of
-        return threading.active_count() == 1
+_START_S = 120.0
+"""How long the workers may take to start (a spawned one imports the tokenizers library)."""
 
 
 def _pool(workers: int, tokenizer_dir: Path, encoding: Encoding) -> ProcessPoolExecutor:
-    """`workers` processes with the tokenizer loaded. Forked where this process runs no other thread,
-    native ones counted (`_one_thread`; Linux: a worker starts at once, as nanoGPT's do), else
-    spawned (nothing of this process's threads or locks inherited). In the children the tokenizers
-    library keeps to one thread (TOKENIZERS_PARALLELISM=false, set before they start). An executor,
+    """`workers` processes with the tokenizer loaded. Forked where this process runs no other Python
+    thread (Linux: a worker starts at once, as nanoGPT's do), else spawned (nothing of this process's
+    threads or locks inherited). The tokenizers library's own threads (a BPE trained here starts
+    them) it disables itself in a forked child; TOKENIZERS_PARALLELISM=false, set before the workers
+    start, keeps each to one thread without its warning. An executor,
     not a `multiprocessing.Pool`: a worker that dies (the kernel's OOM killer) breaks it, where a Pool
     would wait for ever."""
-    fork = "fork" in multiprocessing.get_all_start_methods() and _one_thread()
+    fork = "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
     context = multiprocessing.get_context("fork" if fork else "spawn")
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        pool = ProcessPoolExecutor(
-            workers, mp_context=context, initializer=_init, initargs=(str(tokenizer_dir), encoding, os.getpid())
-        )
+        ready = context.Semaphore(0)
+        initargs = (str(tokenizer_dir), encoding, os.getpid(), ready)
+        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init, initargs=initargs)
         for _ in range(workers):  # started now, while the variable holds (the executor starts them lazily)
             pool.submit(int)
+        # nothing is written until every worker would end with this process: a spawned worker killed
+        # orphaned in its start-up (before its parent-death signal) would wait for ever, holding the pipes
+        for _ in range(workers):
+            if not ready.acquire(timeout=_START_S):
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise RunError(f"prepare's {workers} workers did not start within {_START_S:.0f} s")
         return pool
     finally:
         if previous is None:
