@@ -10,7 +10,7 @@ step costs, the loop's set-up cancelled out. Pass a second checkout to compare t
                                                [--callbacks K]
 
 `--callbacks K` also counts the same run with K callbacks whose hooks do nothing (issue 29: what the
-Trainer's callback dispatch costs a step), as instructions and as µs at the machine's measured rate.
+Trainer's callback dispatch costs a step), as instructions and as a share of the step's.
 
 Needs valgrind (Debian: `apt-get install valgrind`); each run takes a minute or two.
 """
@@ -104,20 +104,6 @@ def per_step(tree: Path | None, short: int, long: int, guard: str, callbacks: in
     return (instructions(tree, long, guard, callbacks) - instructions(tree, short, guard, callbacks)) / (long - short)
 
 
-def instructions_per_us() -> float:
-    """This machine's rate on plain Python work (a loop of calls, what the dispatch is made of), to
-    put an instruction count in µs: instructions of the loop under callgrind over its CPU time alone."""
-    loop = "import time, sys\nt = time.process_time()\nf = lambda a: a\nfor i in range(2_000_000): f(i)\n" \
-           "print(time.process_time() - t, file=sys.stderr)"
-    counted = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c",
-                              loop], capture_output=True, text=True)
-    found = re.search(r"Collected : (\d+)", counted.stderr)
-    plain = subprocess.run([sys.executable, "-c", loop], capture_output=True, text=True)
-    seconds = float(plain.stderr.strip().splitlines()[-1])
-    assert found is not None
-    return int(found.group(1)) / (seconds * 1e6)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--other", type=Path, help="a second checkout to compare with this one")
@@ -136,10 +122,8 @@ def main() -> None:
               f"gputrain adds {ours - hand:,.0f} instructions per step")
     if args.callbacks:
         with_them = per_step(ROOT, short, long, args.guard, args.callbacks)
-        rate = instructions_per_us()
         print(f"with {args.callbacks} no-op callbacks: {with_them:,.0f} instructions per step, "
-              f"{with_them - ours:+,.0f} a step = {(with_them - ours) / rate:+.2f} µs at this machine's "
-              f"{rate:,.0f} instructions/µs of Python calls")
+              f"{with_them - ours:+,.0f} a step ({100 * (with_them - ours) / ours:+.2f}% of the step)")
     if args.other is not None:
         theirs = per_step(args.other, short, long, args.guard)
         print(f"{args.other}: {theirs:,.0f} instructions per step; this / that = {ours / theirs:.4f}")

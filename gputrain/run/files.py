@@ -21,6 +21,7 @@ from gputrain.config.paths import kind_of
 from gputrain.disk_full import removed_if_failed
 from gputrain.errors import UsageError
 from gputrain.run.layout import CHECKPOINT_MARKER, CONFIG, ENV, RUN_DIRS, RUN_FILE_PATTERNS, RUN_FILES
+from gputrain.run.probe import check_takes_files
 
 # ----------------------------------------------------------------- how a run directory is named to the user
 
@@ -137,9 +138,7 @@ def check_run_dir(run_dir: Path, keep: bool = False) -> None:
         if not keep and alone:
             made = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".gputrain-write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
+        check_takes_files(run_dir)  # leaves nothing behind, however the process ends
         check_run_entries(run_dir)
     except OSError as err:  # a name too long, a file as a parent, a read-only or virtual file system
         raise UsageError(f"{option} {run_dir}: cannot be created or written ({err.strerror or err})") from None

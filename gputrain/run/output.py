@@ -55,6 +55,7 @@ from gputrain.run.layout import (
     eval_record_name,
     is_checkpoint_dir,
 )
+from gputrain.run.probe import check_takes_files
 
 STDOUT = "-"
 """The output path that means standard output (`-o -`)."""
@@ -300,10 +301,8 @@ def _check_parent(parent: Path, where: str) -> None:
         raise UsageError(f"{where}: its folder cannot be reached ({err})") from None
     if not resolved.is_dir():
         raise UsageError(f"{where}: {existing} is not a folder; give a path in a folder")
-    probe = resolved / f".gputrain-write-test-{os.getpid()}"
     try:  # as train's check_run_dir: a virtual or read-only file system, no permission, said before any work
-        probe.touch(exist_ok=False)
-        probe.unlink()
+        check_takes_files(resolved)
     except OSError as err:
         raise UsageError(
             f"{where}: {existing} cannot be written ({err.strerror or err}); choose another path"
