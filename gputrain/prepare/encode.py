@@ -127,6 +127,11 @@ Batch = tuple[int, list[str], int]
 """(index of the first document, the documents' texts, the source bytes they took)"""
 
 
+def _can_fork() -> bool:
+    """Fork the workers (they start at once) where this process runs no other Python thread."""
+    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+
+
 _START_S = 120.0
 """How long the workers may take to start (a spawned one imports the tokenizers library)."""
 
@@ -139,8 +144,7 @@ def _pool(workers: int, tokenizer_dir: Path, encoding: Encoding) -> ProcessPoolE
     start, keeps each to one thread without its warning. An executor,
     not a `multiprocessing.Pool`: a worker that dies (the kernel's OOM killer) breaks it, where a Pool
     would wait for ever."""
-    fork = "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
-    context = multiprocessing.get_context("fork" if fork else "spawn")
+    context = multiprocessing.get_context("fork" if _can_fork() else "spawn")
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:

@@ -127,6 +127,7 @@ def test_a_worker_that_dies_is_said_and_the_rerun_continues(
 
     monkeypatch.setattr(work, "BATCH_DOCUMENTS", 7)
     monkeypatch.setattr(encode, "encode", dies_at_document_70)  # the forked workers run it
+    monkeypatch.setattr(encode, "_can_fork", lambda: True)  # forked even where the suite left a thread running
     code, _, err = prepare(corpus, "--out", out, "--tokenizer", tokenizer_json, *SETTINGS)
     assert code == 1 and len(err.strip().splitlines()) == 1 and "worker process died" in err, err
     assert (out / ".prepare-state.json").exists() and not (out / "manifest.json").exists()
