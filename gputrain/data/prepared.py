@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from gputrain.data.token_stream import TokenStream
-from gputrain.errors import DataError
+from gputrain.errors import DataError, first_line
 from gputrain.text.tokenizer import Tokenizer, load_tokenizer
 
 MANIFEST = "manifest.json"
@@ -63,7 +63,7 @@ def read_prepared(folder: Path) -> Prepared:
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise DataError(f"{path}: not a readable JSON manifest ({type(err).__name__}: {_first_line(err)})") from None
+        raise DataError(f"{path}: not a readable JSON manifest ({type(err).__name__}: {first_line(err)})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise DataError(
@@ -149,11 +149,6 @@ def _inside(path: Path, field: str, name: Any) -> str:
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:200] if text else ""
 
 
 def check_tokenizer(prepared: Prepared, given: Any, source: str) -> None:

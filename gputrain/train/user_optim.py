@@ -29,7 +29,7 @@ from gputrain.config import Config
 from gputrain.config.load import read_toml
 from gputrain.config.schema import OptimConfig
 from gputrain.distributed.parallel_dims import ParallelDims
-from gputrain.errors import UsageError
+from gputrain.errors import UsageError, first_line
 from gputrain.optim.optimizers import fused_kernel_fits
 from gputrain.optim.params import TrainParams, train_params
 
@@ -47,11 +47,6 @@ _FACTORY_EXAMPLE = "optimizer=functools.partial(torch.optim.AdamW, lr=1e-3) or o
 
 def _what(value: Any) -> str:
     return f"a {type(value).__module__}.{type(value).__qualname__}"
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return (text.splitlines()[0] if text else "")[:160]
 
 
 # ----------------------------------------------------------------- from the arguments alone
@@ -192,14 +187,7 @@ def make_optimizer(
     if isinstance(given, torch.optim.Optimizer):
         optimizer = given
     else:
-        try:
-            optimizer = given(params)
-        except (UsageError, KeyboardInterrupt):
-            raise
-        except Exception as err:  # noqa: BLE001 - the user's code: one line, as bad input is
-            raise UsageError(
-                f"optimizer= factory {_name_of(given)} raised {type(err).__name__}: {_first_line(err)}"
-            ) from None
+        optimizer = _made_by("optimizer=", given, params)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise UsageError(
                 f"optimizer= factory {_name_of(given)} returned {_what(optimizer)}, not a torch.optim.Optimizer"
@@ -207,6 +195,18 @@ def make_optimizer(
     _check_holds(optimizer, params, model, isinstance(given, torch.optim.Optimizer), dims, on_meta, fp8)
     _check_fused(optimizer)
     return optimizer
+
+
+def _made_by(option: str, factory: Any, argument: Any) -> Any:
+    """What the user's `factory` returns for `argument`; its failure is one line naming the option."""
+    try:
+        return factory(argument)
+    except (UsageError, KeyboardInterrupt):
+        raise
+    except Exception as err:  # noqa: BLE001 - the user's code: one line, as bad input is
+        raise UsageError(
+            f"{option} factory {_name_of(factory)} raised {type(err).__name__}: {first_line(err, 160)}"
+        ) from None
 
 
 def _name_of(factory: Any) -> str:
@@ -276,14 +276,7 @@ def make_scheduler(given: SchedulerArg, optimizer: torch.optim.Optimizer) -> LRS
     if isinstance(given, LRScheduler):
         scheduler = given
     else:
-        try:
-            scheduler = given(optimizer)
-        except (UsageError, KeyboardInterrupt):
-            raise
-        except Exception as err:  # noqa: BLE001 - the user's code: one line, as bad input is
-            raise UsageError(
-                f"scheduler= factory {_name_of(given)} raised {type(err).__name__}: {_first_line(err)}"
-            ) from None
+        scheduler = _made_by("scheduler=", given, optimizer)
         if isinstance(scheduler, ReduceLROnPlateau) or not isinstance(scheduler, LRScheduler):
             raise UsageError(
                 f"scheduler= factory {_name_of(given)} returned {_what(scheduler)}, not an LRScheduler stepped per "
