@@ -8,7 +8,6 @@ Reading one back (reader.py) verifies the manifest before any state is used, and
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from gputrain.checkpoint.matching import (
     kind_of_value,
     tied_groups,
 )
+from gputrain.checksum import sha256_of
 from gputrain.disk_full import removed_if_failed
 from gputrain.errors import RunError
 from gputrain.run.layout import (
@@ -60,15 +60,7 @@ FileDigest = Mapping[str, Any]
 
 def file_digest(path: Path) -> dict[str, Any]:
     """A file's manifest entry: its SHA-256 and size."""
-    return {"sha256": _sha256(path), "bytes": path.stat().st_size}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return {"sha256": sha256_of(path), "bytes": path.stat().st_size}
 
 
 def _fsync_file(path: Path) -> None:
@@ -131,7 +123,7 @@ def commit_checkpoint_dir(
         _fsync_file(tmp / name)
     _phase()
     # the marker carries the manifest's own checksum, so a damaged manifest is caught too
-    (tmp / CHECKPOINT_MARKER).write_text(f"{step} {_sha256(tmp / CHECKPOINT_MANIFEST)}\n")
+    (tmp / CHECKPOINT_MARKER).write_text(f"{step} {sha256_of(tmp / CHECKPOINT_MANIFEST)}\n")
     _fsync_file(tmp / CHECKPOINT_MARKER)
     fsync_dir(tmp)
     _phase()
@@ -191,7 +183,7 @@ def verify_checkpoint(path: Path, share: tuple[int, int] = (0, 1)) -> None:
     step = int(marker[0])
     if not _inside(path / CHECKPOINT_MANIFEST, path) or not (path / CHECKPOINT_MANIFEST).is_file():
         raise CorruptCheckpoint(f"{path}: {CHECKPOINT_MANIFEST} is missing")
-    if _sha256(path / CHECKPOINT_MANIFEST).encode() != marker[1]:
+    if sha256_of(path / CHECKPOINT_MANIFEST).encode() != marker[1]:
         raise CorruptCheckpoint(f"{path}: {CHECKPOINT_MANIFEST} does not match its checksum")
     try:
         manifest = json.loads((path / CHECKPOINT_MANIFEST).read_text())
@@ -297,7 +289,7 @@ def _verify_file(path: Path, name: str, expected: Any, hash_it: bool = True) -> 
     if not file.is_file():
         raise CorruptCheckpoint(f"{path}: {name} is missing")
     expected = expected if isinstance(expected, dict) else {}
-    if file.stat().st_size != expected.get("bytes") or (hash_it and _sha256(file) != expected.get("sha256")):
+    if file.stat().st_size != expected.get("bytes") or (hash_it and sha256_of(file) != expected.get("sha256")):
         raise CorruptCheckpoint(f"{path}: {name} does not match its checksum")
 
 

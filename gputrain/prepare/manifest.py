@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gputrain.checksum import sha256_of
 from gputrain.errors import DataError, UsageError
-from gputrain.prepare.shards import sha256_of
 from gputrain.prepare.sources import SourceFile
 from gputrain.run.output import atomic, marked, read_json
 

@@ -9,13 +9,14 @@ saved state (a kill between the two) are written again, once.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+
+from gputrain.checksum import sha256_of
 
 PART = ".part"
 
@@ -46,15 +47,6 @@ class SplitCount:
     @staticmethod
     def from_json(data: dict[str, Any]) -> SplitCount:
         return SplitCount(**data)
-
-
-def sha256_of(path: Path) -> str:
-    """A file's sha256, hex (read a MiB at a time: hashlib.file_digest is Python 3.11's)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _either(out: Path, name: str) -> Path:
