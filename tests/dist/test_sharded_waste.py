@@ -112,13 +112,13 @@ def _checkpoints(rank: int, root: Path) -> dict[str, Any]:
     from gputrain.distributed.context import DistContext
 
     hashed: list[str] = []
-    real_sha256 = io._sha256
+    real_sha256 = io.sha256_of
 
     def recording_sha256(path: Path) -> str:
         hashed.append(path.name)
         return real_sha256(path)
 
-    io._sha256 = recording_sha256  # type: ignore[assignment]
+    io.sha256_of = recording_sha256  # type: ignore[assignment]
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 3))
     fully_shard(model, mesh=init_device_mesh("cpu", (2,)))
@@ -152,7 +152,7 @@ def _checkpoints(rank: int, root: Path) -> dict[str, Any]:
         data[len(data) // 2] ^= 0xFF
         shard.write_bytes(bytes(data))
     out["resume_damaged"] = phase("damaged_hashed", lambda: find_resumable_together(root, ctx)).name
-    io._sha256 = real_sha256  # type: ignore[assignment]
+    io.sha256_of = real_sha256  # type: ignore[assignment]
     return out
 
 
