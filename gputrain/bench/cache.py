@@ -26,6 +26,7 @@ import torch
 __all__ = [
     "CACHE_ENV",
     "cache_path",
+    "cpu_peaks_by_threads",
     "device_name",
     "driver_version",
     "load_cached",
@@ -65,6 +66,11 @@ def device_name(device: torch.device | str = "cpu") -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu: {_cpu_model()} x{torch.get_num_threads()}"
+
+
+def _cpu_prefix() -> str:
+    """What every thread count's name of this CPU starts with (`device_name` less the count)."""
+    return f"cpu: {_cpu_model()} x"
 
 
 def driver_version() -> str | None:
@@ -179,3 +185,20 @@ def load_cached_peak(device_name: str, dtype: str) -> float | None:
         return None
     value = entry.get("peaks", {}).get(dtype)
     return float(value) if value else None
+
+
+def cpu_peaks_by_threads(dtype: str) -> dict[int, tuple[float, str | None]]:
+    """This CPU's measured matmul peaks for `dtype` (same torch), by the thread count they were
+    measured with: {threads: (FLOP/s, why it may be low or None)}. A run picks its thread count
+    from the load when it starts (env/threads.py), often not the one `gputrain bench` ran with."""
+    prefix = _cpu_prefix()
+    found: dict[int, tuple[float, str | None]] = {}
+    for key, entry in _read()["machines"].items():
+        name = str(entry.get("device_name", ""))
+        count = name.removeprefix(prefix)
+        if not name.startswith(prefix) or not count.isdigit() or key != machine_key(name):
+            continue
+        value = (entry.get("peaks") or {}).get(dtype)
+        if value:
+            found[int(count)] = (float(value), entry.get("peaks_suspect"))
+    return found

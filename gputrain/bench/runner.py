@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from gputrain.bench.cache import device_name
 from gputrain.bench.conv import bench_conv2d, conv_dtypes
 from gputrain.bench.dist_run import spawn_allreduce_benchmark
 from gputrain.bench.matmul import bench_matmul, matmul_dtypes
@@ -12,7 +13,7 @@ from gputrain.bench.report import BenchReport, describe_device
 from gputrain.bench.result import BenchResult, Settings, settings_for
 from gputrain.bench.transfer import bench_transfers
 
-__all__ = ["run_benchmarks", "speedup_results"]
+__all__ = ["one_thread_matmuls", "run_benchmarks", "speedup_results"]
 
 
 def speedup_results(device: torch.device, settings: Settings) -> list[BenchResult]:
@@ -61,3 +62,17 @@ def run_benchmarks(device: torch.device, *, quick: bool) -> BenchReport:
             "run `torchrun --nproc-per-node N -m gputrain bench`"
         )
     return report
+
+
+def one_thread_matmuls(quick: bool) -> tuple[str, list[BenchResult]]:
+    """(the CPU's name with 1 thread, its matmul figures with 1 thread): what a run on a busy
+    machine uses (env/threads.py picks 1 where the other cores are taken). Its per-thread figure
+    is the highest there is, so scaled by a run's threads it is an upper bound (observe/peak.py)."""
+    cpu = torch.device("cpu")
+    settings = settings_for("cpu", quick)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return device_name(cpu), [bench_matmul(cpu, dtype, settings.matmul_n, settings) for dtype in matmul_dtypes(cpu)]
+    finally:
+        torch.set_num_threads(before)

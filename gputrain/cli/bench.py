@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from gputrain.bench.cache import busy_machine, save_results
     from gputrain.bench.dist_run import run_allreduce_benchmark
     from gputrain.bench.render import render_table
-    from gputrain.bench.runner import run_benchmarks
+    from gputrain.bench.runner import one_thread_matmuls, run_benchmarks
 
     if args.device == "cuda" and not torch.cuda.is_available():
         from gputrain.env import explain_cuda_unavailable
@@ -58,6 +58,14 @@ def run(args: argparse.Namespace) -> int:
             results = [r.to_dict() for r in report.results]
             path = save_results(report.device["name"], report.device["mode"], results, suspect=suspect)
             report.notes.append(f"cached in {path}")
+            if device.type == "cpu" and torch.get_num_threads() > 1:
+                # a run on a busy machine trains with 1 thread: its peak is measured too
+                name, single = one_thread_matmuls(args.quick)
+                save_results(name, report.device["mode"], [r.to_dict() for r in single], suspect=suspect)
+                report.notes.append(
+                    "matmul with 1 thread (a run on a busy machine uses 1): "
+                    + ", ".join(f"{r.dtype} {r.value / 1e9:.1f} GFLOP/s" for r in single)
+                )
             if report.device["mode"] != "full":
                 report.notes.append(
                     f"{report.device['mode']} mode: its smaller matrices do not reach the peak, so its "

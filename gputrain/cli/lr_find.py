@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks
-from gputrain.config.docs import fields_help_text
+from gputrain.config.docs import RL_SECTION, fields_help_text
 from gputrain.errors import RunError, UsageError
 from gputrain.run.layout import CONFIG, LR_FIND
 
@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "overrides", nargs="*", metavar="section.key=value", help="config overrides, as for gputrain train"
     )
-    parser.epilog = fields_help_text()
+    parser.epilog = fields_help_text(omit=(RL_SECTION,))
 
 
 def _check(args: argparse.Namespace) -> None:

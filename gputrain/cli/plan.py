@@ -15,7 +15,7 @@ import re
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from gputrain.config.docs import fields_help_text
+from gputrain.config.docs import RL_SECTION, fields_help_text
 
 if TYPE_CHECKING:
     from gputrain.distributed.parallel_dims import Strategy
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--find-batch", action="store_true", help="also the largest micro-batch that fits")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
-    parser.epilog = fields_help_text()
+    parser.epilog = fields_help_text(omit=(RL_SECTION,))
 
 
 def build_plan_target(config: Any, world: int = 1) -> tuple[PlanTarget, int, str]:

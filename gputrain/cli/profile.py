@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks, prepare_run
-from gputrain.config.docs import fields_help_text
+from gputrain.config.docs import RL_SECTION, fields_help_text
 from gputrain.errors import UsageError
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "overrides", nargs="*", metavar="section.key=value", help="config overrides, as for gputrain train"
     )
-    parser.epilog = fields_help_text()
+    parser.epilog = fields_help_text(omit=(RL_SECTION,))
 
 
 def _fmt_us(us: float) -> str:
@@ -79,12 +79,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _show(report: ProfileReport, trainer: Trainer, run_dir: Path | None) -> None:
     """The top ops, the step time and its split, the advisor's findings, the files written."""
-    from rich.console import Console
     from rich.table import Table
 
     from gputrain.observe.console import format_split
+    from gputrain.terminal import rich_console
 
-    console = Console(highlight=False)
+    console = rich_console()
     for title, rows in (
         ("top ops by device time", report.top_device_ops),
         ("top ops by host time", report.top_host_ops),

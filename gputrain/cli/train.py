@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from gputrain.cli.launching import add_launch_arguments, is_launcher, launch_ranks, prepare_run, train_here
-from gputrain.config.docs import fields_help_text
+from gputrain.config.docs import RL_SECTION, fields_help_text
 
 if TYPE_CHECKING:
     from gputrain.train.trainer import Trainer
@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="section.key=value",
         help="config overrides, values as TOML literals (3, 1e-3, true, [0.9, 0.95]) or strings",
     )
-    parser.epilog = fields_help_text()
+    parser.epilog = fields_help_text(omit=(RL_SECTION,))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -62,12 +62,19 @@ def describe_fields() -> list[dict[str, Any]]:
     return rows
 
 
-def fields_help_text() -> str:
-    """Plain-text listing of every field, grouped by section."""
+RL_SECTION = "rl"
+"""The section only `gputrain rl` reads: the other run commands leave it out of their help."""
+
+
+def fields_help_text(omit: tuple[str, ...] = ()) -> str:
+    """Plain-text listing of every field, grouped by section, less the sections in `omit` (named
+    in one line at the end, with the command whose help lists them)."""
     lines = ["config keys (override any as section.key=value):"]
     current = ""
     for row in describe_fields():
         section = row["key"].split(".")[0]
+        if section in omit:
+            continue
         if section != current:
             lines.append(f"\n  [{section}]")
             current = section
@@ -75,7 +82,9 @@ def fields_help_text() -> str:
         in_range = f", range {row['range']}" if row["range"] else ""
         lines.append(f"    {row['key']:<34} default {default}{in_range}")
         lines.append(f"        {row['doc']}")
+    if RL_SECTION in omit:
+        lines.append(f"\n  [{RL_SECTION}] keys are for reinforcement learning: gputrain rl --help lists them")
     return "\n".join(lines)
 
 
-__all__ = ["describe_fields", "field_docs", "fields_help_text"]
+__all__ = ["RL_SECTION", "describe_fields", "field_docs", "fields_help_text"]

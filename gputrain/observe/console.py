@@ -8,7 +8,6 @@ import sys
 import time
 from typing import Any
 
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -18,6 +17,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+
+from gputrain.terminal import rich_console
 
 
 def _fmt(value: Any) -> str:
@@ -83,7 +84,7 @@ class RunConsole:
     """Rank 0's terminal output. `mode`: bar, plain, none, or auto (bar in a terminal)."""
 
     def __init__(self, mode: str, enabled: bool = True) -> None:
-        self.console = Console(file=sys.stdout, highlight=False)
+        self.console = rich_console(sys.stdout)
         if mode == "auto":
             mode = "bar" if sys.stdout.isatty() else "plain"
         self.mode = mode if enabled else "none"
@@ -95,7 +96,7 @@ class RunConsole:
         self._next_update = 0.0
 
     def _line(self, text: str) -> None:
-        """A plain line as it is: rich's print (markup, wrapping at 80 columns off a terminal) costs
+        """A plain line as it is: rich's print (markup, wrapping to the terminal's width) costs
         ~0.5 ms a line, and a log line should stay one line whatever its length."""
         self.console.file.write(text + "\n")
         self.console.file.flush()

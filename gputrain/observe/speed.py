@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gputrain.bench.cache import device_name, load_cached
 from gputrain.observe.breakdown import CATEGORIES, StepTimer
 from gputrain.observe.flops import StepFlopCounter, gpt_dims, gpt_flops_per_token
 from gputrain.observe.peak import resolve_peak
@@ -39,6 +40,14 @@ SPEED_FIELDS = (
 )
 """The keys `SpeedMeter.summary_fields` gives summary.json's "train" section (null where a run failed
 before it had a meter)."""
+
+
+def _fraction(rate: float | None, peak: float | None) -> float | None:
+    """rate / peak as MFU, or None: without both, or above 1, which no hardware does (a peak
+    measured under load, or on other hardware: `summary_fields` says so)."""
+    if not rate or not peak or rate > peak:
+        return None
+    return rate / peak
 
 
 class SpeedMeter:
@@ -114,11 +123,11 @@ class SpeedMeter:
         achieved = flops * steps / seconds if flops and steps and seconds > 0 else None
         fields: dict[str, Any] = {
             f"{prefix}achieved_flops": achieved,
-            f"{prefix}mfu": achieved / peak if achieved and peak else None,
+            f"{prefix}mfu": _fraction(achieved, peak),
         }
         if self.formula_flops_per_step is not None and steps and seconds > 0:
             formula_rate = self.formula_flops_per_step * steps / seconds
-            fields[f"{prefix}mfu_formula"] = formula_rate / peak if peak else None
+            fields[f"{prefix}mfu_formula"] = _fraction(formula_rate, peak)
         return fields
 
     def _breakdown(self, values: Mapping[str, float] | None) -> Mapping[str, float | None] | None:
@@ -138,29 +147,35 @@ class SpeedMeter:
 
     def summary_fields(self, steps: int, seconds: float) -> dict[str, Any]:
         """The speed part of summary.json's "train" section."""
-        _, source = self.peak()
+        peak, source = self.peak()
         rates = self._rates(steps, seconds)
-        if rates["mfu"] is not None and rates["mfu"] > 1.0:  # more than the hardware can do: the peak is wrong
+        if peak and rates["achieved_flops"] and rates["achieved_flops"] > peak:
+            # more than the hardware can do: the peak is stale, and a figure over 100% would mislead
             log.warning(
-                "MFU is %.0f%% of the %s peak, so that peak is too low%s",
-                100 * rates["mfu"],
+                "this run did %.3g FLOP/s, more than the %s peak of %.3g FLOP/s, so that peak is too low and MFU "
+                "is not shown%s",
+                rates["achieved_flops"],
                 source,
-                " (it was measured on a busy machine? run `gputrain bench` again)"
+                peak,
+                " (it was measured on a busy machine? run `gputrain bench` again on an idle one)"
                 if source is not None and source.startswith("bench")
                 else "",
             )
+            source = None
         global _mfu_hint_given
         if (
             rates["mfu"] is None
             and rates["achieved_flops"]
-            and source is None
+            and peak is None
             and self.device.type == "cpu"
             and not _mfu_hint_given
         ):
             _mfu_hint_given = True  # once per process: a program that trains many models hears it once
+            quick_only = bool(load_cached(device_name(self.device)))  # a --quick bench sets no peak
             log.info(
-                "MFU on a CPU needs a measured peak (CPUs have no datasheet figure): run `gputrain bench` once "
-                "on this machine, on an idle moment; later runs report MFU against it"
+                "MFU on a CPU needs a measured peak (CPUs have no datasheet figure): run `gputrain bench`%s once "
+                "on this machine, on an idle moment; later runs report MFU against it",
+                " (without --quick: its small matrices do not set the peak)" if quick_only else "",
             )
         return {
             "flops_per_step": self.flops_per_step,

@@ -1,6 +1,10 @@
 """`gputrain train` end to end, as a user runs it."""
 
+import dataclasses
 import json
+import re
+
+import pytest
 
 from gputrain.config import load_config
 from tests.digits_sizes import digits_train_size
@@ -66,3 +70,23 @@ def test_config_show_and_train_help_list_every_field(cli, tmp_path):
 def test_unknown_command_and_no_command(cli, tmp_path):
     assert cli("trian", cwd=tmp_path).returncode == 2
     assert cli(cwd=tmp_path).returncode == 2
+
+
+@pytest.mark.parametrize("command", ["train", "lr-find", "plan", "profile", "rl"])
+def test_help_lists_the_keys_its_command_reads(command, capsys):
+    """train, lr-find, plan and profile do not read [rl]: their help leaves its keys out and says
+    where they are; rl's help lists them all."""
+    from gputrain.cli import main
+    from gputrain.config.schema import SECTIONS
+
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    listed = set(re.findall(r"^    (rl\.\w+) ", out, flags=re.M))
+    rl_keys = {f"rl.{f.name}" for f in dataclasses.fields(SECTIONS["rl"])}
+    if command == "rl":
+        assert listed == rl_keys
+    else:
+        assert listed == set() and "gputrain rl --help lists them" in out
+        assert "    train.batch_size " in out

@@ -126,3 +126,39 @@ def test_a_line_above_the_bar_is_printed_without_drawing_the_bar(monkeypatch: py
     screen = _screen(out.getvalue())
     assert screen[:2] == ["val epoch 1: accuracy 0.7500  loss 0.4000", "val epoch 2: accuracy 0.8000  loss 0.3000"]
     assert len(screen) == 3 and screen[2].startswith("train") and "64/100" in screen[2]
+
+
+# ---------------------------------------------------------------- off a terminal: no wrapping at 80 columns
+class _Pipe(io.StringIO):
+    def __init__(self, terminal: bool) -> None:
+        super().__init__()
+        self.terminal = terminal
+
+    def isatty(self) -> bool:
+        return self.terminal
+
+
+LONG = "val epoch 1: " + "  ".join(f"metric_{i} 0.{i:04d}" for i in range(12)) + " /a/long/run/dir/" + "x" * 60
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_lines_to_a_file_are_not_wrapped_and_a_terminal_keeps_its_width(
+    monkeypatch: pytest.MonkeyPatch, terminal: bool
+) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out = _Pipe(terminal)
+    monkeypatch.setattr("sys.stdout", out)
+    run = RunConsole("auto")
+    run.info(LONG)
+    run.console.print("run directory: " + LONG)
+    lines = out.getvalue().splitlines()
+    if terminal:  # rich measures the terminal (80 columns where it cannot): it wraps there, as it should
+        assert run.console.width < len(LONG)
+    else:
+        assert [line.rstrip() for line in lines] == [LONG, "run directory: " + LONG]
+
+
+def test_columns_set_by_the_user_still_sets_the_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setattr("sys.stdout", _Pipe(False))
+    assert RunConsole("plain").console.width == 100

@@ -6,6 +6,8 @@ has none), and the real CPU path runs beside it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import pytest
 import torch
 
@@ -87,8 +89,11 @@ def test_mfu_above_one_warns_that_the_peak_is_wrong(monkeypatch: pytest.MonkeyPa
         model(torch.randn(32, 64)).sum().backward()
     with caplog.at_level("WARNING", logger="gputrain"):
         fields = meter.summary_fields(steps=10, seconds=0.01)
-    assert fields["mfu"] > 1
-    assert "peak is too low (it was measured on a busy machine? run `gputrain bench` again)" in caplog.text
+    # never a figure above 100%: the peak is stale, so no MFU, and the warning says why
+    assert fields["achieved_flops"] > 1e6 and fields["mfu"] is None and fields["mfu_peak_source"] is None
+    assert meter.record_fields(steps=10, seconds=0.01)["mfu"] is None  # nor in metrics.jsonl's rows
+    assert "so that peak is too low and MFU is not shown (it was measured on a busy machine? run `gputrain bench` " \
+           "again on an idle one)" in caplog.text
 
 
 def test_a_peak_measured_on_a_busy_machine_is_marked_and_mfu_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,3 +132,96 @@ def test_a_cpu_without_a_measured_peak_says_once_how_to_get_mfu(monkeypatch: pyt
     with caplog.at_level("INFO", logger="gputrain"):
         meter.summary_fields(steps=10, seconds=0.01)
     assert "needs a measured peak" not in caplog.text  # once per process
+
+
+# ---------------------------------------------------------------- a CPU's peak per thread count
+def _save_cpu(threads: int, value: float, mode: str = "full") -> None:
+    from gputrain.bench import cache
+
+    save_results(f"{cache._cpu_prefix()}{threads}", mode, [_matmul("fp32", value)])
+
+
+@pytest.fixture
+def threads() -> Iterator[Callable[[int], None]]:
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("measured", "run_threads", "expected", "source"),
+    [
+        ({1: 4e10, 2: 7e10}, 1, 4e10, "bench"),  # bench measured the run's own count: that figure
+        ({1: 4e10, 2: 7e10}, 2, 7e10, "bench"),
+        ({1: 4e10}, 2, 8e10, "bench (1 thread measured, scaled to 2)"),  # the best per thread, times the threads
+        ({1: 4e10, 2: 7e10}, 3, 12e10, "bench (1 thread measured, scaled to 3)"),
+        ({2: 7e10}, 1, 3.5e10, "bench (2 threads measured, scaled to 1)"),  # an older cache without 1 thread
+        ({}, 1, None, None),
+    ],
+)
+def test_a_cpu_run_finds_a_peak_for_the_threads_it_chose(threads, measured, run_threads, expected, source) -> None:
+    for count, value in measured.items():
+        _save_cpu(count, value)
+    threads(run_threads)
+    got, got_source = peak.resolve_peak(torch.device("cpu"), "fp32")
+    assert (got, got_source) == (pytest.approx(expected) if expected else None, source)
+
+
+def test_a_quick_bench_or_another_torch_gives_no_cpu_peak(threads, monkeypatch: pytest.MonkeyPatch) -> None:
+    _save_cpu(1, 4e10, mode="quick")
+    threads(1)
+    assert peak.resolve_peak(torch.device("cpu"), "fp32") == (None, None)
+    _save_cpu(1, 4e10)
+    monkeypatch.setattr(torch, "__version__", "9.9.9")  # the figures were measured with another torch
+    assert peak.resolve_peak(torch.device("cpu"), "fp32") == (None, None)
+
+
+def _cpu_meter_summary(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> tuple[dict, str]:
+    from torch import nn
+
+    from gputrain.observe import speed
+
+    monkeypatch.setattr(speed.log, "propagate", True)
+    monkeypatch.setattr(speed, "_mfu_hint_given", False)
+    meter = speed.SpeedMeter(nn.Linear(8, 8), torch.device("cpu"), "fp32", world_size=1, global_batch=4,
+                             seq_len=None, breakdown_every=0)
+    with meter.step_context():
+        nn.Linear(8, 8)(torch.randn(4, 8)).sum().backward()
+    with caplog.at_level("INFO", logger="gputrain"):
+        fields = meter.summary_fields(steps=10, seconds=1.0)
+    return fields, caplog.text
+
+
+def test_after_a_full_bench_at_another_thread_count_a_run_reports_mfu_and_no_hint(
+    threads, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _save_cpu(2, 7e10)  # bench on an idle 2-core machine; the run chose 1 thread under load
+    threads(1)
+    fields, log_text = _cpu_meter_summary(monkeypatch, caplog)
+    assert 0 < fields["mfu"] < 1 and fields["mfu_peak_source"] == "bench (2 threads measured, scaled to 1)"
+    assert "run `gputrain bench`" not in log_text
+
+
+def test_after_a_quick_bench_the_hint_says_a_full_one_is_needed(
+    threads, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    threads(1)
+    _save_cpu(1, 4e10, mode="quick")
+    fields, log_text = _cpu_meter_summary(monkeypatch, caplog)
+    assert fields["mfu"] is None
+    assert "run `gputrain bench` (without --quick: its small matrices do not set the peak) once" in log_text
+
+
+def test_bench_on_several_threads_also_measures_one(threads, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from gputrain.bench import cache
+    from gputrain.cli import main
+
+    monkeypatch.setenv("GPUTRAIN_BENCH_TINY", "1")
+    threads(2)
+    assert main(["bench", "--device", "cpu", "--quick"]) == 0
+    assert torch.get_num_threads() == 2  # given back
+    one = cache.load_cached(f"{cache._cpu_prefix()}1")
+    assert one is not None and {(r["bench"], r["dtype"]) for r in one["results"]} == {("matmul", "fp32"),
+                                                                                      ("matmul", "bf16")}
+    assert cache.load_cached(f"{cache._cpu_prefix()}2") is not None
+    assert "matmul with 1 thread (a run on a busy machine uses 1): fp32 " in capsys.readouterr().out
