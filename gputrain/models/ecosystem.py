@@ -1,7 +1,8 @@
 """What the models of outside libraries (timm, torchvision, transformers) share when gputrain builds them.
 
-The libraries are optional (`pip install 'gputrain[ecosystem]'`): each is imported only when a config
-names one of its models, and a missing or broken one is a usage error that says how to install it.
+The libraries are optional (`python3 scripts/install.py --ecosystem`): each is imported only when a
+config names one of its models, and a missing or broken one is a usage error whose hint is a command
+that fixes it without replacing the installed torch (torch_builds.py).
 Nothing here downloads: models start from random weights, or from local files (`model.weights`,
 or the directory `model.hf_config` names).
 """
@@ -19,53 +20,71 @@ from torch import nn
 
 from gputrain.data.spec import DataSpec
 from gputrain.errors import ConfigError, first_line
+from gputrain.torch_builds import libraries_install, torchvision_install, torchvision_series
 
 EXTRA = "gputrain[ecosystem]"
-"""The extra that installs timm, torchvision and transformers (pyproject.toml)."""
+"""The extra that lists timm, torchvision and transformers (pyproject.toml). Beside a CPU torch,
+pip resolving it alone would replace torch (torch_builds.py): the commands proposed here do not."""
+
+_VISION = ("timm", "torchvision")
+"""The libraries that need a torchvision built for the installed torch (timm imports it)."""
 
 
 def install_hint(package: str) -> str:
-    """How to install one library of the extra: the extra, or the package alone (a source checkout
-    installs the extra with `pip install -e '.[ecosystem]'`)."""
-    return f"pip install '{EXTRA}' (or pip install {package})"
+    """The command that installs one library of the extra and keeps the installed torch (and a
+    torchvision that imports): timm and transformers name both at their installed versions, so
+    pip can neither swap torch nor pull a torchvision built for another one."""
+    pinned = _working_torchvision()
+    if pinned is None and package == "timm":  # the torchvision the hint installs first, kept by timm's install
+        series = torchvision_series(torch.__version__)
+        pinned = f"{series}.*" if series else None
+    return libraries_install([package], torch.__version__, pinned)
 
 
-_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+def _working_torchvision() -> str | None:
+    """The installed torchvision's version where it imports beside this torch, else None."""
+    try:
+        torchvision = importlib.import_module("torchvision")
+    except Exception:  # noqa: BLE001 - not installed, or built for another torch
+        return None
+    return str(torchvision.__version__)
 
 
-def _matching_torchvision() -> str:
-    """How to install the torchvision built for the installed torch; pip's own choice from PyPI is
-    the newest one, which needs a newer torch and would replace a CPU torch with a CUDA build."""
-    major, minor = (int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-    version = f"torchvision==0.{minor + 15}.*" if major == 2 else "torchvision"  # 2.x pairs with 0.(x+15)
-    if torch.version.cuda is None:
-        return f"pip install '{version}' --index-url {_CPU_INDEX}"
-    return f"pip install '{version}'"
+def torchvision_hint() -> str:
+    """The command that gives this torch a torchvision that imports: installed from the index of
+    this torch's build, after removing one built for another torch (pip would call it satisfied)."""
+    broken = importlib.util.find_spec("torchvision") is not None and _working_torchvision() is None
+    return torchvision_install(torch.__version__, broken=broken)
 
 
 def import_library(module: str, model_name: str) -> ModuleType:
     """Import an optional library for `model.name=model_name`.
 
     Raises:
-        ConfigError: the library is not installed, or installed but cannot be imported with this torch.
+        ConfigError: the library is not installed, or installed but cannot be imported with this torch;
+            the hint is a command that fixes it (torch_builds.py).
     """
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         missing = (exc.name or module).split(".")[0]
         hint = install_hint(missing)
-        # timm imports torchvision, which must be built for this torch: installed first, it is kept
-        if module in ("timm", "torchvision") and importlib.util.find_spec("torchvision") is None:
-            hint = _matching_torchvision() + ("" if missing == "torchvision" else f", then {hint}")
+        # timm needs torchvision, which must be built for this torch: installed first, timm keeps it
+        if module in _VISION and _working_torchvision() is None:
+            hint = torchvision_hint() + ("" if missing == "torchvision" else f", then {hint}")
         raise ConfigError("model.name", f"needs {missing}, which is not installed", model_name, hint=hint) from exc
     except Exception as exc:  # a broken install, e.g. a torchvision built for another torch
-        # the usual cause: a torchvision built for a CUDA torch beside a CPU one, whose C++ ops fail to load
+        cause = f"({type(exc).__name__}: {first_line(exc, 10_000)})"
+        if module in _VISION and _working_torchvision() is None:
+            # the usual cause: a torchvision built for a CUDA torch beside a CPU one, whose C++ ops fail to load
+            hint = f"install the torchvision built for this torch: {torchvision_hint()}"
+        else:
+            hint = f"reinstall it: python -m pip uninstall -y {module} && {install_hint(module)}"
         raise ConfigError(
             "model.name",
-            f"needs {module}, which is installed but cannot be imported with torch {torch.__version__} "
-            f"({type(exc).__name__}: {first_line(exc, 10_000)})",
+            f"needs {module}, which is installed but cannot be imported with torch {torch.__version__} {cause}",
             model_name,
-            hint=f"install the torchvision built for this torch: {_matching_torchvision()}",
+            hint=hint,
         ) from exc
 
 

@@ -51,32 +51,79 @@ def test_hf_needs_its_config_file() -> None:
     assert load_config(None, ["model.name=hf", "model.hf_config=cfg.json"]).model.hf_config == "cfg.json"
 
 
-# ---------------------------------------------------------------- a missing or broken library: exit 2, how to install
-@pytest.mark.parametrize("module", ["timm", "torchvision", "transformers"])
-def test_missing_library_says_how_to_install(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
-    monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ModuleNotFoundError
+# ---------------------------------------------------------------- a missing or broken library: a command that fixes it
+CPU_TORCH = "2.13.0+cpu"
+CPU_VISION = ("python -m pip install 'torchvision==0.28.*' 'torch==2.13.0+cpu' "
+              "--index-url https://download.pytorch.org/whl/cpu")
+
+
+@pytest.fixture
+def cpu_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "__version__", CPU_TORCH)
+
+
+def _broken_torchvision(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A torchvision installed but built for another torch: found, and its import fails as PyPI's
+    CUDA build does beside a CPU torch."""
+    package = tmp_path / "torchvision"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torchvision", raising=False)
+
+
+def _message(module: str) -> str:
     with pytest.raises(ConfigError) as info:
         import_library(module, f"{module}:x")
-    assert f"needs {module}, which is not installed" in str(info.value)
-    if module == "torchvision" and importlib.util.find_spec("torchvision") is None:  # the one built for this torch
-        assert str(info.value).endswith("--index-url https://download.pytorch.org/whl/cpu" if torch.version.cuda is None
-                                        else "'")
-    else:
-        assert str(info.value).endswith(f"pip install 'gputrain[ecosystem]' (or pip install {module})")
+    return str(info.value)
 
 
-def test_missing_torchvision_is_installed_first_from_torchs_own_index(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.util
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="needs a machine without torchvision")
+@pytest.mark.parametrize(("module", "hint"), [
+    # torchvision from the CPU index, beside the installed torch: pip can neither swap torch nor call it satisfied
+    ("torchvision", CPU_VISION),
+    # timm after it, with torch and that torchvision series pinned: timm's own dependency cannot pull PyPI's
+    ("timm", f"{CPU_VISION}, then python -m pip install timm 'torch==2.13.0+cpu' 'torchvision==0.28.*'"),
+    # transformers needs no torchvision: none is named, so none is pulled
+    ("transformers", "python -m pip install transformers 'torch==2.13.0+cpu'"),
+])
+def test_missing_library_gets_a_command_that_keeps_the_cpu_torch(
+    monkeypatch: pytest.MonkeyPatch, cpu_torch: None, module: str, hint: str
+) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ModuleNotFoundError
+    message = _message(module)
+    assert f"needs {module}, which is not installed" in message
+    assert message.endswith("\n  " + hint)
+    # pip would resolve the extra to the newest torchvision, and a CUDA torch with it
+    assert "gputrain[ecosystem]" not in message
 
-    monkeypatch.setitem(sys.modules, "timm", None)
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # no torchvision either
-    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
-    monkeypatch.setattr(torch.version, "cuda", None)
-    with pytest.raises(ConfigError) as info:
-        import_library("timm", "timm:resnet18")
-    # the newest torchvision on PyPI needs a newer torch, and pip would swap the CPU torch for a CUDA one
-    assert ("pip install 'torchvision==0.28.*' --index-url https://download.pytorch.org/whl/cpu, "
-            "then pip install 'gputrain[ecosystem]' (or pip install timm)") in str(info.value)
+
+@pytest.mark.parametrize("module", ["torchvision", "timm"])
+def test_a_torchvision_built_for_another_torch_is_uninstalled_first(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpu_torch: None, module: str
+) -> None:
+    _broken_torchvision(monkeypatch, tmp_path)
+    if module == "timm":  # timm imports torchvision first: the same failure
+        (tmp_path / "timm").mkdir()
+        (tmp_path / "timm" / "__init__.py").write_text("import torchvision\n")
+        monkeypatch.delitem(sys.modules, "timm", raising=False)
+    message = _message(module)
+    assert "installed but cannot be imported with torch 2.13.0+cpu (RuntimeError: operator torchvision::nms" in message
+    # installing over it would print "Requirement already satisfied" and change nothing
+    assert message.endswith(f"install the torchvision built for this torch: python -m pip uninstall -y torchvision "
+                            f"&& {CPU_VISION}")
+
+
+def test_a_cuda_torch_gets_its_own_index_and_pypis_torch_gets_pypi(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputrain.torch_builds import torchvision_install
+
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    for version, tail in [("2.9.1+cu128", " --index-url https://download.pytorch.org/whl/cu128"), ("2.13.0", "")]:
+        monkeypatch.setattr(torch, "__version__", version)
+        series = f"0.{int(version.split('.')[1]) + 15}"
+        expected = f"python -m pip install 'torchvision=={series}.*' 'torch=={version}'{tail}"
+        assert _message("torchvision").endswith(expected)
+    assert torchvision_install("3.0.0") == "python -m pip install torchvision 'torch==3.0.0'"  # no series known: pip's
 
 
 def test_broken_library_is_named_with_its_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -88,6 +135,7 @@ def test_broken_library_is_named_with_its_error(monkeypatch: pytest.MonkeyPatch,
         import_library("brokenlib", "timm:resnet18")
     assert "installed but cannot be imported" in str(info.value)
     assert "(RuntimeError: operator torchvision::nms does not exist)" in str(info.value)
+    assert "python -m pip uninstall -y brokenlib && python -m pip install brokenlib 'torch==" in str(info.value)
 
 
 def test_cli_exits_2_when_the_library_is_missing(monkeypatch: pytest.MonkeyPatch, capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -2,12 +2,12 @@
 
 Both skip where the package cannot be imported: timm needs torchvision, and PyPI's torchvision
 wheels are built for PyPI's (CUDA) torch, so they do not import beside the CPU build of torch that
-CI installs (`pip install 'gputrain[ecosystem]'` on a machine with a matching torchvision runs them).
+CI installs. The skip names the command that fixes it (`python3 scripts/install.py --ecosystem`
+installs the torchvision built for the installed torch, where its index can be reached).
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +21,21 @@ from gputrain.config import load_config
 from gputrain.data.spec import DataSpec
 from gputrain.errors import ConfigError
 from gputrain.models import build_model
+from gputrain.models.ecosystem import import_library
 
 
 def _importable(module: str) -> Any:
-    """The module, or a skip that says why it cannot be had."""
+    """The module, or a skip that says why it cannot be had and the command that fixes it: gputrain's
+    own message (models/ecosystem.py), or this checkout's installer."""
     try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        pytest.skip(f"{exc.name} is not installed (pip install 'gputrain[ecosystem]')")
-    except Exception as exc:  # noqa: BLE001 - installed, but built for another torch
-        pytest.skip(f"{module} cannot be imported with torch {torch.__version__} ({type(exc).__name__}: {exc})")
+        return import_library(module, f"{module}:x")
+    except ConfigError as exc:
+        pytest.skip(f"{' '.join(str(exc).split())} (or: {INSTALL})")
+
+
+INSTALL = "python3 scripts/install.py --ecosystem"
+"""What installs the libraries for the installed torch (the README's command; never `pip install
+'gputrain[ecosystem]'`, which would replace a CPU torch with a CUDA one)."""
 
 
 QUIET = {"train.device": "cpu", "log.progress": "none", "log.tensorboard": False, "checkpoint.enabled": False}
