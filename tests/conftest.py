@@ -4,10 +4,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
+
+import gputrain.interrupts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,6 +41,91 @@ def _signal_handlers_as_found() -> Iterator[None]:
     for sig, handler in saved.items():
         if handler is not None:
             signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------- Ctrl-C of the suite
+# Tests run gputrain's commands and runs in this process, and those arm gputrain's own signal
+# handlers, right for a command but not for pytest: a run's first Ctrl-C stops the run (checkpoint,
+# exit 130) and the suite went on; a Ctrl-C while a command starts, or a second one after a run
+# stopped, ended the process at once with os._exit(130), before pytest printed its failures. So
+# in this process: (1) gputrain's "exit 130 now" (interrupts.leave_now, its only os._exit) raises
+# KeyboardInterrupt instead, which pytest answers with its summary; (2) a SIGINT that reached this
+# process during a test, not sent by the test to itself, stops the session after that test
+# (`session.shouldstop`: the summary of the failures so far, exit 2), whichever handler took it.
+_SESSION_PID = os.getpid()
+INTERRUPTED_EXIT = gputrain.interrupts.INTERRUPTED_EXIT
+
+
+class _OsForInterrupts:
+    """gputrain.interrupts' `os`: the real one, but its exit for a signal is pytest's KeyboardInterrupt
+    in the session's own process (a forked child, or another status, exits as it would)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    @staticmethod
+    def _exit(status: int) -> NoReturn:
+        in_session = os.getpid() == _SESSION_PID and threading.current_thread() is threading.main_thread()
+        if status == INTERRUPTED_EXIT and in_session:
+            raise KeyboardInterrupt
+        os._exit(status)
+
+
+gputrain.interrupts.os = _OsForInterrupts()  # type: ignore[assignment]
+
+_sigint_sent_here = [0]
+"""SIGINTs the tests sent to this process themselves (a test of the signal handling), not Ctrl-C."""
+_real_kill, _real_raise_signal, _real_pthread_kill = os.kill, signal.raise_signal, signal.pthread_kill
+
+
+def _count(sig: int) -> None:
+    if sig == signal.SIGINT:
+        _sigint_sent_here[0] += 1
+
+
+def _kill(pid: int, sig: int) -> None:
+    if pid in (0, os.getpid()):
+        _count(sig)
+    _real_kill(pid, sig)
+
+
+def _raise_signal(sig: int) -> None:
+    _count(sig)
+    _real_raise_signal(sig)
+
+
+def _pthread_kill(thread_id: int, sig: int) -> None:
+    _count(sig)
+    _real_pthread_kill(thread_id, sig)
+
+
+os.kill, signal.raise_signal, signal.pthread_kill = _kill, _raise_signal, _pthread_kill  # type: ignore[assignment]
+# Python writes each signal's number to the wakeup fd, whichever Python handler then takes it
+_wakeup_read, _wakeup_write = os.pipe()
+os.set_blocking(_wakeup_read, False)
+os.set_blocking(_wakeup_write, False)
+signal.set_wakeup_fd(_wakeup_write, warn_on_full_buffer=False)
+
+
+def _sigints_arrived() -> int:
+    arrived = 0
+    while True:
+        try:
+            chunk = os.read(_wakeup_read, 4096)
+        except BlockingIOError:
+            return arrived
+        if not chunk:
+            return arrived
+        arrived += chunk.count(bytes([signal.SIGINT]))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _sigints_arrived()
+    _sigint_sent_here[0] = 0
+    yield
+    if _sigints_arrived() > _sigint_sent_here[0]:  # a Ctrl-C that a run's handler took: stop here
+        item.session.shouldstop = f"interrupted by Ctrl-C (SIGINT) during {item.nodeid}"
 
 
 @pytest.fixture
