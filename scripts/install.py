@@ -73,6 +73,7 @@ def nvidia_gpu_present() -> bool:
 
 def installed(package: str) -> str | None:
     """The installed version of `package` (torch: "2.13.0+cpu"), or None; read without importing it."""
+    importlib.invalidate_caches()  # one this script has just installed is seen too
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:

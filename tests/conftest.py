@@ -52,7 +52,9 @@ def _signal_handlers_as_found() -> Iterator[None]:
 # KeyboardInterrupt instead, which pytest answers with its summary; (2) a SIGINT that reached this
 # process during a test, not sent by the test to itself, stops the session after that test
 # (`session.shouldstop`: the summary of the failures so far, exit 2), whichever handler took it.
-_SESSION_PID = os.getpid()
+_SESSION_PID: list[int] = []
+"""The pytest process (set in pytest_configure: a process that imports this module for a test's
+function, a spawned rank, is none of it and keeps gputrain's handling as it is)."""
 INTERRUPTED_EXIT = gputrain.interrupts.INTERRUPTED_EXIT
 
 
@@ -65,13 +67,11 @@ class _OsForInterrupts:
 
     @staticmethod
     def _exit(status: int) -> NoReturn:
-        in_session = os.getpid() == _SESSION_PID and threading.current_thread() is threading.main_thread()
+        in_session = os.getpid() in _SESSION_PID and threading.current_thread() is threading.main_thread()
         if status == INTERRUPTED_EXIT and in_session:
             raise KeyboardInterrupt
         os._exit(status)
 
-
-gputrain.interrupts.os = _OsForInterrupts()  # type: ignore[assignment]
 
 _sigint_sent_here = [0]
 """SIGINTs the tests sent to this process themselves (a test of the signal handling), not Ctrl-C."""
@@ -99,12 +99,17 @@ def _pthread_kill(thread_id: int, sig: int) -> None:
     _real_pthread_kill(thread_id, sig)
 
 
-os.kill, signal.raise_signal, signal.pthread_kill = _kill, _raise_signal, _pthread_kill  # type: ignore[assignment]
-# Python writes each signal's number to the wakeup fd, whichever Python handler then takes it
 _wakeup_read, _wakeup_write = os.pipe()
 os.set_blocking(_wakeup_read, False)
 os.set_blocking(_wakeup_write, False)
-signal.set_wakeup_fd(_wakeup_write, warn_on_full_buffer=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _SESSION_PID[:] = [os.getpid()]
+    gputrain.interrupts.os = _OsForInterrupts()  # type: ignore[assignment]
+    os.kill, signal.raise_signal, signal.pthread_kill = _kill, _raise_signal, _pthread_kill  # type: ignore[assignment]
+    # Python writes each signal's number to the wakeup fd, whichever Python handler then takes it
+    signal.set_wakeup_fd(_wakeup_write, warn_on_full_buffer=False)
 
 
 def _sigints_arrived() -> int:

@@ -22,10 +22,6 @@ from gputrain.data.spec import DataSpec
 from gputrain.errors import ConfigError, first_line
 from gputrain.torch_builds import libraries_install, torchvision_install, torchvision_series
 
-EXTRA = "gputrain[ecosystem]"
-"""The extra that lists timm, torchvision and transformers (pyproject.toml). Beside a CPU torch,
-pip resolving it alone would replace torch (torch_builds.py): the commands proposed here do not."""
-
 _VISION = ("timm", "torchvision")
 """The libraries that need a torchvision built for the installed torch (timm imports it)."""
 
