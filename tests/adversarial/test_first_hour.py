@@ -137,3 +137,27 @@ def test_a_silent_server_is_given_up_after_the_timeout() -> None:
 ])
 def test_mfu_is_a_fraction_of_the_peak_or_none(rate, peak, mfu) -> None:
     assert _fraction(rate, peak) == mfu
+
+
+# ---------------------------------------------------------------- install.py --ecosystem: the plan for each state
+# (torch installed, torchvision installed, it imports) -> (first command, index to probe or None, commands)
+ECOSYSTEM_STATES = {
+    "cpu torch, no torchvision": (("2.13.0+cpu", None, False), "install 'torchvision==0.28.*' 'torch==2.13.0+cpu' "
+                                  f"--index-url {PT}/cpu", f"{PT}/cpu", 2),
+    "cpu torch, PyPI's torchvision (broken)": (("2.13.0+cpu", "0.28.0", False), "uninstall -y torchvision && ",
+                                               f"{PT}/cpu", 2),
+    "cpu torch, its torchvision": (("2.13.0+cpu", "0.28.0+cpu", True), "install timm transformers "
+                                   "'torch==2.13.0+cpu' 'torchvision==0.28.0+cpu'", None, 1),
+    "PyPI's torch, no torchvision": (("2.13.0", None, False), "install 'torchvision==0.28.*' 'torch==2.13.0'", None, 2),
+    "cuda torch, no torchvision": (("2.9.1+cu128", None, False), "install 'torchvision==0.24.*'", f"{PT}/cu128", 2),
+}
+
+
+@pytest.mark.parametrize("state", list(ECOSYSTEM_STATES))
+def test_install_ecosystem_plans_for_the_installed_torch(monkeypatch: pytest.MonkeyPatch, state: str) -> None:
+    (torch_version, vision, works), first, index, count = ECOSYSTEM_STATES[state]
+    monkeypatch.setattr(install, "installed", {"torch": torch_version, "torchvision": vision}.get)
+    monkeypatch.setattr(install, "torchvision_works", lambda: works)
+    steps, needs, _ = install.ecosystem_steps(None)
+    assert first in steps[0] and needs == index and len(steps) == count
+    assert all(f"'torch=={torch_version}'" in step for step in steps)  # no step can replace torch
