@@ -239,16 +239,17 @@ def resolve_auto_batch(
             hint="more ranks with parallel.strategy=fsdp, parallel.activation_checkpointing=full, or a smaller model",
         )
     if train.batch_size == "auto":
+        batch_size = micro * dp * accum
         resolved = replace(
             train,
-            batch_size=micro * dp * accum,
+            batch_size=batch_size,
             grad_accum=accum,
             micro_batch_size=None if train.micro_batch_size is None else micro,
         )
         ranks = f"{dp} rank" + ("s" if dp > 1 else "")
         line = (
-            f"train.batch_size=auto: {resolved.batch_size} (micro-batch {micro} × {ranks} × grad_accum {accum}): "
-            + _why(fits, micro, capped_at, how, global_cap, samples, resolved.batch_size)
+            f"train.batch_size=auto: {batch_size} (micro-batch {micro} × {ranks} × grad_accum {accum}): "
+            + _why(fits, micro, capped_at, how, global_cap, samples, batch_size)
         )
     else:
         per_rank = train.batch_size // dp

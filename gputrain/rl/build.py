@@ -107,7 +107,7 @@ def resolved_config(config: Config, parts: RLParts) -> Config:
     """`config` with its [rl] section as the run reads it (every `auto` resolved, rl.env_dtype too):
     what config.toml records, so it says what ran rather than "auto"."""
     dtype = _env_dtype(config.rl.env_dtype, parts.place.device)
-    env_dtype = "float64" if dtype == torch.float64 else "float32"
+    env_dtype: Literal["float32", "float64"] = "float64" if dtype == torch.float64 else "float32"
     return dataclasses.replace(config, rl=dataclasses.replace(parts.settings, env_dtype=env_dtype))
 
 
