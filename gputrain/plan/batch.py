@@ -247,9 +247,8 @@ def resolve_auto_batch(
             micro_batch_size=None if train.micro_batch_size is None else micro,
         )
         ranks = f"{dp} rank" + ("s" if dp > 1 else "")
-        line = (
-            f"train.batch_size=auto: {batch_size} (micro-batch {micro} × {ranks} × grad_accum {accum}): "
-            + _why(fits, micro, capped_at, how, global_cap, samples, batch_size)
+        line = f"train.batch_size=auto: {batch_size} (micro-batch {micro} × {ranks} × grad_accum {accum}): " + _why(
+            fits, micro, capped_at, how, global_cap, samples, batch_size
         )
     else:
         per_rank = train.batch_size // dp

@@ -41,8 +41,14 @@ DATA = {
 
 SMALL: dict[str, list[str]] = {
     "resnet50_synthetic": ["data.num_samples=8", "train.batch_size=2", "train.compile=false"],
-    "gpt2_124m_tokens": ["data.seq_len=32", "train.batch_size=2", "train.micro_batch_size=1", "train.compile=false",
-                         "train.precision=fp32", "data.max_eval_samples=2"],
+    "gpt2_124m_tokens": [
+        "data.seq_len=32",
+        "train.batch_size=2",
+        "train.micro_batch_size=1",
+        "train.compile=false",
+        "train.precision=fp32",
+        "data.max_eval_samples=2",
+    ],
     "image_folder_resnet18": ["train.batch_size=2", "data.image_size=32", "data.num_workers=0"],
     "text_char_gpt_gpu": ["train.batch_size=2"],
     "mnist_cnn": ["train.batch_size=8"],
@@ -50,8 +56,14 @@ SMALL: dict[str, list[str]] = {
 }
 """Per example, what makes one step of it small (beside QUICK): the settings that size it, nothing else."""
 
-QUICK = ["train.max_steps=1", "train.device=cpu", "log.progress=none", "log.tensorboard=false",
-         "checkpoint.enabled=false", "eval.max_batches=1"]
+QUICK = [
+    "train.max_steps=1",
+    "train.device=cpu",
+    "log.progress=none",
+    "log.tensorboard=false",
+    "checkpoint.enabled=false",
+    "eval.max_batches=1",
+]
 
 
 def test_every_example_says_how_its_data_is_had() -> None:
@@ -70,8 +82,14 @@ def test_the_shakespeare_script_writes_the_text_offline(tmp_path: Path) -> None:
     the examples read it."""
     out = tmp_path / "shakespeare.txt"
     for expected in ("stand-in", "kept"):
-        run = subprocess.run([sys.executable, str(SCRIPT), "--offline", "--out", str(out)], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=120, check=True)
+        run = subprocess.run(
+            [sys.executable, str(SCRIPT), "--offline", "--out", str(out)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         assert expected in run.stdout, run.stdout
     assert len(out.read_text(encoding="utf-8")) > 100_000
 
@@ -82,13 +100,30 @@ def _data_of(name: str, root: Path) -> list[str]:
     kind = DATA[name]
     if kind == "script":
         out = root / "shakespeare.txt"
-        subprocess.run([sys.executable, str(SCRIPT), "--offline", "--out", str(out)], check=True, timeout=120,
-                       capture_output=True)
+        subprocess.run(
+            [sys.executable, str(SCRIPT), "--offline", "--out", str(out)], check=True, timeout=120, capture_output=True
+        )
         return [f"data.path={out}"]
     if kind == "prepare":
         stdlib = Path(sysconfig.get_paths()["stdlib"])
-        assert main(["prepare", str(stdlib / "email"), str(stdlib / "asyncio"), "--glob", "*.py", "--val-fraction",
-                     "0.1", "--out", str(root / "email-bpe"), "--train-tokenizer", "2048"]) == 0
+        assert (
+            main(
+                [
+                    "prepare",
+                    str(stdlib / "email"),
+                    str(stdlib / "asyncio"),
+                    "--glob",
+                    "*.py",
+                    "--val-fraction",
+                    "0.1",
+                    "--out",
+                    str(root / "email-bpe"),
+                    "--train-tokenizer",
+                    "2048",
+                ]
+            )
+            == 0
+        )
         return [f"data.path={root / 'email-bpe'}"]
     if name == "mnist_cnn":
         return [f"data.path={write_mnist(root / 'mnist', n_train=40, n_test=10, gz=True)}"]
@@ -110,8 +145,9 @@ def test_one_step_of_each_example(name: str, tmp_path: Path) -> None:
     from gputrain import Trainer
 
     overrides = [*QUICK, *SMALL.get(name, []), *_data_of(name, tmp_path)]
-    summary: dict[str, Any] = Trainer.from_config(EXAMPLES / f"{name}.toml", run_dir=tmp_path / "run",
-                                                  overrides=overrides).fit()
+    summary: dict[str, Any] = Trainer.from_config(
+        EXAMPLES / f"{name}.toml", run_dir=tmp_path / "run", overrides=overrides
+    ).fit()
     assert summary["status"] == "completed" and summary["global_step"] == 1
 
 
@@ -120,28 +156,69 @@ def test_one_iteration_of_each_rl_example(name: str, tmp_path: Path) -> None:
     from gputrain.rl.trainer import PPOTrainer
 
     rl = load_config(EXAMPLES / f"{name}.toml", defaults=ppo_defaults).rl.resolved()
-    overrides = [f"rl.total_timesteps={rl.batch_size}", "log.progress=none", "log.tensorboard=false",
-                 "train.device=cpu"]
+    overrides = [
+        f"rl.total_timesteps={rl.batch_size}",
+        "log.progress=none",
+        "log.tensorboard=false",
+        "train.device=cpu",
+    ]
     summary = PPOTrainer(EXAMPLES / f"{name}.toml", run_dir=tmp_path / "run", overrides=overrides).fit()
     assert summary["global_step"] == 1
 
 
 def test_the_python_example_runs(tmp_path: Path) -> None:
-    run = subprocess.run([sys.executable, str(EXAMPLES / "own_optimizer_and_callbacks.py"), "--run-dir",
-                          str(tmp_path / "run"), "--steps", "2"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "own_optimizer_and_callbacks.py"),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--steps",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert run.returncode == 0, run.stderr[-2000:]
 
 
 # nanoGPT's config/train_shakespeare_char.py, and the CPU command of its README on top of it
-NANOGPT = {"model.n_layer": 6, "model.n_head": 6, "model.d_model": 384, "data.seq_len": 256, "model.seq_len": 256,
-           "train.batch_size": 64, "model.dropout": 0.2, "optim.lr": 1e-3, "train.max_steps": 5000,
-           "optim.min_lr": 1e-4, "optim.betas": [0.9, 0.99], "optim.warmup_steps": 100, "model.bias": False,
-           "train.clip_grad_norm": 1.0, "optim.weight_decay": 0.1, "eval.every_steps": 250, "eval.max_batches": 200,
-           "optim.schedule": "warmup_cosine", "train.grad_accum": 1}
-NANOGPT_CPU = {**NANOGPT, "data.seq_len": 64, "model.seq_len": 64, "train.batch_size": 12, "model.n_layer": 4,
-               "model.n_head": 4, "model.d_model": 128, "train.max_steps": 2000, "model.dropout": 0.0,
-               "eval.max_batches": 20}
+NANOGPT = {
+    "model.n_layer": 6,
+    "model.n_head": 6,
+    "model.d_model": 384,
+    "data.seq_len": 256,
+    "model.seq_len": 256,
+    "train.batch_size": 64,
+    "model.dropout": 0.2,
+    "optim.lr": 1e-3,
+    "train.max_steps": 5000,
+    "optim.min_lr": 1e-4,
+    "optim.betas": [0.9, 0.99],
+    "optim.warmup_steps": 100,
+    "model.bias": False,
+    "train.clip_grad_norm": 1.0,
+    "optim.weight_decay": 0.1,
+    "eval.every_steps": 250,
+    "eval.max_batches": 200,
+    "optim.schedule": "warmup_cosine",
+    "train.grad_accum": 1,
+}
+NANOGPT_CPU = {
+    **NANOGPT,
+    "data.seq_len": 64,
+    "model.seq_len": 64,
+    "train.batch_size": 12,
+    "model.n_layer": 4,
+    "model.n_head": 4,
+    "model.d_model": 128,
+    "train.max_steps": 2000,
+    "model.dropout": 0.0,
+    "eval.max_batches": 20,
+}
 
 
 @pytest.mark.parametrize(("name", "settings"), [("text_char_gpt_gpu", NANOGPT), ("text_char_gpt", NANOGPT_CPU)])
