@@ -80,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
             write(out, text)
             print(f"{out}: Tiny Shakespeare, {len(text):,} characters, {len(set(text))} distinct")
             return 0
-    text = stand_in()
+    try:
+        text = stand_in()
+    except ImportError:  # a Python packaged without its docs
+        print(f"error: this Python has no pydoc_data for the stand-in: save {URL} as {out}", file=sys.stderr)
+        return 1
     write(out, text)
     print(
         f"{out}: Python's language reference (pydoc_data) as a stand-in for Tiny Shakespeare, "

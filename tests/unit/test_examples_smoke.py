@@ -228,3 +228,45 @@ def test_the_nanogpt_examples_hold_its_settings(name: str, settings: dict[str, A
         section, field = key.split(".")
         got = getattr(getattr(config, section), field)
         assert (list(got) if isinstance(got, tuple) else got) == value, key
+
+
+def _script() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("shakespeare_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_shakespeare_script_without_a_network_says_so_and_writes_the_stand_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import urllib.error
+    import urllib.request
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise urllib.error.URLError("Name or service not known")
+
+    script = _script()
+    monkeypatch.setattr(urllib.request, "urlopen", unreachable)
+    out = tmp_path / "data" / "shakespeare.txt"
+    assert script.main(["--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "could not download" in said and "Name or service not known" in said and script.URL in said
+    assert out.read_text(encoding="utf-8") == script.stand_in()
+
+
+def test_the_shakespeare_script_refuses_what_is_not_tiny_shakespeare(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import io
+    import urllib.request
+
+    script = _script()
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: io.BytesIO(b"<html>a captive portal</html>"))
+    out = tmp_path / "shakespeare.txt"
+    assert script.main(["--out", str(out)]) == 1
+    assert "not Tiny Shakespeare's 1,115,394" in capsys.readouterr().err
+    assert not out.exists()
