@@ -221,7 +221,27 @@ NANOGPT_CPU = {
 }
 
 
-@pytest.mark.parametrize(("name", "settings"), [("text_char_gpt_gpu", NANOGPT), ("text_char_gpt", NANOGPT_CPU)])
+# nanoGPT's train.py defaults, which config/train_gpt2.py keeps but for the batch (12 × 40 accumulated)
+NANOGPT_GPT2 = {
+    "model.bias": False,
+    "model.dropout": None,
+    "data.seq_len": 1024,
+    "train.batch_size": 480,
+    "train.micro_batch_size": 12,
+    "optim.lr": 6e-4,
+    "optim.min_lr": 6e-5,
+    "optim.betas": [0.9, 0.95],
+    "optim.weight_decay": 0.1,
+    "optim.warmup_steps": 2000,
+    "train.max_steps": 600000,
+    "train.clip_grad_norm": 1.0,
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "settings"),
+    [("text_char_gpt_gpu", NANOGPT), ("text_char_gpt", NANOGPT_CPU), ("gpt2_124m_tokens", NANOGPT_GPT2)],
+)
 def test_the_nanogpt_examples_hold_its_settings(name: str, settings: dict[str, Any]) -> None:
     config = load_config(EXAMPLES / f"{name}.toml")
     for key, value in settings.items():
