@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gputrain import known_warnings
+
+known_warnings.install()  # before transformers or torchao load: their known-harmless lines
+
 __version__ = "0.1.0"
 __all__ = ["EMA", "Callback", "Config", "StopOnMetric", "Trainer", "__version__"]
 

@@ -170,7 +170,7 @@ class TrainConfig:
     max_steps: int | None = None
     """Stop after this many optimizer steps (whichever of epochs and max_steps comes first)."""
     batch_size: int | Literal["auto"] = 64
-    """GLOBAL samples per optimizer step, summed over all devices and accumulation steps; auto: the largest micro-batch that fits each device (the memory plan, then trial steps on CUDA) × data-parallel ranks × grad_accum."""
+    """GLOBAL samples per optimizer step, summed over all devices and accumulation steps; each epoch is the whole batches of its shuffled order (the last partial batch, fewer than batch_size samples, is left out, a different one each epoch, so no rank waits on a short step); auto: the largest micro-batch that fits each device (the memory plan, then trial steps on CUDA) × data-parallel ranks × grad_accum, but a global batch of at most the default 64 or 1/64 of the training split, whichever is larger (the batch changes the optimisation: a small data set keeps the default's steps per epoch); one line says the batch chosen, why, and its steps per epoch."""
     grad_accum: int | Literal["auto"] = 1
     """Micro-batches accumulated per optimizer step; auto: batch_size / micro_batch_size (or 1)."""
     micro_batch_size: int | Literal["auto"] | None = None

@@ -11,14 +11,16 @@ from gputrain.config.sizes import check_fits_in_memory
 from gputrain.errors import ConfigError
 
 
-def _check_choice(field: str, value: str, choices: list[str], default_hint: str | None = None) -> None:
+def _check_choice(field: str, value: str, choices: list[str], also: str = "") -> None:
+    """`also`: the other forms the field takes, named in the message whether or not a close
+    choice is suggested (`model.name`'s `timm:<name>`, `torchvision:<name>`)."""
     if value not in choices:
         close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
         raise ConfigError(
             field,
-            "unknown choice; choose from " + ", ".join(choices),
+            "unknown choice; choose from " + ", ".join(choices) + (f", {also}" if also else ""),
             value,
-            hint=f"did you mean {close[0]!r}?" if close else default_hint,
+            hint=f"did you mean {close[0]!r}?" if close else None,
         )
 
 
@@ -43,7 +45,7 @@ def check_model_name(model: ModelConfig) -> None:
             "model.name",
             name,
             choices("model.name"),
-            default_hint=f"or a library's model: {_LIBRARY_FORMS}, or hf with model.hf_config",
+            also=f"or a library's model: {_LIBRARY_FORMS}, or hf with model.hf_config",
         )
         if name == "hf" and not model.hf_config:
             raise ConfigError(

@@ -21,6 +21,8 @@ gives one example per sequence.
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from gputrain.models.ecosystem import import_library
 from gputrain.models.gpt import last_real_token
 from gputrain.models.registry import register_model
 
+log = logging.getLogger("gputrain")
 _WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -94,6 +97,12 @@ def _config_file(path_text: str) -> tuple[Path, Path | None]:
     return path, None
 
 
+def _oversized(model_vocab: int, data_vocab: int) -> bool:
+    """A model vocabulary far larger than the data's ids (GPT-2's 50,257 for a text's 88 characters),
+    not one padded for speed (50,304 for 50,257, a multiple of 64 or 128)."""
+    return model_vocab > max(2 * data_vocab, data_vocab + 1024)
+
+
 def _check_fits_data(hf_config: Any, spec: DataSpec, model_name: str) -> None:
     """The data's token ids and windows fit the model: refused now, not as an index error at step 1."""
     if len(spec.input_shape) != 1:
@@ -126,6 +135,18 @@ def _check_fits_data(hf_config: Any, spec: DataSpec, model_name: str) -> None:
             f"has vocab_size {vocab}, fewer than the data's {spec.vocab_size} token ids",
             None,
             hint=f"set vocab_size >= {spec.vocab_size} in its config.json",
+        )
+    oversized = spec.vocab_size is not None and isinstance(vocab, int) and _oversized(vocab, spec.vocab_size)
+    if oversized and int(os.environ.get("RANK", "0")) == 0:  # every rank builds the model: one line
+        assert isinstance(vocab, int) and spec.vocab_size is not None
+        log.warning(
+            "model.hf_config: vocab_size %s for data of %s token ids: %s embedding and output rows are never "
+            'a target; set "vocab_size": %s in its config.json (a character vocabulary), or give the data '
+            "as the ids of that model's tokenizer (data.tokenizer, gputrain prepare)",
+            f"{vocab:,}",
+            f"{spec.vocab_size:,}",
+            f"{vocab - spec.vocab_size:,}",
+            spec.vocab_size,
         )
     context = getattr(hf_config, "max_position_embeddings", None)  # n_positions for GPT-2
     if isinstance(context, int) and context < spec.input_shape[0]:

@@ -5,6 +5,12 @@ guess follows, and fake steps at the guess confirm it (or shrink it) within the 
 less `HEADROOM`. Then, on CUDA and for layouts where every rank holds the whole model (none, ddp),
 trial steps at that size: an out-of-memory error on any rank shrinks the micro-batch on every rank
 (the verdict is all-reduced), so the ranks never disagree on the batch.
+
+`batch_size=auto` is also the optimisation's batch, so memory alone does not decide it: the global
+batch is capped at the larger of the default batch (64) and 1/`MIN_STEPS_PER_EPOCH` of the training
+split. A small data set keeps the default's steps per epoch (memory that would take the whole split
+in one step would turn 20 epochs into 20 steps), a large one gets the batch its memory allows. One
+line says the batch, why, and the steps per epoch it leads to.
 """
 
 from __future__ import annotations
@@ -32,6 +38,11 @@ HEADROOM = 0.9
 sequence lengths, the allocator's fragmentation)."""
 SHRINK = 0.8
 MAX_MICRO_BATCH = 1 << 16
+MIN_STEPS_PER_EPOCH = 64
+"""batch_size=auto's global batch is at most 1/64 of the training split (or the default batch, if
+larger): the batch is a hyperparameter (learning rate and steps depend on it), so auto grows it
+only where the data is large enough that an epoch is still many steps. Lightning's batch-size
+finder would take the whole split; HF's auto_find_batch_size never grows the batch at all."""
 
 
 def planned_bytes(target: PlanTarget, micro: int, world: int, device_bytes: int, strategy: Strategy, ac: ACMode) -> int:
@@ -206,10 +217,15 @@ def resolve_auto_batch(
         strategy = given
     ac: ACMode = config.parallel.activation_checkpointing
     device_bytes = device_memory(device).bytes
-    cap = max(1, min(MAX_MICRO_BATCH, _num_samples(train_data) // dp))
+    samples = _num_samples(train_data)
+    accum = train.grad_accum if isinstance(train.grad_accum, int) else 1
+    cap = max(1, min(MAX_MICRO_BATCH, (samples or MAX_MICRO_BATCH) // dp))
     if train.batch_size != "auto":
         cap = max(1, train.batch_size // dp)
     micro = plan_micro_batch(target, world, device_bytes, strategy, ac, cap)
+    fits, global_cap = micro, auto_batch_cap(samples)
+    capped_at = max(1, global_cap // (dp * accum)) if train.batch_size == "auto" else fits
+    micro = min(micro, capped_at)
     how = "the plan"
     if micro and device.type == "cuda" and strategy in ("none", "ddp"):
         micro, how = confirm_by_trials(micro, _cuda_trial(target, ac)), "the plan and trial steps"
@@ -223,16 +239,16 @@ def resolve_auto_batch(
             hint="more ranks with parallel.strategy=fsdp, parallel.activation_checkpointing=full, or a smaller model",
         )
     if train.batch_size == "auto":
-        accum = train.grad_accum if isinstance(train.grad_accum, int) else 1
+        batch_size = micro * dp * accum
         resolved = replace(
             train,
-            batch_size=micro * dp * accum,
+            batch_size=batch_size,
             grad_accum=accum,
             micro_batch_size=None if train.micro_batch_size is None else micro,
         )
-        line = (
-            f"train.batch_size=auto: micro-batch {micro} per device (from {how}) "
-            f"× {dp} ranks × {accum} = {resolved.batch_size}"
+        ranks = f"{dp} rank" + ("s" if dp > 1 else "")
+        line = f"train.batch_size=auto: {batch_size} (micro-batch {micro} × {ranks} × grad_accum {accum}): " + _why(
+            fits, micro, capped_at, how, global_cap, samples, batch_size
         )
     else:
         per_rank = train.batch_size // dp
@@ -247,12 +263,44 @@ def resolve_auto_batch(
     return replace(config, train=resolved)
 
 
-def _num_samples(data: Any) -> int:
+def auto_batch_cap(samples: int | None) -> int:
+    """The largest global batch `batch_size=auto` takes for a training split of `samples` (None: of
+    no known length, where only memory limits it)."""
+    from gputrain.config.schema import TrainConfig
+
+    default = TrainConfig().batch_size
+    assert isinstance(default, int)
+    if samples is None:
+        return MAX_MICRO_BATCH
+    return max(1, min(samples, max(default, samples // MIN_STEPS_PER_EPOCH)))
+
+
+def _why(fits: int, micro: int, capped_at: int, how: str, cap: int, samples: int | None, batch: int) -> str:
+    """The rest of the batch_size=auto line: what decided the micro-batch, and the epoch it makes."""
+    if capped_at < fits and micro == capped_at:
+        why = (
+            f"memory allows {fits} per device ({how}), but auto takes at most {cap}, the larger of the default "
+            f"batch and 1/{MIN_STEPS_PER_EPOCH} of the training split, as the batch changes the optimisation "
+            f"(set train.batch_size to choose it)"
+        )
+    elif samples is not None and batch >= samples:
+        why = "the whole training split, smaller than the default batch"
+    else:
+        why = f"the most that fits each device ({how})"
+    if samples is None:  # no length: no epoch to count
+        return why
+    steps, left = divmod(samples, batch)
+    dropped = f" (the last {left} of each epoch's shuffled order are left out)" if left else ""
+    return f"{why}; {steps} step{'s' if steps != 1 else ''} per epoch of {samples} samples{dropped}"
+
+
+def _num_samples(data: Any) -> int | None:
+    """The training split's samples; None for data with no length (an iterable)."""
     source = data.dataset if isinstance(data, torch.utils.data.DataLoader) else data
     try:
-        return len(source) if isinstance(source, Sized) else MAX_MICRO_BATCH
+        return len(source) if isinstance(source, Sized) else None
     except TypeError:  # a __len__ that says there is no length
-        return MAX_MICRO_BATCH
+        return None
 
 
 def _first_sample(data: Any) -> tuple[Any, ...] | None:

@@ -103,6 +103,8 @@ def row_problem(model: nn.Module, strategy: Strategy, world: int, pp_schedule: s
     config's to change."""
     from gputrain.distributed.pp import check_pipeline
 
+    if strategy == "none" and world > 1:  # not a layout of `world` ranks: a row would read as one that fits
+        return f"trains on one process; launched on {world} ranks it is refused (parallel.strategy=none)"
     try:
         if strategy == "tp":
             check_tp(model, world)

@@ -103,6 +103,14 @@ def _env_dtype(requested: str, device: torch.device) -> torch.dtype:
     return torch.float64
 
 
+def resolved_config(config: Config, parts: RLParts) -> Config:
+    """`config` with its [rl] section as the run reads it (every `auto` resolved, rl.env_dtype too):
+    what config.toml records, so it says what ran rather than "auto"."""
+    dtype = _env_dtype(config.rl.env_dtype, parts.place.device)
+    env_dtype: Literal["float32", "float64"] = "float64" if dtype == torch.float64 else "float32"
+    return dataclasses.replace(config, rl=dataclasses.replace(parts.settings, env_dtype=env_dtype))
+
+
 def build_rl(config: Config, run_dir: str | Path | None = None) -> RLParts:
     """All the parts of a PPO run under `config` (its [rl] section, and train.device, precision,
     seed, compile, deterministic; checkpoint; log; parallel.timeout_s).

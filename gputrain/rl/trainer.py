@@ -23,7 +23,7 @@ import torch
 from gputrain.config import Config, load_config
 from gputrain.config.schema import ppo_defaults
 from gputrain.distributed.context import all_reduce_sum
-from gputrain.rl.build import build_rl
+from gputrain.rl.build import build_rl, resolved_config
 from gputrain.rl.episodes import WINDOW, EpisodeFigures
 from gputrain.rl.gae import bootstrap_truncations, compute_gae
 from gputrain.rl.minibatches import epoch_minibatches
@@ -64,6 +64,7 @@ class PPOTrainer:
             else load_config(config, overrides or (), defaults=ppo_defaults)  # CleanRL's optim.lr, ... unless set
         )
         self.parts = parts = build_rl(self.config, run_dir)
+        self.config = resolved_config(self.config, parts)  # config.toml records what runs, not "auto"
         self.settings, self.place, self.dist = parts.settings, parts.place, parts.place.dist
         self.policy, self.envs, self.rollout = parts.policy, parts.envs, parts.rollout
         self.checkpointer, self.metrics, self.console = parts.checkpointer, parts.metrics, parts.console

@@ -303,10 +303,11 @@ def test_any_number_of_ranks_costs_the_same_fake_steps(
     plan = _plan(capsys, *GPT, *ranks)
     world = plan["world"]
     assert world in (1000, RANKS_MAX)
-    # tp and pp cannot split 2 heads or 2 blocks that many ways: left out, and said why
-    assert [note.split(" on ")[0] for note in plan["left_out"]] == ["tp", "pp"]
-    assert f"parallel.pp={world}: the model has 2 blocks" in plan["left_out"][1]
-    assert {row["strategy"] for row in plan["rows"]} == {"none", "ddp", "fsdp", "hybrid"}
+    # none is one process's layout, and tp and pp cannot split 2 heads or 2 blocks that many ways: left
+    # out, and said why
+    assert [note.split(" on ")[0] for note in plan["left_out"]] == ["none", "tp", "pp"]
+    assert f"parallel.pp={world}: the model has 2 blocks" in plan["left_out"][2]
+    assert {row["strategy"] for row in plan["rows"]} == {"ddp", "fsdp", "hybrid"}
     # a fake step per checkpointing mode, whatever the world
     assert (counted["built"], counted["steps"], counted["stages"]) == (1, 3, 0)
 

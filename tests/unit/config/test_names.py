@@ -22,7 +22,9 @@ def test_config_lists_the_registered_data_sources():
 
 @pytest.mark.parametrize("override, message", [
     ("model.name=resnt18", "config error: model.name = 'resnt18': unknown choice; choose from "
-                           + ", ".join(sorted(MODEL_NAMES)) + "\n  did you mean 'resnet18'?"),
+                           + ", ".join(sorted(MODEL_NAMES))
+                           + ", or a library's model: timm:<name>, torchvision:<name>, or hf with model.hf_config"
+                           + "\n  did you mean 'resnet18'?"),
     ("data.name=nothing", "config error: data.name = 'nothing': unknown choice; choose from "
                           + ", ".join(sorted(DATA_NAMES))),
 ])

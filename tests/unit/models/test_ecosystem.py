@@ -36,7 +36,9 @@ def test_library_names_pass_the_config(name: str) -> None:
               "and '.'\n  e.g. timm:resnet18"),
     ("timm:hf-hub:timm/resnet18.a1_in1k", "hub repositories are not downloaded"),
     ("torchvision:org/model", "hub repositories are not downloaded"),
-    ("resnt18", "choose from cnn, gpt, hf, mlp, resnet18, resnet34, resnet50\n  did you mean 'resnet18'?"),
+    # the library forms are named beside a close match too: timm's and torchvision's resnets are there
+    ("resnt18", "choose from cnn, gpt, hf, mlp, resnet18, resnet34, resnet50, or a library's model: timm:<name>, "
+                "torchvision:<name>, or hf with model.hf_config\n  did you mean 'resnet18'?"),
     ("efficientnet", "or a library's model: timm:<name>, torchvision:<name>, or hf with model.hf_config"),
 ])
 def test_bad_model_names_are_refused_with_the_form(name: str, message: str) -> None:

@@ -181,3 +181,36 @@ def test_cli_refuses_a_sequence_classifier_on_data_without_token_ids(tmp_path: P
         "gputrain train: config error: model.name = 'hf': a sequence classifier takes token ids; this data gives 3 "
         "numbers per sample that are not token ids: use data.name=text_classes (a text column and a label column, "
         "read through data.tokenizer)")
+
+
+class _Lines(list):  # type: ignore[type-arg]
+    def write(self, record: Any) -> None:
+        self.append(record.getMessage())
+
+
+@pytest.mark.parametrize(("model_vocab", "data_vocab", "hint"), [
+    (50257, 88, True),    # GPT-2's vocabulary over a text's characters: a hint
+    (50304, 50257, False),  # padded to a multiple of 64 for speed: no hint
+    (128, 88, False),     # a little room: no hint
+    (2048, 88, True),
+])
+def test_a_model_vocabulary_far_above_the_datas_gets_one_hint(
+    model_vocab: int, data_vocab: int, hint: bool, tmp_path: Path
+) -> None:
+    import logging
+
+    lines = _Lines()
+    handler = logging.Handler()
+    handler.emit = lines.write  # type: ignore[method-assign]
+    logger = logging.getLogger("gputrain")
+    logger.addHandler(handler)
+    try:
+        _build(DataSpec(task="lm", input_shape=(16,), vocab_size=data_vocab),
+               hf_config=str(_write_config(tmp_path / "m", vocab_size=model_vocab)))
+    finally:
+        logger.removeHandler(handler)
+    said = [line for line in lines if "vocab_size" in line]
+    assert len(said) == (1 if hint else 0), lines
+    if hint:
+        assert f'set "vocab_size": {data_vocab} in its config.json' in said[0], said
+        assert f"{model_vocab - data_vocab:,} embedding and output rows are never a target" in said[0], said

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -79,9 +81,21 @@ def test_plan_cli_prints_each_layout_and_auto(capsys: pytest.CaptureFixture[str]
     code = main(["plan", "model.name=mlp", "--nproc-per-node", "2", "--device-memory", "1GiB", "--find-batch"])
     out = capsys.readouterr().out
     assert code == 0
-    for strategy in ("none", "ddp", "fsdp", "tp", "pp", "hybrid"):
-        assert f" {strategy} " in out
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith(" ")]
+    assert {"ddp", "fsdp", "tp", "pp", "hybrid"} <= set(rows)
     assert "auto picks: ddp" in out and "largest micro-batch that fits" in out
+
+
+@pytest.mark.parametrize("ranks", ["2", "4"])
+def test_a_one_process_layout_is_no_row_of_several_ranks(ranks: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """parallel.strategy=none is refused on more than one rank: listed as a row that "fits", it would
+    say a 4-rank job could take it. It is left out, with the reason; on one rank it is the only row."""
+    assert main(["plan", "model.name=mlp", "--nproc-per-node", ranks, "--device-memory", "1GiB", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert "none" not in {row["strategy"] for row in plan["rows"]}
+    assert any(why.startswith(f"none on {ranks} ranks: trains on one process") for why in plan["left_out"])
+    assert main(["plan", "model.name=mlp", "--device-memory", "1GiB", "--json"]) == 0
+    assert {row["strategy"] for row in json.loads(capsys.readouterr().out)["rows"]} == {"none"}
 
 
 def test_the_batch_is_divided_over_the_ranks(capsys: pytest.CaptureFixture[str]) -> None:

@@ -136,3 +136,22 @@ def test_the_rollout_check_can_be_skipped(monkeypatch: pytest.MonkeyPatch) -> No
     check_rollout_fits(rl, 1, 100, None, "the host")  # no limit known
     monkeypatch.setenv("GPUTRAIN_SKIP_MEMORY_CHECK", "1")
     check_rollout_fits(rl, 1, 100, (1, "a test's limit"), "the host")
+
+
+def test_config_toml_records_the_resolved_rl_section(tmp_path: Path) -> None:
+    """The README calls config.toml the config the run trained with: the [rl] section's `auto`s (9 of
+    them by default) are written as the values that ran, and the run continues from that file."""
+    import tomllib
+
+    run = tmp_path / "run"
+    PPOTrainer(run_dir=run, overrides=["rl.total_timesteps=512", "log.progress=none", "log.tensorboard=false",
+                                       "train.device=cpu"]).fit()
+    recorded = tomllib.loads((run / "config.toml").read_text())["rl"]
+    assert [k for k, v in recorded.items() if v == "auto"] == []
+    settings = load_config(None, [], defaults=ppo_defaults).rl.resolved()
+    assert (recorded["policy"], recorded["num_envs"], recorded["num_steps"], recorded["env_dtype"]) == (
+        "categorical", settings.num_envs, settings.num_steps, "float64")
+    assert recorded["ent_coef"] == settings.ent_coef and recorded["normalize_obs"] is False
+    longer = PPOTrainer(run_dir=run, overrides=["rl.total_timesteps=1024", "log.progress=none",
+                                                 "log.tensorboard=false", "train.device=cpu"])
+    assert longer.fit()["global_step"] == 2  # continued from its own config.toml: 2 iterations of 512
