@@ -143,8 +143,8 @@ def check_run_dir(run_dir: Path, keep: bool = False) -> None:
         check_run_entries(run_dir)
         check_inodes(run_dir, f"{option} {run_dir}", FEW_INODES)
     except OSError as err:  # a name too long, a file as a parent, a read-only or virtual file system
-        why = reason(err, run_dir) or f"cannot be created or written ({err.strerror or err})"
-        raise UsageError(f"{option} {run_dir}: {why}") from None
+        why = reason(err, run_dir) or err.strerror or str(err)
+        raise UsageError(f"{option} {run_dir}: cannot be created or written ({why})") from None
     finally:
         for path in made:  # deepest first
             with contextlib.suppress(OSError):

@@ -42,13 +42,13 @@ def reason(err: BaseException, path: Path | str | None = None) -> str | None:
         return None
     where = Path(path if path is not None else getattr(err, "filename", None) or ".")
     if code == errno.EROFS:
-        return "the file system is read-only (mounted ro): choose a directory on a writable one"
+        return "the file system is read-only: choose a directory on a writable one"
     if code in (errno.ENOSPC, errno.EDQUOT):
         return space_left(where, quota=code == errno.EDQUOT)
     if code == errno.EPERM:
         return (
-            "the operation is not permitted: the file may be immutable or append-only (lsattr shows it; "
-            "chattr -i / -a clears it), or owned by another user"
+            "the operation is not permitted: a file or folder made immutable or append-only (lsattr shows it, "
+            "chattr -i / -a clears it), or a virtual file system"
         )
     if code == errno.EACCES:
         return "permission denied: give this user write access to it, or choose another directory"

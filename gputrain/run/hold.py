@@ -4,9 +4,11 @@ and no sleep as synchronisation.
 
     GPUTRAIN_TEST_HOLD_AT=final-save GPUTRAIN_TEST_HOLD_MARK=/tmp/x.held gputrain train ...
 
-At the point named (`<point>` or `<point>:<step>`), each rank appends its rank to the mark file and
-waits until its own stop request has taken the signal the test then sends. Unset in normal use: the
-check is one dictionary lookup.
+The points: `checkpoint` (a save, before it writes), `val` and `test` (an evaluation, before it
+runs) and `final-save` (before model.safetensors is written). At the point named (`<point>` or
+`<point>:<step>`), each rank appends its rank to the mark file and waits until its own stop request
+has taken the signal the test then sends (a SIGKILL ends it there). Unset in normal use: the check
+is one dictionary lookup.
 """
 
 from __future__ import annotations

@@ -307,7 +307,7 @@ def _check_parent(parent: Path, where: str) -> None:
     except OSError as err:
         why = reason(err, existing)
         if why is not None:  # read-only, out of inodes or space, no permission: said as such
-            raise UsageError(f"{where}: {existing} cannot be written: {why}") from None
+            raise UsageError(f"{where}: {existing} cannot be written ({why})") from None
         raise UsageError(
             f"{where}: {existing} cannot be written ({err.strerror or err}); choose another path"
         ) from None

@@ -271,7 +271,7 @@ def test_a_run_directory_made_immutable_mid_run_says_so_and_that_no_summary_coul
     with pytest.raises(FileSystemFailure) as failed:
         trainer.fit()
     assert str(failed.value).startswith(f"the weights (model.safetensors) could not be written in {run_dir}: the "
-                                        "operation is not permitted: the file may be immutable"), failed.value
+                                        "operation is not permitted: a file or folder made immutable"), failed.value
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert (f"the run's summary.json could not be written: {run_dir / 'summary.json'}: the operation is not "
