@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gputrain.disk_full import removed_if_failed
 from gputrain.errors import ConfigError, first_line
 from gputrain.run.reader import FINITE
 
@@ -64,8 +65,9 @@ def cut_back(path: Path, resume_step: int, rows: int | None = None) -> int:
             lines,
         )
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(b"".join(kept))
-    tmp.replace(path)
+    with removed_if_failed(tmp, path.name):  # a file made immutable, a full disk: said, no temporary left
+        tmp.write_bytes(b"".join(kept))
+        tmp.replace(path)
     return len(kept)
 
 

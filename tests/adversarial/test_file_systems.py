@@ -31,8 +31,15 @@ from gputrain.disk_full import DiskFull, FileSystemFailure, removed_if_failed
 from gputrain.run.fs_errors import said
 from tests.adversarial.helpers import QUIET, linear_data
 
-TINY = ["model.name=mlp", "model.hidden_sizes=[8]", "train.device=cpu", "train.max_steps=2", "train.epochs=1",
-        "log.progress=none", "log.tensorboard=false"]
+TINY = [
+    "model.name=mlp",
+    "model.hidden_sizes=[8]",
+    "train.device=cpu",
+    "train.max_steps=2",
+    "train.epochs=1",
+    "log.progress=none",
+    "log.tensorboard=false",
+]
 
 
 def _mount(where: Path, options: str) -> None:
@@ -115,13 +122,16 @@ READ_ONLY = [
     ("train a new run", lambda run, ro: ["train", "--run-dir", str(ro / "new"), *TINY]),
     ("train a complete run again", lambda run, ro: ["train", "--run-dir", str(run)]),
     ("lr-find", lambda run, ro: ["lr-find", "--run-dir", str(run)]),
+    ("rl", lambda run, ro: ["rl", "--run-dir", str(ro / "rl")]),
     ("evaluate", lambda run, ro: ["evaluate", str(run)]),
     ("bench-infer", lambda run, ro: ["bench-infer", str(run), "--batch", "1", "--modes", "eager"]),
     ("report", lambda run, ro: ["report", str(run)]),
     ("export", lambda run, ro: ["export", str(run), "--format", "safetensors"]),
     ("predict -o", lambda run, ro: ["predict", str(run), str(ro.parent / "x.npy"), "-o", str(ro / "p.csv")]),
-    ("prepare --out", lambda run, ro: ["prepare", str(ro.parent / "c.txt"), "--out", str(ro / "prep"),
-                                       "--train-tokenizer", "300"]),
+    (
+        "prepare --out",
+        lambda run, ro: ["prepare", str(ro.parent / "c.txt"), "--out", str(ro / "prep"), "--train-tokenizer", "300"],
+    ),
 ]
 
 
@@ -212,14 +222,23 @@ def test_a_deleted_working_directory_under_a_fresh_process(tmp_path: Path) -> No
     "Cannot load libtorch_cpu.so"), so it is said at the entry point."""
     gone = tmp_path / "gone"
     gone.mkdir()
-    code = "import os, sys, runpy; os.chdir(sys.argv[1]); os.rmdir(sys.argv[1]); sys.argv = sys.argv[1:]; " \
-           "runpy.run_module('gputrain', run_name='__main__', alter_sys=True)"
+    code = (
+        "import os, sys, runpy; os.chdir(sys.argv[1]); os.rmdir(sys.argv[1]); sys.argv = sys.argv[1:]; "
+        "runpy.run_module('gputrain', run_name='__main__', alter_sys=True)"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run([sys.executable, "-c", code, str(gone), "train", "--run-dir", str(tmp_path / "r"), *TINY],
-                          capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(gone), "train", "--run-dir", str(tmp_path / "r"), *TINY],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
-    assert done.stderr.strip() == ("gputrain train: the working directory was deleted (or cannot be reached): cd into "
-                                   "an existing directory and run the command again")
+    assert done.stderr.strip() == (
+        "gputrain train: the working directory was deleted (or cannot be reached): cd into "
+        "an existing directory and run the command again"
+    )
 
 
 def test_an_immutable_run_directory_is_said_before_work(tmp_path: Path, chattr, capsys) -> None:
@@ -246,8 +265,14 @@ class _AtStep:
 
 def _trainer(run_dir: Path, callback: _AtStep) -> Trainer:
     torch.manual_seed(0)
-    return Trainer(nn.Linear(6, 3), linear_data(), loss_fn=F.cross_entropy, callbacks=[callback],
-                   config={**QUIET, "checkpoint.every_steps": 2}, run_dir=run_dir)
+    return Trainer(
+        nn.Linear(6, 3),
+        linear_data(),
+        loss_fn=F.cross_entropy,
+        callbacks=[callback],
+        config={**QUIET, "checkpoint.every_steps": 2},
+        run_dir=run_dir,
+    )
 
 
 def test_metrics_made_immutable_mid_run_fails_with_one_line_and_a_summary(tmp_path: Path, chattr) -> None:
@@ -270,12 +295,15 @@ def test_a_run_directory_made_immutable_mid_run_says_so_and_that_no_summary_coul
     trainer = _trainer(run_dir, _AtStep(3, lambda: chattr(run_dir, "+i")))
     with pytest.raises(FileSystemFailure) as failed:
         trainer.fit()
-    assert str(failed.value).startswith(f"the weights (model.safetensors) could not be written in {run_dir}: the "
-                                        "operation is not permitted: a file or folder made immutable"), failed.value
+    assert str(failed.value).startswith(
+        f"the weights (model.safetensors) could not be written in {run_dir}: the "
+        "operation is not permitted: a file or folder made immutable"
+    ), failed.value
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert (f"the run's summary.json could not be written: {run_dir / 'summary.json'}: the operation is not "
-            "permitted") in err, err
+    assert (
+        f"the run's summary.json could not be written: {run_dir / 'summary.json'}: the operation is not permitted"
+    ) in err, err
 
 
 # ----------------------------------------------------------------------------- the mechanism
@@ -292,8 +320,10 @@ def test_removing_a_temporary_on_a_read_only_mount_is_no_second_error(mounts) ->
 def test_a_write_out_of_inodes_is_said_as_such(mounts) -> None:
     fs = mounts("ino-tmp", "size=64m,nr_inodes=16")
     _fill_inodes(fs)
-    expected = (r"^no free inodes \(no new file can be made\) left on the device for x in .* \(6\d\.\d MiB free, "
-                r"no inode\); its partial files are removed: remove files")
+    expected = (
+        r"^no free inodes \(no new file can be made\) left on the device for x in .* \(6\d\.\d MiB free, "
+        r"no inode\); its partial files are removed: remove files"
+    )
     with pytest.raises(DiskFull, match=expected), removed_if_failed(fs / ".x.tmp", "x"):
         (fs / ".x.tmp").write_text("x")
 
@@ -333,24 +363,59 @@ def test_a_child_python_imports_this_gputrain_not_the_working_directorys(tmp_pat
     cwd = _shadowing_folder(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    shadowed = subprocess.run([sys.executable, "-m", "gputrain", "--version"], cwd=cwd, env=env, capture_output=True,
-                              text=True, timeout=60)
+    shadowed = subprocess.run(
+        [sys.executable, "-m", "gputrain", "--version"], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
     assert "shadowing gputrain" in shadowed.stderr  # what torchrun's `python -m gputrain` met before
-    safe = subprocess.run([sys.executable, "-m", "gputrain", "--version"], cwd=cwd, env=child_environment(env),
-                          capture_output=True, text=True, timeout=60)
+    safe = subprocess.run(
+        [sys.executable, "-m", "gputrain", "--version"],
+        cwd=cwd,
+        env=child_environment(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert safe.returncode == 0 and safe.stdout.startswith("gputrain "), safe.stderr
 
 
+@pytest.mark.slow
 def test_two_ranks_started_beside_a_folder_named_gputrain_train(tmp_path: Path) -> None:
     """The whole launch: torchrun's ranks run `python -m gputrain` in the user's working directory."""
     cwd = _shadowing_folder(tmp_path / "work")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run(
-        [sys.executable, "-c", "import runpy, sys; sys.path.pop(0); sys.argv[0] = 'gputrain'; "
-         "runpy.run_module('gputrain', run_name='__main__', alter_sys=True)",
-         "train", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), *TINY, "parallel.strategy=ddp",
-         "parallel.timeout_s=30"],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            "import runpy, sys; sys.path.pop(0); sys.argv[0] = 'gputrain'; "
+            "runpy.run_module('gputrain', run_name='__main__', alter_sys=True)",
+            "train",
+            "--nproc-per-node",
+            "2",
+            "--run-dir",
+            str(tmp_path / "run"),
+            *TINY,
+            "parallel.strategy=ddp",
+            "parallel.timeout_s=30",
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+
+
+def test_metrics_made_immutable_before_a_resume_is_one_line_and_no_temporary(tmp_path: Path, chattr, capsys) -> None:
+    run_dir = tmp_path / "run"
+    args = ["train", "--run-dir", str(run_dir), *TINY, "train.max_steps=4", "checkpoint.every_steps=2"]
+    assert main([*args[:-2], "train.max_steps=2", "checkpoint.every_steps=2"]) == 0
+    capsys.readouterr()
+    chattr(run_dir / "metrics.jsonl", "+i")
+    assert main(args) == 1  # train longer: the resume cuts metrics.jsonl back, which cannot be replaced
+    line = _one_line(capsys)
+    assert "metrics.jsonl could not be written in" in line and "not permitted" in line, line
+    assert not list(run_dir.glob(".metrics.jsonl.tmp-*"))
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"

@@ -25,11 +25,13 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("at", [f"val:{LAST}", "checkpoint:36"])
-def test_a_two_rank_run_stopped_at_its_end_resumes_to_the_unbroken_run(at: str, reference: Path,
-                                                                       tmp_path: Path) -> None:
+def test_a_two_rank_run_stopped_at_its_end_resumes_to_the_unbroken_run(
+    at: str, reference: Path, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "stopped"
-    assert stop_at(run_dir, TINY_2_RANKS, at, signal.SIGTERM, ranks=2) == 130, \
-        run_dir.with_suffix(".log").read_text()[-2000:]
+    assert stop_at(run_dir, TINY_2_RANKS, at, signal.SIGTERM, ranks=2) == 130, run_dir.with_suffix(".log").read_text()[
+        -2000:
+    ]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
     assert run_train(run_dir, TINY_2_RANKS) == 0, run_dir.with_suffix(".log").read_text()[-2000:]
     assert compare_runs(reference, run_dir) == []

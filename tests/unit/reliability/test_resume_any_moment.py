@@ -36,9 +36,11 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("at", "sig", "code", "status"), CASES, ids=[f"{c[0]}-{c[1].name}" for c in CASES])
-def test_a_run_stopped_at_its_end_resumes_to_the_unbroken_run(at, sig, code, status, reference: Path,
-                                                               tmp_path: Path) -> None:
+def test_a_run_stopped_at_its_end_resumes_to_the_unbroken_run(
+    at, sig, code, status, reference: Path, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "stopped"
     assert stop_at(run_dir, TINY, at, sig) == code, run_dir.with_suffix(".log").read_text()[-2000:]
     summary = run_dir / "summary.json"
@@ -49,12 +51,18 @@ def test_a_run_stopped_at_its_end_resumes_to_the_unbroken_run(at, sig, code, sta
     done = json.loads(summary.read_text())
     unbroken = json.loads((reference / "summary.json").read_text())
     assert (done["status"], done["global_step"], done["val"], done["test"], done["best"]) == (
-        unbroken["status"], unbroken["global_step"], unbroken["val"], unbroken["test"], unbroken["best"])
+        unbroken["status"],
+        unbroken["global_step"],
+        unbroken["val"],
+        unbroken["test"],
+        unbroken["best"],
+    )
 
 
 SHORT = [*TINY, "train.max_steps=36"]  # ends mid-epoch at a step a periodic checkpoint saves
 
 
+@pytest.mark.slow
 def test_a_kill_after_a_periodic_checkpoint_of_the_last_step_takes_no_step_past_it(tmp_path: Path) -> None:
     """Step 36's periodic checkpoint comes before the end's validation: a run killed during that
     validation resumes from it, validates again (its row once) and trains no 37th step."""
