@@ -1,4 +1,5 @@
-"""A write that fails leaves no partial file behind, and a full disk is said as such.
+"""A write that fails leaves no partial file behind, and a full disk (or another file-system failure:
+read-only, out of inodes, a file made immutable; run/fs_errors.py) is said as such.
 
 A checkpoint, the final weights or any file of the run written onto a disk that fills up fail midway (safetensors says
 "No space left on device (os error 28)", torch's zip writer only "unexpected pos"). The partial

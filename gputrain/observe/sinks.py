@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,26 +86,31 @@ class JsonlSink:
         self._file = path.open("a", buffering=1 << 16, encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        try:  # a full buffer is written out here
+            self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        except OSError as err:
+            self._name(err)
+            raise
         self.rows += 1
 
     def flush(self) -> None:
-        with self._named():
+        try:
             self._file.flush()
+        except OSError as err:
+            self._name(err)
+            raise
 
     def close(self) -> None:
-        with self._named():
-            self._file.close()
-
-    @contextlib.contextmanager
-    def _named(self) -> Iterator[None]:
-        """A buffered write's OSError names no file: it is given this one (run/fs_errors.py says it)."""
         try:
-            yield
+            self._file.close()
         except OSError as err:
-            if err.filename is None:
-                err.filename = str(self.path)
+            self._name(err)
             raise
+
+    def _name(self, err: OSError) -> None:
+        """A buffered write's OSError names no file: it is given this one (run/fs_errors.py says it)."""
+        if err.filename is None:
+            err.filename = str(self.path)
 
 
 def check_tensorboard() -> None:
