@@ -111,9 +111,13 @@ def check_inodes(folder: Path, where: str, files: int) -> None:
     Raises:
         UsageError: one line naming `where` and what is left.
     """
-    _, inodes = _free(folder)
+    free, inodes = _free(folder)
     if inodes is not None and inodes < files:
-        raise UsageError(f"{where}: {space_left(folder)} ({inodes} inodes free; a run makes about {files} files)")
+        shown = f"{free / 2**20:,.1f} MiB free" if free is not None else "free space unknown"
+        raise UsageError(
+            f"{where}: the file system has {inodes} free inodes, and a run makes about {files} files ({shown}); "
+            "remove files (many small ones, usually), or choose another file system"
+        )
 
 
 def _working_directory_exists() -> bool:
