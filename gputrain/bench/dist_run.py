@@ -14,6 +14,7 @@ import torch.distributed as dist
 from gputrain.bench.comms import bench_allreduce
 from gputrain.bench.report import BenchReport, describe_device
 from gputrain.bench.result import BenchResult, settings_for
+from gputrain.child_python import child_environment
 from gputrain.distributed.context import rank_device
 
 __all__ = ["run_allreduce_benchmark", "spawn_allreduce_benchmark"]
@@ -64,7 +65,7 @@ def spawn_allreduce_benchmark(
             text=True,
             timeout=timeout_s,
             check=False,
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
+            env=child_environment(dict(os.environ, OMP_NUM_THREADS="1")),  # this gputrain in its ranks
         )
     except subprocess.TimeoutExpired:  # run() has killed torchrun by now
         return None, f"all-reduce benchmark timed out after {timeout_s:g} s"

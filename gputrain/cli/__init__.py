@@ -25,6 +25,7 @@ from typing import NoReturn
 from gputrain import __version__
 from gputrain.errors import GputrainError, Interrupted, UsageError
 from gputrain.interrupts import RUN_COMMANDS, end_of_the_start, guard_the_start, job_rank
+from gputrain.run.fs_errors import check_working_directory
 from gputrain.terminal import printable
 
 # name -> (module, one-line help). Modules are imported lazily so `gputrain doctor` does not pay
@@ -143,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # intermixed: options may come before, between or after the section.key=value overrides
     args = _command_parser(name).parse_intermixed_args(args_list[1:])
     try:
+        check_working_directory()  # deleted under the shell: torch's libraries would fail to load on it
         _check_config(args)
         module = importlib.import_module(SUBCOMMANDS[name][0])
         from gputrain.run.files import command_line_words

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from gputrain.errors import RunError, UsageError
+from gputrain.run.fs_errors import said
 from gputrain.terminal import printable
 
 
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from gputrain.report.build import report_output, write_report
 
     paths = [Path(p) for p in args.run_dirs]
-    if len(set(map(Path.resolve, paths))) < len(paths):
+    if len(set(map(_resolved, paths))) < len(paths):
         raise UsageError("a run directory is given twice; give each run once")
     output = report_output(paths, args.output)  # before any run is read
     to_stdout = output is None
@@ -55,3 +56,11 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _resolved(path: Path) -> Path:
+    """`path` resolved; a loop of links, said as such before the report reads anything."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as err:
+        raise UsageError(said(err, path) or f"{path}: {err}") from None

@@ -173,6 +173,7 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
+    from gputrain.child_python import check_not_shadowed, child_environment
     from gputrain.distributed.allocator import rank_environment
     from gputrain.interrupts import leave_130_on_further_signals
 
@@ -188,6 +189,9 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     os.environ.update(rank_environment(os.environ, torch.version.cuda is not None))
     args = get_args_parser().parse_args(torchrun_args(opts, child_argv))
     os.environ[LAUNCHER_ENV] = str(os.getpid())  # the ranks die with this process (distributed/orphans.py)
+    # the ranks run `python -m gputrain` here: this gputrain, not a folder of that name in the working directory
+    check_not_shadowed()
+    os.environ.update(child_environment(os.environ))
     started = time.time() - 1.0  # file-system timestamps may be coarse
     resume_hint = f"run the same command again{f' (--run-dir {run_dir})' if run_dir else ''} to resume"
     try:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Literal
 
+from gputrain.child_python import child_environment
 from gputrain.env.facts import DistFacts
 
 __all__ = ["FAIL_RANK_ENV", "choose_backend", "collect_dist_smoke"]
@@ -55,7 +56,7 @@ def collect_dist_smoke(backend: Backend, world_size: int, timeout_s: float = 60.
     # The children import gputrain from wherever this process did, installed or not.
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=python_path)
+    env = child_environment(dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=python_path))
     try:
         for rank in range(world_size):
             cmd = [

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gputrain.disk_full import removed_if_failed
 from gputrain.errors import ConfigError, first_line
 from gputrain.run.reader import FINITE
 
@@ -36,10 +37,12 @@ def _record_step(raw: bytes) -> int | float | None:
     return step if FINITE(step) else None  # an integer of 400 digits is no step (math.isfinite overflows)
 
 
-def cut_back(path: Path, resume_step: int) -> None:
+def cut_back(path: Path, resume_step: int, rows: int | None = None) -> int:
     """Keep the lines of `path` up to `resume_step`, as they were, and drop the rest: lines after it
-    (the resumed run writes them again) and damaged ones, with one warning for those. The file is
-    replaced atomically, so a kill while cutting loses nothing."""
+    (the resumed run writes them again) and damaged ones, with one warning for those. `rows`: the
+    rows the file held when the checkpoint was taken; only the first `rows` of those kept stay (rows
+    of the checkpoint's own step written after it, the resumed run writes again too). The file is
+    replaced atomically, so a kill while cutting loses nothing. Returns the rows kept."""
     kept: list[bytes] = []
     damaged: list[int] = []
     for number, raw in enumerate(path.read_bytes().removeprefix(b"\xef\xbb\xbf").split(b"\n"), start=1):
@@ -48,7 +51,7 @@ def cut_back(path: Path, resume_step: int) -> None:
         step = _record_step(raw)
         if step is None:
             damaged.append(number)
-        elif step <= resume_step:
+        elif step <= resume_step and (rows is None or len(kept) < rows):
             kept.append(raw.rstrip(b"\r") + b"\n")
     if damaged:
         lines = ", ".join(map(str, damaged[:5])) + (f" (+{len(damaged) - 5} more)" if len(damaged) > 5 else "")
@@ -60,8 +63,10 @@ def cut_back(path: Path, resume_step: int) -> None:
             lines,
         )
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(b"".join(kept))
-    tmp.replace(path)
+    with removed_if_failed(tmp, path.name):  # a file made immutable, a full disk: said, no temporary left
+        tmp.write_bytes(b"".join(kept))
+        tmp.replace(path)
+    return len(kept)
 
 
 class JsonlSink:
@@ -70,22 +75,42 @@ class JsonlSink:
     Lines are buffered until `flush` (the metrics logger's policy: train/metrics.py), not written one
     system call each."""
 
-    def __init__(self, path: Path, resume_step: int | None = None) -> None:
+    def __init__(self, path: Path, resume_step: int | None = None, rows: int | None = None) -> None:
         self.path = path
+        self.rows = 0
+        """The rows the file holds: what a checkpoint records (LoopState.metrics_rows)."""
         if resume_step is not None and path.is_file():
-            cut_back(path, resume_step)
+            self.rows = cut_back(path, resume_step, rows)
         elif resume_step is None and path.exists():
             path.unlink()
         self._file = path.open("a", buffering=1 << 16, encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        try:  # a full buffer is written out here
+            self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        except OSError as err:
+            self._name(err)
+            raise
+        self.rows += 1
 
     def flush(self) -> None:
-        self._file.flush()
+        try:
+            self._file.flush()
+        except OSError as err:
+            self._name(err)
+            raise
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError as err:
+            self._name(err)
+            raise
+
+    def _name(self, err: OSError) -> None:
+        """A buffered write's OSError names no file: it is given this one (run/fs_errors.py says it)."""
+        if err.filename is None:
+            err.filename = str(self.path)
 
 
 def check_tensorboard() -> None:

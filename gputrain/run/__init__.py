@@ -2,7 +2,8 @@
 are called (`layout`), writing them (`files`), reading them without trusting them (`reader`, with
 the fields each file holds: `shapes`), the run a directory already holds (`prior`), one run
 at a time (`lock`), how a loop begins there (`start`), and the record every ending leaves
-(`record`, `summary`), signals included (`signals`).
+(`record`, `summary`), signals included (`signals`); a file system's failures said as what they are
+(`fs_errors`); a test hook that holds a run at a named point until a signal comes (`hold`).
 
 Its names are imported on first use (gputrain/lazy.py): reading a layout name loads no torch."""
 

@@ -20,6 +20,7 @@ from gputrain.config import Config, config_to_toml
 from gputrain.config.paths import kind_of
 from gputrain.disk_full import removed_if_failed
 from gputrain.errors import UsageError
+from gputrain.run.fs_errors import FEW_INODES, check_inodes, reason
 from gputrain.run.layout import CHECKPOINT_MARKER, CONFIG, ENV, RUN_DIRS, RUN_FILE_PATTERNS, RUN_FILES
 from gputrain.run.probe import check_takes_files
 
@@ -140,8 +141,10 @@ def check_run_dir(run_dir: Path, keep: bool = False) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         check_takes_files(run_dir)  # leaves nothing behind, however the process ends
         check_run_entries(run_dir)
+        check_inodes(run_dir, f"{option} {run_dir}", FEW_INODES)
     except OSError as err:  # a name too long, a file as a parent, a read-only or virtual file system
-        raise UsageError(f"{option} {run_dir}: cannot be created or written ({err.strerror or err})") from None
+        why = reason(err, run_dir) or err.strerror or str(err)
+        raise UsageError(f"{option} {run_dir}: cannot be created or written ({why})") from None
     finally:
         for path in made:  # deepest first
             with contextlib.suppress(OSError):
@@ -180,7 +183,16 @@ def check_not_inside_a_run(run_dir: Path) -> None:
     Raises:
         UsageError: naming the run (or checkpoint) the directory belongs to.
     """
-    option, resolved = run_dir_option(), run_dir.resolve()
+    option = run_dir_option()
+    try:
+        resolved = run_dir.resolve()
+    except RuntimeError as err:  # a loop of links (Python before 3.13; later ones raise OSError ELOOP)
+        raise UsageError(f"{option} {run_dir}: {reason(err, run_dir) or err}") from None
+    except OSError as err:
+        why = reason(err, run_dir)
+        if why is None:
+            return  # the directory's own check says what it is
+        raise UsageError(f"{option} {run_dir}: {why}") from None
     try:
         is_checkpoint = (resolved / CHECKPOINT_MARKER).is_file()  # written last
     except OSError:  # a name too long: the directory's own check says so

@@ -37,6 +37,7 @@ from typing import Any
 
 from gputrain.disk_full import removed_if_failed
 from gputrain.errors import UsageError
+from gputrain.run.fs_errors import reason
 from gputrain.run.layout import (
     BENCH_INFER,
     CHECKPOINT_GLOB,
@@ -298,12 +299,15 @@ def _check_parent(parent: Path, where: str) -> None:
     try:
         resolved = existing.resolve()
     except (OSError, RuntimeError) as err:  # a loop of links
-        raise UsageError(f"{where}: its folder cannot be reached ({err})") from None
+        raise UsageError(f"{where}: its folder cannot be reached ({reason(err, existing) or err})") from None
     if not resolved.is_dir():
         raise UsageError(f"{where}: {existing} is not a folder; give a path in a folder")
     try:  # as train's check_run_dir: a virtual or read-only file system, no permission, said before any work
         check_takes_files(resolved)
     except OSError as err:
+        why = reason(err, existing)
+        if why is not None:  # read-only, out of inodes or space, no permission: said as such
+            raise UsageError(f"{where}: {existing} cannot be written ({why})") from None
         raise UsageError(
             f"{where}: {existing} cannot be written ({err.strerror or err}); choose another path"
         ) from None

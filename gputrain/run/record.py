@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ from gputrain.errors import GputrainError, Interrupted, RunError, UsageError, fi
 from gputrain.interrupts import job_rank
 from gputrain.run import left_memory
 from gputrain.run.files import write_json, write_text
+from gputrain.run.fs_errors import said
 from gputrain.run.layout import SUMMARY, error_log_name
 from gputrain.run.lock import run_dir_locked
 from gputrain.run.prior import prior_run
@@ -140,7 +142,7 @@ class RunRecorder:
             ending.refused = isinstance(exc, UsageError) and not ending.started
             where = ending.doing or f"step {self.state.global_step + 1}"
             where += f" (rank {dist.rank})" if dist.enabled else ""
-            ending.error = str(exc) if isinstance(exc, GputrainError) else f"{where}: {type(exc).__name__}: {exc}"
+            ending.error = str(exc) if isinstance(exc, GputrainError) else f"{where}: {_what_failed(exc)}"
             log_file = _error_log(run_dir, dist.rank)
             writes = self._writes(ending)
             kept = _save_traceback(run_dir, log_file) if writes else _left_as_it_was(run_dir)
@@ -160,7 +162,7 @@ class RunRecorder:
         self.stop.uninstall()  # also where a complete run was kept: the handlers were armed at the start
         if ending.kept is not None:
             return
-        parts.metrics.close()
+        late = _close_metrics(parts.metrics, ending)
         metrics, status = parts.metrics, ending.status or "failed"
         figures = self.figures(status)
         unlogged = figures.last_loss is not None and metrics.last_logged_step != state.global_step
@@ -190,10 +192,10 @@ class RunRecorder:
         )
         ending.summary.update(figures.blocks)
         if place.dist.is_main and self._writes(ending):  # else no record, and no table of one
-            with contextlib.suppress(OSError):
-                parts.run_dir.mkdir(parents=True, exist_ok=True)
-                write_json(parts.run_dir / SUMMARY, ending.summary)
+            _write_summary(parts.run_dir, ending.summary)
             parts.console.final_table(ending.summary, str(parts.run_dir))
+        if late is not None:
+            raise late
 
     def _writes(self, ending: RunEnding) -> bool:
         """Whether this ending is recorded in the run directory: once the run has begun writing there;
@@ -215,19 +217,50 @@ def recording_start_up(run_dir: Path | None) -> Iterator[None]:
     except (GputrainError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of the parts' code is recorded, then one line
-        error = f"start-up (building the data, the model and its placement): {type(exc).__name__}: {first_line(exc)}"
+        failed = said(exc) or f"{type(exc).__name__}: {first_line(exc)}"
+        error = f"start-up (building the data, the model and its placement): {failed}"
         rank = job_rank()
         prior = prior_run(run_dir) if run_dir is not None else None
         kept = "not recorded: no run directory yet"
         if run_dir is not None and (prior is None or not prior.owns):
             kept = _save_traceback(run_dir, _error_log(run_dir, rank))
             if rank == 0:
-                with contextlib.suppress(OSError):
-                    summary = start_up_summary(error, time.perf_counter() - began, _world_size())
-                    write_json(run_dir / SUMMARY, summary)
+                _write_summary(run_dir, start_up_summary(error, time.perf_counter() - began, _world_size()))
         elif run_dir is not None:
             kept = _left_as_it_was(run_dir)
         raise RunError(f"training failed at {error} ({kept})") from None
+
+
+def _close_metrics(metrics: MetricsLogger, ending: RunEnding) -> RunError | None:
+    """Close metrics.jsonl. Its last rows may fail to be written only now (a file made immutable, a
+    full disk): a run that had not failed otherwise fails for it, recorded as such (the error to
+    raise once summary.json is written); a run that failed already keeps its own error."""
+    try:
+        metrics.close()
+    except OSError as err:
+        if ending.status == "failed":
+            return None
+        ending.status, ending.error = "failed", f"closing the run's metrics: {_what_failed(err)}"
+        return RunError(f"training failed at {ending.error}")
+    return None
+
+
+def _what_failed(exc: BaseException) -> str:
+    """A failure's line: a file system's failure said as what it is (run/fs_errors.py), any other
+    error by its type and message."""
+    return said(exc) or f"{type(exc).__name__}: {exc}"
+
+
+def _write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """summary.json; where it cannot be written (the failure that ended the run may be the file
+    system's), one line on stderr says so, rather than a record that silently is not there."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / SUMMARY, summary)
+    except OSError as err:
+        why = said(err, run_dir / SUMMARY) or f"{run_dir / SUMMARY}: {err.strerror or err}"
+        with contextlib.suppress(OSError, ValueError):
+            print(f"gputrain: the run's summary.json could not be written: {why}", file=sys.stderr)
 
 
 def _error_log(run_dir: Path, rank: int) -> Path:

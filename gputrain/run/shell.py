@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gputrain.config import Config
+from gputrain.run.hold import hold
 from gputrain.run.layout import FINAL_WEIGHTS
 from gputrain.run.prior import PriorRun
 from gputrain.run.record import LoopFigures, RecordedParts, RunEnding, RunRecorder
@@ -128,6 +129,7 @@ class RunShell:
                 ending.status = train()
             finally:
                 self._ending = None
+            self.hold("final-save")
             self.parts.checkpointer.save_final_weights(self.parts.run_dir / FINAL_WEIGHTS)
             # every rank's peak memory, final save included: the ranks end here together (a failure
             # ends without it, and the summary says which ranks' figures are older: rank_memory.py)
@@ -193,6 +195,7 @@ class RunShell:
                 self.shape.before_save()
             self.parts.metrics.flush()
             parts = self.parts
+            self.state.metrics_rows = parts.metrics.rows  # a resume keeps exactly the rows written so far
             return {
                 "scheduler": parts.scheduler.state_dict(),
                 "precision": parts.precision.state_dict(),
@@ -203,10 +206,15 @@ class RunShell:
             }
 
         state = self.state
+        self.hold("checkpoint")
         path = self.parts.checkpointer.save(state.global_step, state_of, state.best_step, periodic=periodic)
         if path is not None and self.shape.after_save is not None:
             self.shape.after_save(path)
         return path
+
+    def hold(self, point: str) -> None:
+        """The test hook (run/hold.py): held at `point` until a signal has come, where a test asks."""
+        hold(point, self.state.global_step, lambda: self.stop.requested is not None, self.parts.place.dist.rank)
 
     def stop_requested(self, sync_point: bool) -> bool:
         """Whether a signal asks the run to stop now (several ranks agree on sync points only). An

@@ -84,15 +84,18 @@ class MetricsLogger:
         """The loss of the last logged step, the mean over all ranks (what summary.json reports)."""
         self.last_logged_step: int | None = None
         self._sinks = Sinks([])
+        self._jsonl: JsonlSink | None = None
         self._flushed_at = time.monotonic()
         self._since: tuple[float, int, int] = (time.perf_counter(), 0, 0)
         """(time, samples seen, step) at the last logged step: the rates of the next row run from there."""
 
     def open(self, state: LoopState, resumed: bool) -> None:
-        """Start writing: a fresh metrics.jsonl, or, after a resume, one cut back to the resumed step."""
+        """Start writing: a fresh metrics.jsonl, or, after a resume, one cut back to the rows the
+        checkpoint holds (`state.metrics_rows`; its step, for a checkpoint older than that count)."""
         if self.dist.is_main:
             resume_step = state.global_step if resumed else None
-            sinks: list[Any] = [JsonlSink(self.run_dir / METRICS, resume_step)]
+            self._jsonl = JsonlSink(self.run_dir / METRICS, resume_step, state.metrics_rows if resumed else None)
+            sinks: list[Any] = [self._jsonl]
             if self.config.tensorboard:
                 sinks.append(TensorBoardSink(self.run_dir / TENSORBOARD, resume_step))
             self._sinks = Sinks(sinks)
@@ -164,6 +167,11 @@ class MetricsLogger:
         self._sinks.write(record)
         if time.monotonic() - self._flushed_at >= FLUSH_S:
             self.flush()
+
+    @property
+    def rows(self) -> int | None:
+        """The rows metrics.jsonl holds (rank 0); None on the other ranks, which write none."""
+        return self._jsonl.rows if self._jsonl is not None else None
 
     def flush(self) -> None:
         """Write out the buffered rows (before a checkpoint: the rows of the steps it holds)."""

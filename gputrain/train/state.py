@@ -33,6 +33,10 @@ class LoopState:
     """Steps skipped because the loss or gradients were NaN/Inf (train.on_nonfinite=skip)."""
     skipped_samples: int = 0
     """Unreadable training samples dropped (data.on_error=skip)."""
+    metrics_rows: int | None = None
+    """The rows metrics.jsonl held when the checkpoint was taken (rank 0 writes it): a resume keeps
+    exactly these, so a row logged after the checkpoint at its own step (the test evaluation, an
+    evaluation after a periodic save) is not written twice. None: a checkpoint older than the count."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -201,6 +205,9 @@ def _check_loop(path: Path, saved: Any, step: int | None) -> None:
         value = saved.get(key)
         if not (optional and value is None) and key in saved and not is_plain_number(value):
             raise CheckpointMismatch(path, f"state.pt: loop.{key} is {kind_of_value(value)}, not a number")
+    rows = saved.get("metrics_rows")
+    if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 0):
+        raise CheckpointMismatch(path, f"state.pt: loop.metrics_rows is {rows!r}, not a count")
     best_step = saved.get("best_step")
     if best_step is not None and (not isinstance(best_step, int) or isinstance(best_step, bool) or best_step < 0):
         raise CheckpointMismatch(path, f"state.pt: loop.best_step is {best_step!r}, not a step")

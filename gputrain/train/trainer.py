@@ -28,12 +28,13 @@ from gputrain.precision import resolve_precision
 from gputrain.run.files import run_dir_path
 from gputrain.run.layout import scores_name
 from gputrain.run.record import LoopFigures
-from gputrain.run.shell import LoopShape, RunShell
+from gputrain.run.shell import LoopShape, RunShell, Stateful
 from gputrain.run.signals import StopRequest
 from gputrain.text.for_run import tokenizer_for
 from gputrain.train.build import TrainingParts, UserTPPlan, build_model_and_data, build_training, profile_target
 from gputrain.train.cadence import TIMED_OUT, check_cadence, validation_due_mid_epoch
 from gputrain.train.callbacks import Callbacks
+from gputrain.train.ended import TrainingEnded
 from gputrain.train.nonfinite import BadStep, note_bad_steps
 from gputrain.train.smoke import finish_smoke
 from gputrain.train.standalone import load_checkpoint_weights
@@ -258,6 +259,8 @@ class Trainer:
         self._tokenizer = tokenizer
         self._stop_reason: str | None = None
         """Why the run stopped before its end (summary.json's stop_reason: an early stop, train.max_time)."""
+        self._ended = TrainingEnded()
+        """Where the training ended, once it has: the end's checkpoint holds it (train/ended.py)."""
         self._given = _Given(
             model=model,
             train_data=train_data,
@@ -326,7 +329,7 @@ class Trainer:
             config_note=config_note(parts.optimizer_record) if parts.optimizer_record is not None else None,
             tokenizer=self._tokenizer,
         )
-        states = {"callbacks": self._callbacks}
+        states: dict[str, Stateful] = {"callbacks": self._callbacks, "ended": self._ended}
         return _Built(parts, RunShell(parts, parts.place.config, shape, self._figures, states=states))
 
     @property
@@ -443,6 +446,7 @@ class Trainer:
         self.setup()
         self.model.train()
         self.parts.step.model.train()
+        self._ended.mark(None, None, {}, 0)  # a resume may put back the end of an earlier fit(): not this one's
         try:
             # the feed's loader workers end with the run, however it ends
             summary = self.shell.run(lambda: self._train(on_step), closing=(self.parts.feed,))
@@ -508,11 +512,16 @@ class Trainer:
         budget.start(state)
         callbacks = self._callbacks
         callbacks.fit_started(self)
-        status = None
+        ended = self._ended
+        status = ended.at(total)  # resumed from the end's checkpoint: training and its last validation are done
+        if status is not None:
+            self._stop_reason, self.val = ended.reason, dict(ended.val)
         while status is None:
             clock = time.perf_counter()
             timer.begin(state.global_step + 1)
             for micro_batches in feed.epoch(state.epoch, state.step_in_epoch):
+                if state.global_step >= total:  # resumed from a checkpoint of the last step: no step past it
+                    break
                 if not micro_batches:  # data.on_error=skip: no sample of this step could be read
                     self._leave_out_step()
                     continue
@@ -570,6 +579,8 @@ class Trainer:
     def _stop_mid_epoch(self, status: str) -> str:
         """The run ends inside an epoch: early stop after a step-cadence validation, or
         train.max_time spent. Either saves a checkpoint (always, not a periodic one) and says why."""
+        if status != TIMED_OUT:  # the end's checkpoint: a resume from it goes on after the training
+            self._ended.mark(status, self._patience_spent(), self.val, self.parts.total_steps)
         saved = self.shell.save()
         if status == TIMED_OUT:
             self._stop_reason = self.parts.budget.reason(self.state, saved is not None)
@@ -660,6 +671,9 @@ class Trainer:
             reason = self._patience_spent()
         every_epoch_ckpt = cfg.checkpoint.every_epochs
         if ends or reason is not None:
+            # the end's checkpoint: a resume from it goes on after the training (train/ended.py)
+            ending = "stopped_early" if reason is not None else "completed"
+            self._ended.mark(ending, reason, self.val, parts.total_steps)
             self.shell.save()
         elif (every_epoch_ckpt and state.epoch % every_epoch_ckpt == 0) or new_best:
             self.shell.save(periodic=True)
@@ -673,6 +687,7 @@ class Trainer:
     def _evaluate(self, data: Dataset | DataLoader, split: str) -> dict[str, float]:
         parts = self.parts
         with self.shell.outside_steps(f"the {split} evaluation after step {self.state.global_step}"):
+            self.shell.hold(split)
             result = parts.evaluator.evaluate(data, split, keep_scores=split == "test")
         if parts.place.dims.fsdp_enabled:  # its forward passes leave FSDP's root module gathered
             from gputrain.distributed.fsdp import reshard  # torch's FSDP takes ~1 s to import: only if used

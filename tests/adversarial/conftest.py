@@ -30,6 +30,7 @@ _GROUPS = {
     "test_data_meaning.py": "data files",
     "test_memory_limits.py": "config values",
     "test_disk_full.py": "run directories",
+    "test_file_systems.py": "file systems",
     "test_use_inputs.py": "use inputs",
     "test_outputs.py": "outputs",
     "test_step_anatomy.py": "the step's anatomy",

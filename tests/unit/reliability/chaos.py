@@ -235,3 +235,18 @@ def resumed_from(run_dir: Path, checkpoint: Path) -> bool:
     """Whether the run's console output says it resumed from `checkpoint` (the console wraps lines)."""
     text = "".join(run_dir.with_suffix(".log").read_text().split())
     return f"resumedfrom{checkpoint}(step{checkpoint.name[5:]})" in text
+
+
+# ----------------------------------------------------------------------- a signal at a known point
+def stop_at(run_dir: Path, overrides: list[str], at: str, sig: int = signal.SIGTERM, ranks: int = 1,
+            timeout: float = 300) -> int:
+    """Run until every rank is held at `at` (gputrain/run/hold.py: "val:38", "test", "final-save",
+    "checkpoint:36"), send `sig` to the command (the launcher, with several ranks: it passes the
+    signal on), and return its exit code. The ranks wait for the signal there: no sleep, no race."""
+    mark = run_dir.with_suffix(".held")
+    proc = start_train(run_dir, overrides, env={"GPUTRAIN_TEST_HOLD_AT": at, "GPUTRAIN_TEST_HOLD_MARK": str(mark)})
+    wait_until(lambda: proc.poll() is not None or (mark.exists() and len(mark.read_text().split()) >= ranks),
+               timeout, f"the run held at {at}")
+    assert proc.poll() is None, f"the run ended before {at}: {run_dir.with_suffix('.log').read_text()[-2000:]}"
+    proc.send_signal(sig)
+    return proc.wait(timeout=timeout)
