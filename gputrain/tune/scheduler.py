@@ -1,0 +1,146 @@
+"""Measuring the candidates within a time budget, one at a time (each has the machine to itself).
+
+- The budget: a candidate is started only where the time it is expected to take fits in what is
+  left (`Estimates`: the measured wall time of the most alike candidates run so far); a running one
+  is given what is left as its timeout and killed there (trial.py). Nothing measured yet: the first
+  candidate starts, bounded by the whole budget.
+- Pruning by what was measured: where a layout failed (crash, out of memory, timeout) at
+  micro-batch b, it is not tried at any larger one (`Candidate.family`).
+- A failure is a result row (status and one line of why), never a failure of the tune.
+
+The clock is injected (`clock`), so the budget is tested with a fake one, by counting the
+candidates started.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputrain.tune.candidates import Candidate
+
+OK = "ok"
+FAILED_STATUSES = ("failed", "oom", "timeout")
+SKIPPED = "skipped"
+PRUNED = "pruned"
+
+
+@dataclass(slots=True)
+class Result:
+    candidate: Candidate
+    status: str
+    """ok, failed, oom, timeout (measured); pruned, skipped (not run)."""
+    reason: str = ""
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    compile_s: float | None = None
+    """The warm-up steps' time beyond the steady state's (compilation, first-step allocation)."""
+    peak_memory_by_rank: list[int | None] = field(default_factory=list)
+    wall_s: float | None = None
+    """The whole trial: start-up, steps, the end's evaluation."""
+
+    @property
+    def throughput(self) -> float | None:
+        return self.tokens_per_s if self.tokens_per_s is not None else self.samples_per_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "candidate": self.candidate.as_dict(),
+            "label": self.candidate.label(),
+            "overrides": self.candidate.overrides(),
+            "status": self.status,
+            "reason": self.reason,
+            "samples_per_s": self.samples_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "step_time_s": self.step_time_s,
+            "compile_s": self.compile_s,
+            "peak_memory_by_rank": self.peak_memory_by_rank,
+            "wall_s": self.wall_s,
+        }
+
+
+Trial = Callable[[Candidate, float], Result]
+"""Runs one candidate with a timeout in seconds; returns its row (never raises for the run's failure)."""
+
+
+class Estimates:
+    """How long a candidate is expected to take: the mean wall time of those measured with the same
+    ranks and compile setting, else with the same compile setting, else of all; None: none yet."""
+
+    def __init__(self) -> None:
+        self.walls: list[tuple[Candidate, float]] = []
+
+    def add(self, candidate: Candidate, wall_s: float) -> None:
+        self.walls.append((candidate, wall_s))
+
+    def expect(self, candidate: Candidate) -> float | None:
+        compiled = candidate.compile or candidate.cuda_graphs
+        tests: list[Callable[[Candidate], bool]] = [
+            lambda c: c.ranks == candidate.ranks and (c.compile or c.cuda_graphs) == compiled,
+            lambda c: (c.compile or c.cuda_graphs) == compiled,
+            lambda c: True,
+        ]
+        for test in tests:
+            alike = [w for c, w in self.walls if test(c)]
+            if alike:
+                return sum(alike) / len(alike)
+        return None
+
+
+def run_candidates(
+    candidates: Sequence[Candidate],
+    trial: Trial,
+    budget_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    on_start: Callable[[int, Candidate, float], None] = lambda i, c, left: None,
+    on_result: Callable[[int, Result], None] = lambda i, r: None,
+) -> list[Result]:
+    """Every candidate's row, in order: measured, or skipped/pruned with why."""
+    began = clock()
+    estimates = Estimates()
+    failed_at: dict[tuple[Any, ...], int] = {}
+    results: list[Result] = []
+    for i, candidate in enumerate(candidates):
+        left = budget_s - (clock() - began)
+        result = _not_to_run(candidate, failed_at, estimates, left)
+        if result is None:
+            on_start(i, candidate, left)
+            start = clock()
+            result = trial(candidate, left)
+            if result.wall_s is None:
+                result.wall_s = clock() - start
+            if result.status in FAILED_STATUSES and candidate.micro_batch is not None:
+                family = candidate.family()
+                failed_at[family] = min(failed_at.get(family, candidate.micro_batch), candidate.micro_batch)
+            if result.status != "timeout":  # a timeout's wall time is the budget's, not the candidate's
+                estimates.add(candidate, result.wall_s)
+        results.append(result)
+        on_result(i, result)
+    return results
+
+
+def _not_to_run(
+    candidate: Candidate, failed_at: dict[tuple[Any, ...], int], estimates: Estimates, left: float
+) -> Result | None:
+    smallest_failed = failed_at.get(candidate.family())
+    if smallest_failed is not None and candidate.micro_batch is not None and candidate.micro_batch > smallest_failed:
+        return Result(candidate, PRUNED, f"this layout failed at micro-batch {smallest_failed}")
+    if left <= 0:
+        return Result(candidate, SKIPPED, "the budget is spent")
+    expected = estimates.expect(candidate)
+    if expected is not None and expected > left:
+        return Result(candidate, SKIPPED, f"would need ~{expected:.0f} s; {left:.0f} s of the budget left")
+    return None
+
+
+def best(results: Sequence[Result], ranks: int | None = None) -> Result | None:
+    """The measured row of the highest throughput (of `ranks` ranks where given); a tie goes to the
+    earlier row (fewer ranks, no compile: the order of candidates.py)."""
+    rows = [r for r in results if r.status == OK and r.throughput and (ranks is None or r.candidate.ranks == ranks)]
+    if not rows:
+        return None
+    top = max(r.throughput or 0.0 for r in rows)
+    return next(r for r in rows if r.throughput == top)
