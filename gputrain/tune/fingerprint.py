@@ -74,15 +74,19 @@ def machine(device_type: str) -> dict[str, Any]:
     from gputrain.bench.cache import _cpu_model
 
     cuda = device_type == "cuda"
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
     return {
         "device": device_type,
         "name": torch.cuda.get_device_name(0) if cuda else _cpu_model(),
         "count": torch.cuda.device_count() if cuda else 1,
         "torch": torch.__version__,
-        "cores": cores,
+        "cores": usable_cores(),
         "threads": os.cpu_count() or 1,
     }
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

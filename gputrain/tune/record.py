@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from gputrain import __version__
+from gputrain.run.layout import TUNE
 from gputrain.tune.fingerprint import digest
 from gputrain.tune.scheduler import Result, best
 
-TUNE = "tune.json"
+__all__ = ["TUNE", "default_tune_dir", "is_tune_record", "tune_record"]
+
 TUNE_SUFFIX = "-tune"
 
 

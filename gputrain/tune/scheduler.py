@@ -4,7 +4,7 @@
   left (`Estimates`: the measured wall time of the most alike candidates run so far); a running one
   is given what is left as its timeout and killed there (trial.py). Nothing measured yet: the first
   candidate starts, bounded by the whole budget.
-- Pruning by what was measured: where a layout failed (crash, out of memory, timeout) at
+- Pruning by what was measured: where a layout failed (crash, out of memory) at
   micro-batch b, it is not tried at any larger one (`Candidate.family`).
 - A failure is a result row (status and one line of why), never a failure of the tune.
 
@@ -22,7 +22,8 @@ from typing import Any
 from gputrain.tune.candidates import Candidate
 
 OK = "ok"
-FAILED_STATUSES = ("failed", "oom", "timeout")
+FAILED_STATUSES = ("failed", "oom")
+"""What prunes the layout at larger micro-batches; a timeout is the budget's end, not the layout's."""
 SKIPPED = "skipped"
 PRUNED = "pruned"
 
