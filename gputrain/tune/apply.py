@@ -10,6 +10,7 @@ auto's choice, and says so.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,8 @@ class Tuned:
     """Ranks the winner ran on (None: as the command was given: auto's fallback)."""
     line: str
     applied: bool
+    candidate: Candidate | None = None
+    """The layout applied (None: auto's fallback)."""
 
 
 class _NotApplied(Exception):
@@ -55,7 +58,7 @@ def resolve_tuned(config: Config, machine: dict[str, Any], ranks: int | None) ->
     except _NotApplied as why:
         return Tuned(["parallel.strategy=auto"], None, f"parallel.strategy=tuned: {why}; running auto's choice", False)
     line = f"parallel.strategy=tuned: {candidate.label()} ({figure}, measured by gputrain tune: {path})"
-    return Tuned(candidate.overrides(), candidate.ranks, line, True)
+    return Tuned(candidate.overrides(), candidate.ranks, line, True, candidate)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -96,7 +99,7 @@ def _winner(
         if not isinstance(row, dict) or row.get("status") != "ok":
             continue
         figure = row.get(key)
-        if isinstance(figure, bool) or not isinstance(figure, (int, float)) or not figure > 0:
+        if isinstance(figure, bool) or not isinstance(figure, (int, float)) or not 0 < figure < math.inf:
             continue
         candidate = _candidate(row.get("candidate"), config, ranks)
         if candidate is not None:

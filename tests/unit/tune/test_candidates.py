@@ -6,7 +6,7 @@ from gputrain.tune.candidates import AUTO, Candidate, Space, generate, micro_bat
 
 
 def _space(**kw) -> Space:
-    base = dict(batch_size=64, max_ranks=2, cores=2, device_type="cpu", fits=lambda *a: None)
+    base = {"batch_size": 64, "max_ranks": 2, "cores": 2, "device_type": "cpu", "fits": lambda *a: None}
     base.update(kw)
     return Space(**base)
 
