@@ -44,7 +44,8 @@ def tune_html(run: Run) -> str:
             f"<td>{_num(row.get('step_time_s'), '.1f', 1000)}</td><td>{_num(row.get('compile_s'), '.1f')}</td>"
             f"<td>{_peaks(row.get('peak_memory_by_rank'))}</td><td>{esc(row.get('reason') or '')}</td></tr>"
         )
-    facts = record.get("machine") if isinstance(record.get("machine"), dict) else {}
+    facts = record.get("machine")
+    facts = facts if isinstance(facts, dict) else {}
     machine = ", ".join(f"{esc(k)} {esc(v)}" for k, v in facts.items())
     spent, budget = _num(record.get("spent_s"), ".0f"), _num(record.get("budget_s"), ".0f")
     return (

@@ -140,14 +140,14 @@ def thread_counts(cores: int, ranks: int, device_type: str) -> list[int | None]:
     if device_type != "cpu":
         return [None]
     share = max(1, cores // ranks)
-    return sorted({share, max(1, share // 2)}, reverse=True)
+    return [*sorted({share, max(1, share // 2)}, reverse=True)]
 
 
 def worker_counts(loader_fed: bool, cores: int, ranks: int) -> list[int | None]:
     if not loader_fed:
         return [None]
     spare = max(1, min(LOADER_WORKERS_MAX, cores // ranks))
-    return sorted({0, spare})
+    return [*sorted({0, spare})]
 
 
 def rank_counts(space: Space) -> tuple[list[int], list[Pruned]]:

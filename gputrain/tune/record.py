@@ -44,8 +44,8 @@ def tune_record(
     budget_s: float,
     spent_s: float,
     batch_size: int,
-    warmup: int,
-    timed: int,
+    warmup: int | None,
+    timed: int | None,
 ) -> dict[str, Any]:
     from gputrain.run.output import marked
 
