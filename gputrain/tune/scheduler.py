@@ -3,7 +3,9 @@
 - The budget: a candidate is started only where the time it is expected to take fits in what is
   left (`Estimates`: the measured wall time of the most alike candidates run so far); a running one
   is given what is left as its timeout and killed there (trial.py). Nothing measured yet: the first
-  candidate starts, bounded by the whole budget.
+  candidate starts, bounded by the whole budget. Nor may one candidate eat the budget: where alike
+  ones (same compile setting) were measured, it is stopped at SLOWER_BY × the longest of them (at
+  least MIN_LIMIT_S): by then its steps are slower than theirs, as start-up is the same.
 - Pruning by what was measured: where a layout failed (crash, out of memory) at
   micro-batch b, it is not tried at any larger one (`Candidate.family`).
 - A failure is a result row (status and one line of why), never a failure of the tune.
@@ -25,6 +27,8 @@ OK = "ok"
 FAILED_STATUSES = ("failed", "oom")
 """What prunes the layout at larger micro-batches; a timeout is the budget's end, not the layout's."""
 SKIPPED = "skipped"
+SLOWER_BY = 3.0
+MIN_LIMIT_S = 30.0
 PRUNED = "pruned"
 
 
@@ -77,6 +81,13 @@ class Estimates:
     def add(self, candidate: Candidate, wall_s: float) -> None:
         self.walls.append((candidate, wall_s))
 
+    def limit(self, candidate: Candidate) -> float | None:
+        """The most this candidate may run: SLOWER_BY × the longest alike (same compile setting), at
+        least MIN_LIMIT_S; None where none alike was measured (a first compile's time is unknown)."""
+        compiled = candidate.compile or candidate.cuda_graphs
+        alike = [w for c, w in self.walls if (c.compile or c.cuda_graphs) == compiled]
+        return max(MIN_LIMIT_S, SLOWER_BY * max(alike)) if alike else None
+
     def expect(self, candidate: Candidate) -> float | None:
         compiled = candidate.compile or candidate.cuda_graphs
         tests: list[Callable[[Candidate], bool]] = [
@@ -110,7 +121,10 @@ def run_candidates(
         if result is None:
             on_start(i, candidate, left)
             start = clock()
-            result = trial(candidate, left)
+            cap = estimates.limit(candidate)
+            result = trial(candidate, left if cap is None else min(left, cap))
+            if result.status == "timeout" and cap is not None and cap < left:
+                result.reason = f"stopped at {cap:.0f} s, {SLOWER_BY:g}× the longest alike candidate: slower than those"
             if result.wall_s is None:
                 result.wall_s = clock() - start
             if result.status in FAILED_STATUSES and candidate.micro_batch is not None:

@@ -40,7 +40,15 @@ EPOCHS = 100_000
 REASON_CHARS = 200
 KILL_WAIT_S = 10.0
 """After SIGTERM at the budget, how long the trial's processes have to stop before SIGKILL."""
-_OOM_WORDS = ("out of memory", "memoryerror", "cannot allocate memory", "data limit", "address-space limit")
+_OOM_WORDS = (
+    "out of memory",  # CUDA's
+    "memoryerror",  # Python's
+    "can't allocate memory",  # torch's CPU allocator
+    "cannot allocate memory",  # ENOMEM
+    "bad_alloc",  # C++'s (a library's allocation under a data limit)
+    "data limit",  # gputrain's start-up check, naming the limit that binds
+    "address-space limit",
+)
 
 FORCED = (
     "log.every_steps=1",

@@ -119,7 +119,7 @@ def test_a_candidate_forced_to_fail_by_a_memory_limit_is_recorded_and_its_next_m
         job, trial=trial, select=lambda c: c.strategy == "none" and c.threads == 2, say=lambda line: None
     )
     rows = {r.candidate.micro_batch: r for r in results if r.candidate.strategy == "none"}
-    assert rows[8].status in ("oom", "failed") and rows[8].reason, (rows[8].status, rows[8].reason)
+    assert rows[8].status == "oom" and rows[8].reason, (rows[8].status, rows[8].reason)
     assert rows[16].status == "pruned" and rows[16].reason == "this layout failed at micro-batch 8"
     record = json.loads((job.run_dir / "tune.json").read_text())
     statuses = {row["candidate"]["micro_batch"]: row["status"] for row in record["candidates"]}

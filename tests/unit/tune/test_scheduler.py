@@ -88,3 +88,22 @@ def test_estimates_come_from_the_most_alike_candidates():
     # starts with 45 s left; its 30 s then do not count against the third, expected at 5 s
     results = run_candidates(cands, trial, 50.0, clock)
     assert [r.status for r in results] == ["ok", "ok", "ok"]
+
+
+def test_one_slow_candidate_is_stopped_at_3x_the_longest_alike_and_does_not_eat_the_budget():
+    clock = SimClock()
+    walls = {1: 20.0, 2: 500.0, 4: 20.0}
+
+    def trial(c: Candidate, timeout_s: float) -> Result:
+        if walls[c.micro_batch] > timeout_s:
+            clock.advance(timeout_s)
+            return Result(c, "timeout", "killed")
+        clock.advance(walls[c.micro_batch])
+        return Result(c, "ok", samples_per_s=1.0)
+
+    results = run_candidates(
+        [Candidate(1, "none", m, 1, threads=t) for m, t in ((1, 1), (2, 2), (4, 4))], trial, 300.0, clock
+    )
+    assert [r.status for r in results] == ["ok", "timeout", "ok"]
+    assert results[1].reason.startswith("stopped at 60 s, 3× the longest alike candidate")
+    assert clock() == 100.0  # 20 + 60 + 20, not the budget
