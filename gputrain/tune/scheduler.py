@@ -4,8 +4,8 @@
   left (`Estimates`: the measured wall time of the most alike candidates run so far); a running one
   is given what is left as its timeout and killed there (trial.py). Nothing measured yet: the first
   candidate starts, bounded by the whole budget. Nor may one candidate eat the budget: where alike
-  ones (same compile setting) were measured, it is stopped at SLOWER_BY × the longest of them (at
-  least MIN_LIMIT_S): by then its steps are slower than theirs, as start-up is the same.
+  ones (same compile setting) were measured, it is stopped at SLOWER_BY × the quickest of them (at
+  least MIN_LIMIT_S): start-up costs them all alike, so by then its steps are slower than that one's.
 - Pruning by what was measured: where a layout failed (crash, out of memory) at
   micro-batch b, it is not tried at any larger one (`Candidate.family`).
 - A failure is a result row (status and one line of why), never a failure of the tune.
@@ -82,11 +82,11 @@ class Estimates:
         self.walls.append((candidate, wall_s))
 
     def limit(self, candidate: Candidate) -> float | None:
-        """The most this candidate may run: SLOWER_BY × the longest alike (same compile setting), at
+        """The most this candidate may run: SLOWER_BY × the quickest alike (same compile setting), at
         least MIN_LIMIT_S; None where none alike was measured (a first compile's time is unknown)."""
         compiled = candidate.compile or candidate.cuda_graphs
         alike = [w for c, w in self.walls if (c.compile or c.cuda_graphs) == compiled]
-        return max(MIN_LIMIT_S, SLOWER_BY * max(alike)) if alike else None
+        return max(MIN_LIMIT_S, SLOWER_BY * min(alike)) if alike else None
 
     def expect(self, candidate: Candidate) -> float | None:
         compiled = candidate.compile or candidate.cuda_graphs
@@ -124,7 +124,9 @@ def run_candidates(
             cap = estimates.limit(candidate)
             result = trial(candidate, left if cap is None else min(left, cap))
             if result.status == "timeout" and cap is not None and cap < left:
-                result.reason = f"stopped at {cap:.0f} s, {SLOWER_BY:g}× the longest alike candidate: slower than those"
+                result.reason = (
+                    f"stopped at {cap:.0f} s, {SLOWER_BY:g}× the quickest alike candidate: slower than that one"
+                )
             if result.wall_s is None:
                 result.wall_s = clock() - start
             if result.status in FAILED_STATUSES and candidate.micro_batch is not None:

@@ -90,9 +90,9 @@ def test_estimates_come_from_the_most_alike_candidates():
     assert [r.status for r in results] == ["ok", "ok", "ok"]
 
 
-def test_one_slow_candidate_is_stopped_at_3x_the_longest_alike_and_does_not_eat_the_budget():
+def test_one_slow_candidate_is_stopped_at_3x_the_quickest_alike_and_does_not_eat_the_budget():
     clock = SimClock()
-    walls = {1: 20.0, 2: 500.0, 4: 20.0}
+    walls = {1: 20.0, 2: 500.0, 4: 20.0, 8: 50.0}
 
     def trial(c: Candidate, timeout_s: float) -> Result:
         if walls[c.micro_batch] > timeout_s:
