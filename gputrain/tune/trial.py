@@ -124,6 +124,9 @@ class TrainTrial:
         except subprocess.TimeoutExpired:
             _stop(proc)
             return Result(candidate, "timeout", f"still running when the budget ran out ({timeout_s:.0f} s left)")
+        except BaseException:  # Ctrl-C: its own session does not get the terminal's signal; stop it here
+            _stop(proc)
+            raise
         text = out.decode("utf-8", errors="replace")
         if proc.returncode != 0:
             return Result(candidate, _failure_kind(text, proc.returncode), _last_line(text, proc.returncode))
