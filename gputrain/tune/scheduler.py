@@ -4,8 +4,8 @@
   left (`Estimates`: the measured wall time of the most alike candidates run so far); a running one
   is given what is left as its timeout and killed there (trial.py). Nothing measured yet: the first
   candidate starts, bounded by the whole budget. Nor may one candidate eat the budget: where alike
-  ones (same compile setting) were measured, it is stopped at SLOWER_BY × the quickest of them (at
-  least MIN_LIMIT_S): start-up costs them all alike, so by then its steps are slower than that one's.
+  ones (same ranks and compile setting) were measured, it is stopped at SLOWER_BY × the quickest of
+  them (at least MIN_LIMIT_S): start-up costs them alike, so by then its steps are slower than that one's.
 - Pruning by what was measured: where a layout failed (crash, out of memory) at
   micro-batch b, it is not tried at any larger one (`Candidate.family`).
 - A failure is a result row (status and one line of why), never a failure of the tune.
@@ -82,10 +82,11 @@ class Estimates:
         self.walls.append((candidate, wall_s))
 
     def limit(self, candidate: Candidate) -> float | None:
-        """The most this candidate may run: SLOWER_BY × the quickest alike (same compile setting), at
-        least MIN_LIMIT_S; None where none alike was measured (a first compile's time is unknown)."""
+        """The most this candidate may run: SLOWER_BY × the quickest alike (same ranks and compile
+        setting: their start-up and compilation cost the same), at least MIN_LIMIT_S; None where none
+        alike was measured."""
         compiled = candidate.compile or candidate.cuda_graphs
-        alike = [w for c, w in self.walls if (c.compile or c.cuda_graphs) == compiled]
+        alike = [w for c, w in self.walls if c.ranks == candidate.ranks and (c.compile or c.cuda_graphs) == compiled]
         return max(MIN_LIMIT_S, SLOWER_BY * min(alike)) if alike else None
 
     def expect(self, candidate: Candidate) -> float | None:

@@ -106,3 +106,18 @@ def test_one_slow_candidate_is_stopped_at_3x_the_quickest_alike_and_does_not_eat
     assert [r.status for r in results] == ["ok", "ok", "timeout", "ok"]
     assert results[2].reason.startswith("stopped at 60 s, 3× the quickest alike candidate")
     assert clock() == 150.0  # 20 + 50 + 60 + 20, not the budget
+
+
+def test_the_first_of_more_ranks_is_not_held_to_the_one_process_runs_time():
+    clock = SimClock()
+
+    def trial(c: Candidate, timeout_s: float) -> Result:
+        seconds = 10.0 if c.ranks == 1 else 45.0  # torchrun and two ranks start slower
+        if seconds > timeout_s:
+            clock.advance(timeout_s)
+            return Result(c, "timeout", "killed")
+        clock.advance(seconds)
+        return Result(c, "ok", samples_per_s=1.0)
+
+    cands = [Candidate(1, "none", 8, 1, threads=1), Candidate(2, "ddp", 4, 1, threads=1)]
+    assert [r.status for r in run_candidates(cands, trial, 200.0, clock)] == ["ok", "ok"]
