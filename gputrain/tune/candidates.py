@@ -117,6 +117,9 @@ class Space:
     compile: tuple[bool, ...] = (False, True)
     left_out: Callable[[int, str], str | None] = field(default=lambda ranks, strategy: None)
     """Why the model cannot take `strategy` on `ranks` (plan/feasible.py's row_problem); None: it can."""
+    auto_threads: Callable[[int], int | None] = field(default=lambda ranks: None)
+    """The threads `train.num_threads=auto` gives each of `ranks` ranks now (env/threads.py: the free
+    cores): tried too, and first, as on a busy machine it is what runs fastest."""
 
 
 def strategies_for(ranks: int) -> tuple[str, ...]:
@@ -134,13 +137,14 @@ def micro_batches(share: int, count: int) -> list[int]:
     return sorted(sizes)[-count:] if count > 0 else []
 
 
-def thread_counts(cores: int, ranks: int, device_type: str) -> list[int | None]:
-    """Threads per rank tried: on a CPU the cores shared out over the ranks, and half that; on a
-    GPU the config's (the host threads feed the device, they do not compute)."""
+def thread_counts(cores: int, ranks: int, device_type: str, auto: int | None = None) -> list[int | None]:
+    """Threads per rank tried: on a CPU the cores shared out over the ranks, half that, and what
+    auto gives now (within the share); on a GPU the config's (the host threads feed the device)."""
     if device_type != "cpu":
         return [None]
     share = max(1, cores // ranks)
-    return [*sorted({share, max(1, share // 2)}, reverse=True)]
+    counts = {share, max(1, share // 2)} | ({min(auto, share)} if auto else set())
+    return [*sorted(counts, reverse=True)]
 
 
 def worker_counts(loader_fed: bool, cores: int, ranks: int) -> list[int | None]:
@@ -171,12 +175,15 @@ def generate(space: Space) -> tuple[list[Candidate], list[Pruned]]:
     """Every candidate to measure, in the order to measure them, and what the plan rules out.
 
     The order: without compile before with (compile costs a long first step); fewer ranks first;
-    more threads first; and within one layout, the micro-batch ascending (the scheduler skips 2b
-    where b failed)."""
+    auto's thread count first, then more threads before fewer; and within one layout, the
+    micro-batch ascending (the scheduler skips 2b where b failed)."""
     ranks_kept, pruned = rank_counts(space)
     out: list[Candidate] = []
+    first_threads: dict[int, int | None] = {}
     for ranks in ranks_kept:
         share = space.batch_size // ranks
+        auto = space.auto_threads(ranks) if space.device_type == "cpu" else None  # read once: it samples the load
+        first_threads[ranks] = min(auto, max(1, space.cores // ranks)) if auto else None
         for strategy in strategies_for(ranks):
             problem = space.left_out(ranks, strategy)
             if problem is not None:
@@ -188,11 +195,11 @@ def generate(space: Space) -> tuple[list[Candidate], list[Pruned]]:
                 if ac is None:
                     pruned.append(Pruned(Candidate(ranks, strategy, micro, accum, "full"), why or "does not fit"))
                     continue
-                for threads in thread_counts(space.cores, ranks, space.device_type):
+                for threads in thread_counts(space.cores, ranks, space.device_type, auto):
                     for workers in worker_counts(space.loader_fed, space.cores, ranks):
                         for compiled, graphs in _compile_modes(space, strategy):
                             out.append(Candidate(ranks, strategy, micro, accum, ac, threads, compiled, graphs, workers))
-    out.sort(key=_order)
+    out.sort(key=lambda c: _order(c, first_threads.get(c.ranks)))
     return out, pruned
 
 
@@ -212,5 +219,15 @@ def _compile_modes(space: Space, strategy: str) -> list[tuple[bool, bool]]:
     return modes
 
 
-def _order(c: Candidate) -> tuple[Any, ...]:
-    return (c.compile or c.cuda_graphs, c.ranks, -(c.threads or 0), c.strategy, c.num_workers or 0, c.micro_batch)
+def _order(c: Candidate, first_threads: int | None) -> tuple[Any, ...]:
+    # auto's thread count first: the other counts are what a busy machine makes slowest
+    not_auto = first_threads is not None and c.threads != first_threads
+    return (
+        c.compile or c.cuda_graphs,
+        c.ranks,
+        not_auto,
+        -(c.threads or 0),
+        c.strategy,
+        c.num_workers or 0,
+        c.micro_batch,
+    )

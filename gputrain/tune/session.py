@@ -74,6 +74,12 @@ def plan_space(job: TuneJob) -> Space:
     def left_out(ranks: int, strategy: str) -> str | None:
         return row_problem(target.model, strategy, ranks, config.parallel.pp_schedule)  # type: ignore[arg-type]
 
+    def auto_threads(ranks: int) -> int:
+        from gputrain.env.threads import auto_threads as free_cores
+        from gputrain.env.threads import collect_cpu_share
+
+        return free_cores(collect_cpu_share(ranks), "cpu").threads
+
     train = build_data(config.data, config.train.seed).train
     return Space(
         batch_size=int(config.train.batch_size),
@@ -85,6 +91,7 @@ def plan_space(job: TuneJob) -> Space:
         micro_batches=job.micro_batches,
         compile=job.compile,
         left_out=left_out,
+        auto_threads=auto_threads,
     )
 
 

@@ -105,3 +105,12 @@ def test_overrides_and_labels_say_the_layout():
     ]
     assert c.label() == "ddp ×2 1t mb16×2 ac=selective w2 compile"
     assert Candidate(1, AUTO).overrides() == ["parallel.strategy=auto"]
+
+
+def test_the_threads_auto_gives_now_are_tried_and_first_for_each_rank_count():
+    busy = _space(cores=8, max_ranks=2, batch_size=16, compile=(False,), auto_threads=lambda ranks: 3 // ranks)
+    candidates, _ = generate(busy)
+    assert {c.threads for c in candidates if c.ranks == 1} == {8, 4, 3}
+    assert {c.threads for c in candidates if c.ranks == 2} == {4, 2, 1}
+    for ranks, auto in ((1, 3), (2, 1)):
+        assert next(c for c in candidates if c.ranks == ranks).threads == auto
