@@ -18,6 +18,7 @@ from gputrain.errors import ConfigError, UsageError
 
 DEFAULT_BUDGET = "5m"
 MICRO_BATCHES_MAX = 8
+CONFIRM_MAX = 16
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--micro-batches", type=int, default=3, metavar="K", help="micro-batch sizes tried per layout (default 3)"
+    )
+    parser.add_argument(
+        "--confirm",
+        type=int,
+        default=3,
+        metavar="K",
+        help="the K fastest measured once more at the end, each kept at its median run (default 3; 0: off)",
     )
     parser.add_argument(
         "--compile",
@@ -68,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     budget = budget_seconds(args.budget)
     if not 1 <= args.micro_batches <= MICRO_BATCHES_MAX:
         raise UsageError(f"--micro-batches {args.micro_batches}: must be 1..{MICRO_BATCHES_MAX}")
+    if not 0 <= args.confirm <= CONFIRM_MAX:
+        raise UsageError(f"--confirm {args.confirm}: must be 0..{CONFIRM_MAX}")
     config = load_config(args.config, args.overrides)
     if not isinstance(config.train.batch_size, int):
         raise UsageError(
@@ -88,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         baseline_ranks=args.nproc_per_node or 1,
         micro_batches=args.micro_batches,
         compile=COMPILE_MODES[args.compile],
+        confirm=args.confirm,
     )
     results = run_tune(job)
     return conclude(job, results)

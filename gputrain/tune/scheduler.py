@@ -16,6 +16,7 @@ candidates started.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,10 +47,26 @@ class Result:
     peak_memory_by_rank: list[int | None] = field(default_factory=list)
     wall_s: float | None = None
     """The whole trial: start-up, steps, the end's evaluation."""
+    measured: list[float] = field(default_factory=list)
+    """Every run's throughput where the row was measured again (`confirm`); its figures are then
+    the median run's."""
 
     @property
     def throughput(self) -> float | None:
         return self.tokens_per_s if self.tokens_per_s is not None else self.samples_per_s
+
+    def add_run(self, again: Result) -> None:
+        """Another measurement of this candidate: the row's figures become those of the median run."""
+        runs = self._runs if self._runs else [dataclasses.replace(self, measured=[])]
+        runs.append(again)
+        runs.sort(key=lambda r: r.throughput or 0.0)
+        median = runs[(len(runs) - 1) // 2]  # of an even count the lower: a noisy high run does not win
+        self.samples_per_s, self.tokens_per_s = median.samples_per_s, median.tokens_per_s
+        self.step_time_s, self.compile_s = median.step_time_s, median.compile_s
+        self.measured = [r.throughput or 0.0 for r in runs]
+        self._runs = runs
+
+    _runs: list[Result] = field(default_factory=list, repr=False, compare=False, init=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -64,6 +81,7 @@ class Result:
             "compile_s": self.compile_s,
             "peak_memory_by_rank": self.peak_memory_by_rank,
             "wall_s": self.wall_s,
+            "measured": self.measured,
         }
 
 
@@ -162,3 +180,31 @@ def best(results: Sequence[Result], ranks: int | None = None) -> Result | None:
         return None
     top = max(r.throughput or 0.0 for r in rows)
     return next(r for r in rows if r.throughput == top)
+
+
+def confirm(
+    results: Sequence[Result],
+    trial: Trial,
+    count: int,
+    left_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    on_start: Callable[[int, Candidate, float], None] = lambda i, c, left: None,
+    on_result: Callable[[int, Result], None] = lambda i, r: None,
+) -> int:
+    """The `count` fastest measured rows run once more each, in turn, while the budget's `left_s`
+    holds a run as long as the row's first; each row's figures become its median run's. On a shared
+    machine one short run can be lucky: the winner is the one that stays fastest. Returns the runs made."""
+    top = sorted((r for r in results if r.status == OK and r.throughput), key=lambda r: -(r.throughput or 0.0))
+    top = top[:count] if count > 1 else []
+    began, made = clock(), 0
+    for i, row in enumerate(top):
+        left = left_s - (clock() - began)
+        if row.wall_s is None or row.wall_s > left:
+            continue
+        on_start(i, row.candidate, left)
+        again = trial(row.candidate, left)
+        made += 1
+        if again.status == OK and again.throughput:
+            row.add_run(again)
+        on_result(i, row)
+    return made

@@ -3,6 +3,9 @@ the baseline, each candidate measured within the budget (scheduler.py, trial.py)
 starts and its row as it ends, and tune.json rewritten after every row (a tune stopped half-way keeps
 what it measured).
 
+The budget's last CONFIRM_SHARE goes to measuring the CONFIRM fastest rows once more each, in turn:
+each row's figures become its median run's, so one lucky short run on a busy machine does not win.
+
 `run_tune` is the command's body and the API the tests and benchmarks/tune_cpu.py call: `trial`,
 `select` (which candidates to measure) and `clock` can be given.
 """
@@ -19,12 +22,16 @@ from typing import TYPE_CHECKING, Any
 from gputrain.errors import RunError
 from gputrain.terminal import printable
 from gputrain.tune.candidates import AUTO, Candidate, Space, generate
-from gputrain.tune.scheduler import PRUNED, Result, Trial, best, run_candidates
+from gputrain.tune.scheduler import PRUNED, Result, Trial, best, confirm, run_candidates
 
 if TYPE_CHECKING:
     from gputrain.config.schema import Config
 
 COMPILE_MODES: dict[str, tuple[bool, ...]] = {"try": (False, True), "off": (False,), "on": (True,)}
+CONFIRM = 3
+"""The fastest rows measured once more each at the end (scheduler.confirm)."""
+CONFIRM_SHARE = 0.2
+"""Of the budget, what the first pass leaves for confirming."""
 
 
 @dataclass(slots=True)
@@ -39,6 +46,7 @@ class TuneJob:
     """Ranks of the baseline: the config as given with parallel.strategy=auto."""
     micro_batches: int = 3
     compile: tuple[bool, ...] = (False, True)
+    confirm: int = CONFIRM
 
 
 def plan_space(job: TuneJob) -> Space:
@@ -138,7 +146,17 @@ def run_tune(
         say(table.row(r))
         save()
 
-    run_candidates(todo, runner, job.budget_s, clock, on_start=started, on_result=finished)
+    first_pass = job.budget_s * (1 - CONFIRM_SHARE) if job.confirm > 1 else job.budget_s
+    run_candidates(todo, runner, first_pass, clock, on_start=started, on_result=finished)
+
+    def again(i: int, c: Candidate, left: float) -> None:
+        say(f"[again {i + 1}/{job.confirm}] {c.label()} ({left:.0f} s of the budget left)")
+
+    def confirmed(i: int, r: Result) -> None:
+        say(table.row(r))
+        save()
+
+    confirm(done, runner, job.confirm, job.budget_s - (clock() - began), clock, on_start=again, on_result=confirmed)
     save()
     return [*done, *left_out]
 

@@ -27,4 +27,5 @@ def row(r: Result) -> str:
         f"{r.status:<8} {r.candidate.label():<{LABEL}} {_num(r.samples_per_s, ',.0f'):>10} "
         f"{_num(step_ms, '.1f'):>8} {_num(r.compile_s, '.1f'):>9}  {peaks_mib(r.peak_memory_by_rank)}"
     )
-    return printable(line + (f"  {r.reason}" if r.reason else ""))
+    runs = f"  median of {len(r.measured)} runs" if len(r.measured) > 1 else ""
+    return printable(line + runs + (f"  {r.reason}" if r.reason else ""))

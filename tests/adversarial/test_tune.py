@@ -52,6 +52,8 @@ BAD_COMMANDS = [
     (["--micro-batches", "0"], "--micro-batches"),
     (["--micro-batches", "99"], "--micro-batches"),
     (["--compile", "maybe"], "--compile"),
+    (["--confirm", "-1"], "--confirm"),
+    (["--confirm", "99"], "--confirm"),
     (["train.batch_size=auto"], "train.batch_size=auto"),
 ]
 

@@ -54,6 +54,7 @@ def _job(tmp_path: Path, **kw) -> TuneJob:
         "baseline_ranks": 2,
         "micro_batches": 1,
         "compile": (False,),
+        "confirm": 0,  # each layout measured once: the test is about applying it
     }
     base.update(kw)
     return TuneJob(**base)

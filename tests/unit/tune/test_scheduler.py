@@ -4,7 +4,7 @@ candidates started are counted, no wall-clock threshold."""
 from __future__ import annotations
 
 from gputrain.tune.candidates import Candidate
-from gputrain.tune.scheduler import Result, best, run_candidates
+from gputrain.tune.scheduler import Result, best, confirm, run_candidates
 from tests.sim_clock import SimClock
 
 
@@ -121,3 +121,35 @@ def test_the_first_of_more_ranks_is_not_held_to_the_one_process_runs_time():
 
     cands = [Candidate(1, "none", 8, 1, threads=1), Candidate(2, "ddp", 4, 1, threads=1)]
     assert [r.status for r in run_candidates(cands, trial, 200.0, clock)] == ["ok", "ok"]
+
+
+def test_confirming_keeps_each_row_at_its_median_run_so_a_lucky_run_does_not_win():
+    clock = SimClock()
+    runs = {1: [300.0, 90.0, 95.0], 2: [200.0, 210.0], 4: [100.0, 100.0]}
+    made: list[int] = []
+
+    def trial(c: Candidate, timeout_s: float) -> Result:
+        clock.advance(10.0)
+        made.append(c.micro_batch)
+        return Result(c, "ok", samples_per_s=runs[c.micro_batch].pop(0))
+
+    cands = [Candidate(1, "none", m, 1, threads=1) for m in (1, 2, 4)]
+    results = run_candidates(cands, trial, 30.0, clock)
+    assert best(results).candidate.micro_batch == 1  # 300 at its first, lucky, run
+    assert confirm(results, trial, 2, 25.0, clock) == 2  # the two fastest once more; the third was not
+    assert made == [1, 2, 4, 1, 2]
+    assert results[0].measured == [90.0, 300.0] and results[0].samples_per_s == 90.0
+    assert best(results).candidate.micro_batch == 2
+    assert results[0].as_dict()["measured"] == [90.0, 300.0]
+
+
+def test_confirming_runs_only_what_fits_in_what_is_left():
+    clock = SimClock()
+
+    def trial(c: Candidate, timeout_s: float) -> Result:
+        clock.advance(10.0)
+        return Result(c, "ok", samples_per_s=float(c.micro_batch))
+
+    results = run_candidates(_cands(3), trial, 100.0, clock)
+    assert confirm(results, trial, 3, 15.0, clock) == 1
+    assert confirm(results, trial, 1, 100.0, clock) == 0  # one row has nothing to be confirmed against
