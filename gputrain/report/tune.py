@@ -1,6 +1,6 @@
 """The tune table of a `gputrain tune` directory: every candidate's status, throughput, step time,
 compile time and peak memory per rank, the winner marked, auto's baseline named. Every value is
-the file's, escaped (escape.py): tune.json is text anyone may have edited."""
+the file's, escaped where it is placed (escape.py): tune.json is text anyone may have edited."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ MIB = 2**20
 def _num(value: Any, fmt: str, scale: float = 1.0) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return "-"
-    return esc(format(value * scale, fmt))
+    return format(value * scale, fmt)
 
 
 def _peaks(value: Any) -> str:
@@ -40,16 +40,18 @@ def tune_html(run: Run) -> str:
         cls = ' class="best"' if i == winner else ""
         body.append(
             f"<tr{cls}><td>{esc(row.get('label'))}{esc(mark)}</td>"
-            f"<td>{esc(row.get('status'))}</td><td>{_num(row.get(key), ',.0f')}</td>"
-            f"<td>{_num(row.get('step_time_s'), '.1f', 1000)}</td><td>{_num(row.get('compile_s'), '.1f')}</td>"
-            f"<td>{_peaks(row.get('peak_memory_by_rank'))}</td><td>{esc(row.get('reason') or '')}</td></tr>"
+            f"<td>{esc(row.get('status'))}</td><td>{esc(_num(row.get(key), ',.0f'))}</td>"
+            f"<td>{esc(_num(row.get('step_time_s'), '.1f', 1000))}</td>"
+            f"<td>{esc(_num(row.get('compile_s'), '.1f'))}</td>"
+            f"<td>{esc(_peaks(row.get('peak_memory_by_rank')))}</td><td>{esc(row.get('reason') or '')}</td></tr>"
         )
     facts = record.get("machine")
     facts = facts if isinstance(facts, dict) else {}
     machine = ", ".join(f"{esc(k)} {esc(v)}" for k, v in facts.items())
-    spent, budget = _num(record.get("spent_s"), ".0f"), _num(record.get("budget_s"), ".0f")
+    spent, budget = esc(_num(record.get("spent_s"), ".0f")), esc(_num(record.get("budget_s"), ".0f"))
+    batch = esc(_num(record.get("batch_size"), ".0f"))
     return (
-        f"<p>{len(rows)} candidates, {spent} s of a {budget} s budget; batch {_num(record.get('batch_size'), '.0f')}; "
+        f"<p>{len(rows)} candidates, {spent} s of a {budget} s budget; batch {batch}; "
         f"on {machine or 'an unrecorded machine'}. <code>gputrain train parallel.strategy=tuned</code> applies the "
         "winner where the machine and config fingerprints match.</p>"
         f"<table><thead><tr><th>candidate</th><th>status</th><th>{esc(unit)}</th><th>step ms</th><th>compile s</th>"
