@@ -201,12 +201,52 @@ def _last_line(text: str, returncode: int) -> str:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the trial's process group (torchrun and its ranks), SIGKILL if it lingers."""
+    """SIGTERM to the trial's process groups, SIGKILL to what lingers: its own (the command, torchrun)
+    and those of its descendants (torchrun starts each rank in a session of its own), found before the
+    first signal, so a rank whose parent is gone is still reached."""
+    groups = {proc.pid} | {g for g in map(_group, _descendants(proc.pid)) if g is not None} - {os.getpgrp()}
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, sig)
         try:
             proc.communicate(timeout=KILL_WAIT_S)
-            return
+            if sig == signal.SIGKILL or not any(_alive_group(g) for g in groups):
+                return
         except subprocess.TimeoutExpired:
             continue
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid` (Linux /proc; none where it cannot be read)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            found += children
+            todo += children
+    return found
+
+
+def _group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _alive_group(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
