@@ -35,6 +35,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("gputrain.cli.bench", "microbenchmarks: matmul FLOP/s per dtype, memory, transfers, all-reduce"),
     "train": ("gputrain.cli.train", "train a model (one device, or torchrun for many)"),
     "plan": ("gputrain.cli.plan", "will it fit? memory per device for each strategy, what auto picks, the batch"),
+    "tune": ("gputrain.cli.tune", "which layout that fits is fastest, measured: for parallel.strategy=tuned"),
     "profile": ("gputrain.cli.profile", "profile a short training: top ops, trace, and what to change"),
     "config": ("gputrain.cli.config_cmd", "show the config fields, their defaults and meanings"),
     "report": ("gputrain.cli.report", "one self-contained HTML file of a run (curves, speed, ROC), or runs compared"),

@@ -321,8 +321,8 @@ class LogConfig:
 
 @dataclass(kw_only=True, slots=True)
 class ParallelConfig:
-    strategy: Literal["auto", "none", "ddp", "fsdp", "tp", "pp", "hybrid"] = "auto"
-    """How to use several devices: auto, none, ddp, fsdp, tp, pp or hybrid."""
+    strategy: Literal["auto", "none", "ddp", "fsdp", "tp", "pp", "hybrid", "tuned"] = "auto"
+    """How to use several devices: auto, none, ddp, fsdp, tp, pp or hybrid; tuned: the fastest layout `gputrain tune` measured for this config and machine (parallel.tune_file), else auto's choice, said in one line."""
     dp_replicate: int = 1
     """Data-parallel replicas (hybrid); -1: the remaining ranks."""
     dp_shard: int = -1
@@ -337,6 +337,8 @@ class ParallelConfig:
     """Recompute activations in the backward pass to save memory: none, full (whole blocks) or selective (keep matmul outputs)."""
     cpu_offload: bool = False
     """fsdp: keep sharded parameters, gradients and optimizer state in CPU memory (slower, fits larger models)."""
+    tune_file: str | None = None
+    """strategy=tuned: the tune.json `gputrain tune` wrote (or its directory); unset: runs/<model>-<data>-tune/tune.json, tune's default."""
     timeout_s: float = 600.0
     """Seconds any collective may wait for its peers before the job fails (a dead rank never hangs the others)."""
 

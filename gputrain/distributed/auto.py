@@ -61,6 +61,15 @@ def choose_strategy(
             the data has none to show; the activations are then left out of the estimate.
     """
     par = config.parallel
+    if par.strategy == "tuned":  # the command line resolves it (cli/train.py) before anything is built
+        from gputrain.errors import ConfigError
+
+        raise ConfigError(
+            "parallel.strategy",
+            "tuned is applied by `gputrain train` (it reads the tune file); give the layout here",
+            "tuned",
+            hint="use auto, or the overrides gputrain tune printed",
+        )
     if par.strategy != "auto":
         return StrategyChoice(par.strategy, par.activation_checkpointing)
     return choose_auto(config, model, world_size, device, sample)

@@ -209,7 +209,7 @@ def resolve_auto_batch(
     target = build_target(config, model, sample, device, precision, loss_of=loss_of or surrogate_loss)
     dp = data_parallel_ranks(config, world)
     given = config.parallel.strategy
-    if given == "auto":
+    if given == "auto" or given == "tuned":  # tuned reaches here only as auto's fallback
         from gputrain.plan.planner import auto_candidates
 
         strategy = auto_candidates(world)[0][0]

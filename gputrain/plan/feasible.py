@@ -55,7 +55,7 @@ def check_degrees(config: Config, world: int) -> None:
     from gputrain.distributed.parallel_dims import dims_for_strategy
 
     par = config.parallel
-    if par.strategy != "auto":
+    if par.strategy != "auto" and par.strategy != "tuned":  # tuned: a layout gputrain tune measured, or auto's
         dims_for_strategy(par.strategy, par, world)
 
 
@@ -69,7 +69,7 @@ def check_model_layout(config: Config, model: nn.Module, world: int, micro_batch
     from gputrain.distributed.pp import check_pipeline
 
     par = config.parallel
-    if par.strategy == "auto":
+    if par.strategy == "auto" or par.strategy == "tuned":
         return
     dims = dims_for_strategy(par.strategy, par, world)
     if dims.tp > 1:

@@ -28,6 +28,7 @@ from gputrain.report.overview import (
 from gputrain.report.page import GENERATOR, Section, page, plots, shown
 from gputrain.report.rundir import Run, read_runs
 from gputrain.report.speed import compare_speed_html, profile_html, speed_html
+from gputrain.report.tune import tune_html
 from gputrain.run.files import write_text
 from gputrain.run.layout import REPORT, TENSORBOARD
 from gputrain.run.output import Owner, check_output_file, head
@@ -66,6 +67,7 @@ def single_run_page(run: Run) -> str:
         Section("speed", "Speed", speed_html(run) if run.steps.count or run.summary else ""),
         Section("profile", "Profile findings", profile_html(run)),
         Section("lr-find", "LR finder", lr_text + plots([lr_find], "lr") if lr_find else ""),
+        Section("tune", "Tune", tune_html(run)),
         Section("machine", "Machine", machine_html(run)),
         Section("config", "Config", config_html(run)),
     ]

@@ -34,6 +34,7 @@ from gputrain.run.layout import (
     METRICS,
     REPORTED_FILES,
     SUMMARY,
+    TUNE,
     profile_name,
     scores_name,
 )
@@ -142,6 +143,8 @@ class Run:
     """The test split's saved scores (scores-test.npz)."""
     profile: dict[str, Any] | None = None
     lr_find: dict[str, Any] | None = None
+    tune: dict[str, Any] | None = None
+    """tune.json: `gputrain tune`'s rows and winner (report/tune.py draws them)."""
     error_log: str | None = None
     """The last ERROR_LOG_LINES lines of error.log."""
     notes: list[str] = field(default_factory=list)
@@ -167,6 +170,8 @@ class Run:
         older than the rows: the run was resumed and goes on), or lr-find (sweep_only)."""
         if self.sweep_only:
             return "lr-find"
+        if self.tune is not None and self.summary is None and self.steps.count == 0 and not self.evals:
+            return "tune"
         if self.summary is None:
             return "running"
         last = self.last_step
@@ -398,7 +403,8 @@ def read_run(path: Path, name: str | None = None) -> Run:
         _left_out(run, err)
     lr_find = _read_json(run, LR_FIND, shapes.LR_FIND)
     run.lr_find = _checked_curve(lr_find, run) if lr_find is not None else None
-    if run.steps.count == 0 and not run.evals and run.summary is None and run.lr_find is None:
+    run.tune = _read_json(run, TUNE, shapes.TUNE)
+    if run.steps.count == 0 and not run.evals and run.summary is None and run.lr_find is None and run.tune is None:
         state = "is empty" if metrics.is_file() else "does not exist yet"
         every = (run.config or {}).get("log", {}).get("every_steps", 10)
         every = every if is_number(every) else 10

@@ -30,6 +30,7 @@ judges `checkpoint.resume` as a config field, in messages naming it.
       error.log              a failure's traceback, rank 0 (run/record.py); error-rankN.log another rank's
       memory-rankN.json      rank N's peak memory, left where the ranks ended without meeting (run/left_memory.py)
       lr_find.json           an LR sweep's curve (`gputrain lr-find`, in a directory of its own)
+      tune.json              `gputrain tune`'s measured layouts and winner (in a directory of its own)
       trace.json, profile.json, memory_snapshot.pickle
                              `gputrain profile` (observe/profiler.py); -rankN before the suffix per rank
       report.html            `gputrain report` of one run (report/build.py)
@@ -65,6 +66,8 @@ EMA_WEIGHTS = "model-ema.safetensors"
 """The EMA callback's average of the weights at the run's end (train/ema.py), written as FINAL_WEIGHTS is."""
 LR_FIND = "lr_find.json"
 """`gputrain lr-find`'s sweep: its curve and suggestion (the only file a sweep writes)."""
+TUNE = "tune.json"
+"""`gputrain tune`'s candidates, figures, winner and fingerprints (the only file a tune writes)."""
 REPORT = "report.html"
 """`gputrain report`'s page when it is given one run and no -o."""
 BENCH_INFER = "bench-infer.json"
@@ -169,7 +172,7 @@ RUN_FILE_PATTERNS = (
     "memory_snapshot*.pickle",
 )
 """Files a run writes under names of these forms (a rank's, a split's, a profile's)."""
-REPORTED_FILES = (CONFIG, METRICS, SUMMARY, LR_FIND)
+REPORTED_FILES = (CONFIG, METRICS, SUMMARY, LR_FIND, TUNE)
 """What identifies a directory to `gputrain report` as a run's: one of these at least (lr_find.json
 alone: an LR sweep's directory). Unlike RUN_FILES it has the sweep's file, and leaves out what
 every run that wrote anything also has one of these beside (env.json, error.log, the weights)."""

@@ -53,6 +53,7 @@ from gputrain.run.layout import (
     RUN_FILE_PATTERNS,
     RUN_FILES,
     SUMMARY,
+    TUNE,
     eval_record_name,
     is_checkpoint_dir,
 )
@@ -95,11 +96,11 @@ class Owner:
 
 def holds_a_run(folder: Path) -> bool:
     """Whether `folder` holds a run's files: a training or RL run (its config beside its machine
-    facts, a summary, metrics or checkpoints), an LR sweep (lr_find.json), an export (export.json) or
-    a checkpoint. A folder that merely holds a config.toml (a project's) is not a run."""
+    facts, a summary, metrics or checkpoints), an LR sweep (lr_find.json), a tune (tune.json), an export
+    (export.json) or a checkpoint. A folder that merely holds a config.toml (a project's) is not a run."""
     try:
         if is_checkpoint_dir(folder) or any(
-            os.path.lexists(folder / name) for name in (SUMMARY, METRICS, LR_FIND, EXPORT_RECORD)
+            os.path.lexists(folder / name) for name in (SUMMARY, METRICS, LR_FIND, TUNE, EXPORT_RECORD)
         ):
             return True
         if os.path.lexists(folder / CONFIG) and os.path.lexists(folder / ENV):

@@ -110,6 +110,39 @@ LR_FIND = Shape(
 )
 """lr_find.json: the curve (its three lists, of one length: checked by the report) and what ran."""
 
+TUNE_ROW = Shape(
+    {
+        "label": optional(TEXT),
+        "status": TEXT,
+        "reason": optional(TEXT),
+        "samples_per_s": optional(_NUM),
+        "tokens_per_s": optional(_NUM),
+        "step_time_s": optional(_NUM),
+        "compile_s": optional(_NUM),
+        "peak_memory_by_rank": optional(list_of(optional(_NUM))),
+        "wall_s": optional(_NUM),
+        "overrides": optional(list_of(TEXT)),
+    },
+    required=("status",),
+)
+TUNE = Shape(
+    {
+        "candidates": list_of(OBJECT),
+        "winner": optional(INT),
+        "auto": optional(INT),
+        "unit": optional(TEXT),
+        "budget_s": optional(_NUM),
+        "spent_s": optional(_NUM),
+        "batch_size": optional(INT),
+        "machine": optional(OBJECT),
+        "machine_fingerprint": optional(TEXT),
+        "config_fingerprint": optional(TEXT),
+    },
+    required=("candidates",),
+    each={"candidates": TUNE_ROW},
+)
+"""tune.json: each candidate's row (its status required; its figures as measured) and the winner."""
+
 FINDING = Shape({"bottleneck": optional(TEXT), "evidence": optional(TEXT), "change": optional(TEXT)})
 OP = Shape({"name": optional(TEXT), "calls": optional(INT), "self_host_us": _NUM, "self_device_us": _NUM})
 PROFILE = Shape(

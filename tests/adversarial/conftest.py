@@ -51,6 +51,7 @@ _GROUPS = {
     "test_token_shards.py": "token shards",
     "test_lm_inputs.py": "language-model inputs",
     "test_prepare.py": "prepared corpora",
+    "test_tune.py": "tune",
 }
 _cases: Counter[str] = Counter()
 

@@ -22,7 +22,7 @@ def test_a_directory_that_is_not_a_run_names_what_is_missing(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("hello")
     err = _fails(capsys, str(tmp_path))
     assert err == (f"gputrain report: {tmp_path}: not a run directory: it has no config.toml, metrics.jsonl, "
-                   "summary.json or lr_find.json (gputrain train writes them into its --run-dir)")
+                   "summary.json, lr_find.json or tune.json (gputrain train writes them into its --run-dir)")
     assert not (tmp_path / "report.html").exists()
 
 

@@ -27,6 +27,7 @@ NAMES = (
     "error.log",
     "model.safetensors",
     "lr_find.json",
+    "tune.json",
     "report.html",
     "checkpoints",
     "tensorboard",
@@ -124,6 +125,8 @@ def test_the_patterns_match_the_names_they_stand_for():
 
 
 def test_what_identifies_a_run_to_the_report():
-    """The report's set differs from what a run writes: an LR sweep's directory holds only lr_find.json."""
-    assert layout.LR_FIND in layout.REPORTED_FILES and layout.LR_FIND not in layout.RUN_FILES
-    assert set(layout.REPORTED_FILES) - {layout.LR_FIND} <= set(layout.RUN_FILES)
+    """The report's set differs from what a run writes: an LR sweep's directory holds only lr_find.json,
+    a tune's only tune.json."""
+    for own in (layout.LR_FIND, layout.TUNE):
+        assert own in layout.REPORTED_FILES and own not in layout.RUN_FILES
+    assert set(layout.REPORTED_FILES) - {layout.LR_FIND, layout.TUNE} <= set(layout.RUN_FILES)
