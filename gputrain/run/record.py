@@ -189,6 +189,9 @@ class RunRecorder:
             compile=figures.compile,
         )
         ending.summary.update(figures.blocks)
+        if status == "interrupted":  # which signal ended it (null where it reached another rank only)
+            requested = self.stop.requested
+            ending.summary["signal"] = requested if requested and requested.startswith("SIG") else None
         if place.dist.is_main and self._writes(ending):  # else no record, and no table of one
             with contextlib.suppress(OSError):
                 parts.run_dir.mkdir(parents=True, exist_ok=True)
