@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from gputrain.interrupts import HANDLED
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Tests never read or write the user's bench cache (~/.cache/gputrain): a cached peak would change
@@ -24,7 +26,7 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
                           text=True, timeout=timeout)
 
 
-_RUN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+_RUN_SIGNALS = (*HANDLED, signal.SIGQUIT)  # every signal a run handles
 
 
 @pytest.fixture(autouse=True)

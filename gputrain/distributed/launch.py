@@ -8,6 +8,7 @@ restarts all ranks up to --max-restarts times when one fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 from gputrain.distributed.allocator import check_launch_setting
 from gputrain.distributed.endpoint import DEFAULT_WAIT_S, RendezvousFailed, check_rendezvous, check_wait, parse_endpoint
 from gputrain.distributed.orphans import LAUNCHER_ENV
+from gputrain.distributed.rank_failure import error_logs, judge, record_failure
 from gputrain.errors import Interrupted, RunError, UsageError
 
 LAUNCHER_SHARE_ENV = "GPUTRAIN_LAUNCHER_OMP_NUM_THREADS"
@@ -127,22 +129,11 @@ def first_failed_rank(run_dir: Path | None, since: float) -> int | None:
     """The rank whose error log appeared first in this launch. A rank that raises writes its log
     before its connections close, so a peer that fails because of it always writes later; exit
     order is no guide (the first to raise spends time writing, its peers exit at once)."""
-    if run_dir is None or not run_dir.is_dir():
-        return None
     found = []
-    for path in run_dir.glob("error*.log"):
-        stem = path.stem.removeprefix("error").removeprefix("-rank")
-        rank = 0 if stem == "" else int(stem) if stem.isdigit() else None
-        if rank is not None and path.stat().st_mtime >= since:
+    for rank, path in error_logs(run_dir, since).items():
+        with contextlib.suppress(OSError):
             found.append((path.stat().st_mtime_ns, rank))
     return min(found)[1] if found else None
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def culprit(failures: Mapping[int, tuple[int, float]], logged: int | None) -> int:
@@ -209,12 +200,12 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
         seen = {rank: (failure.exitcode, float(failure.timestamp)) for rank, failure in err.failures.items()}
         rank = culprit(seen, first_failed_rank(run_dir, started))
         code = err.failures[rank].exitcode
-        others = sorted(r for r in err.failures if r != rank)
-        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
-        tail = f"; ranks {others} stopped too" if others else ""
         retries = f" after {opts.max_restarts} restart(s)" if opts.max_restarts else ""
-        said = "(no message: a signal ends a process at once)" if code < 0 else "(its message is above)"
-        message = f"rank {rank} failed first: it {how}{retries}{tail} {said}"
+        # the peers' broken collectives (kept quiet on those ranks) fold into one line (rank_failure.py)
+        codes = {r: failure.exitcode for r, failure in err.failures.items()}
+        verdict = judge(codes, rank, run_dir, started, opts.nnodes > 1, retries)
+        message = verdict.line
+        record_failure(run_dir, started, message, verdict.rank, verdict.how, opts.nproc_per_node * opts.nnodes)
         # every rank refused the input (a checkpoint not this run's), or was stopped by torchrun while it
         # started (SIGTERM; 130 where gputrain's start-up handler caught it) before meeting it too
         stopped = (code, 130, -signal.SIGTERM)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gputrain.distributed.rank_failure import leaves_it_to_the_launcher
 from gputrain.errors import GputrainError, Interrupted, RunError, UsageError, first_line
 from gputrain.interrupts import job_rank
 from gputrain.run import left_memory
@@ -148,7 +149,9 @@ class RunRecorder:
                 self.parts.checkpointer.wait()  # keep the last good checkpoint the failed run was writing
             if isinstance(exc, GputrainError) or not isinstance(exc, Exception):
                 raise
-            failure = RunError(f"training failed at {ending.error} ({kept})")
+            # a collective a dead peer broke: gputrain's launcher names that peer, this in its line
+            quiet = leaves_it_to_the_launcher(exc, dist.enabled)
+            failure = RunError(f"training failed at {ending.error} ({kept})", shown=quiet)
         finally:
             self._record(ending, time.perf_counter() - started)
         if failure is not None:
