@@ -110,9 +110,12 @@ class LaunchOptions:
             check_rendezvous(self.rdzv_endpoint, node_rank=self.node_rank, wait_s=self.rdzv_timeout_s)
 
 
-def torchrun_args(opts: LaunchOptions, child_argv: list[str]) -> list[str]:
-    """Arguments for torch.distributed.run: the launch topology, then `-m gputrain <child_argv>`."""
+def torchrun_args(opts: LaunchOptions, child_argv: list[str], signals: str | None = None) -> list[str]:
+    """Arguments for torch.distributed.run: the launch topology, the signals its agent passes on to
+    the ranks (`signals`, comma-separated names; torch's default where None), then `-m gputrain <child_argv>`."""
     args = [f"--nproc-per-node={opts.nproc_per_node}", f"--max-restarts={opts.max_restarts}"]
+    if signals is not None:
+        args.append(f"--signals-to-handle={signals}")
     if opts.nnodes == 1 and opts.rdzv_endpoint is None:
         args.append("--standalone")  # a free local port, no endpoint to agree on
     else:
@@ -165,7 +168,7 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     from torch.distributed.run import get_args_parser, run
 
     from gputrain.distributed.allocator import rank_environment
-    from gputrain.interrupts import leave_130_on_further_signals
+    from gputrain.interrupts import QUIT, handled, leave_130_on_further_signals
 
     opts.check()
     # CPU threads per rank: share the cores (torchrun would set 1 and print a warning banner). A share
@@ -177,7 +180,12 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     # the C allocator of the ranks (distributed/allocator.py): GPUTRAIN_ALLOCATOR=glibc's tunables or a
     # preload, in force from each rank's first allocation; torchrun passes this environment on to them
     os.environ.update(rank_environment(os.environ, torch.version.cuda is not None))
-    args = get_args_parser().parse_args(torchrun_args(opts, child_argv))
+    # torchrun's agent takes SIGTERM, SIGINT, SIGHUP and SIGQUIT by default (even a SIGHUP that nohup
+    # or GPUTRAIN_ON_SIGHUP=ignore left ignored) and passes each on to the ranks; it takes every signal
+    # a run stops for instead, and only those: a SIGUSR1/USR2/ALRM to the launcher ended it at once
+    # before, and its ranks with it (distributed/orphans.py), with no checkpoint and no record
+    passed_on = ",".join(signal.Signals(sig).name for sig in handled(with_quit=True))
+    args = get_args_parser().parse_args(torchrun_args(opts, child_argv, passed_on))
     os.environ[LAUNCHER_ENV] = str(os.getpid())  # the ranks die with this process (distributed/orphans.py)
     started = time.time() - 1.0  # file-system timestamps may be coarse
     resume_hint = f"run the same command again{f' (--run-dir {run_dir})' if run_dir else ''} to resume"
@@ -192,7 +200,8 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     except SignalException as err:  # the agent passed the signal on to the ranks, which checkpointed
         name = signal.Signals(err.sigval).name
         leave_130_on_further_signals()  # not torchrun's handlers, nor the defaults (143) while this exits
-        raise Interrupted(f"stopped by {name}: the ranks saved a checkpoint; {resume_hint}") from None
+        what = "quit at once (the last checkpoint stands)" if err.sigval == QUIT else "saved a checkpoint"
+        raise Interrupted(f"stopped by {name}: the ranks {what}; {resume_hint}") from None
     except ChildFailedError as err:
         if all(failure.exitcode == 130 for failure in err.failures.values()):
             leave_130_on_further_signals()

@@ -112,3 +112,18 @@ def test_a_rank_killed_on_another_node_is_named_by_both_launchers(tmp_path: Path
                          f"({elsewhere[0].rsplit('(', 1)[1]}"], lines
     summary = read_summary(run_dir)
     assert (summary["status"], summary["failed_rank"], summary["failed_how"]) == ("failed", 1, "SIGKILL")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR2], ids=lambda s: s.name)
+def test_a_signal_to_the_launcher_reaches_the_ranks_which_save_and_record(tmp_path: Path, sig: signal.Signals) -> None:
+    """torchrun's agent passes on only SIGTERM, SIGINT, SIGHUP and SIGQUIT by itself: a SIGUSR2 (or
+    SIGUSR1, SIGALRM) to the launcher alone ended it at once, and its ranks with it, unrecorded."""
+    run_dir, log = tmp_path / "run", tmp_path / "launcher.log"
+    launcher = _launch(run_dir, ["--nproc-per-node", "2"], log)
+    wait_until(lambda: logged_step(run_dir) >= 3 or launcher.poll() is not None, 150, what="step 3")
+    launcher.send_signal(sig)  # the launcher only, as `kill -USR2 PID` does
+    assert _ended([launcher]) == [130], log.read_text()[-3000:]
+    summary = read_summary(run_dir)
+    assert (summary["status"], summary["signal"]) == ("interrupted", sig.name)
+    assert (run_dir / "checkpoints" / f"step-{summary['global_step']}").is_dir()
+    assert f"gputrain train: stopped by {sig.name}: the ranks saved a checkpoint" in log.read_text()
