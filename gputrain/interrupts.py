@@ -1,9 +1,13 @@
-"""A process that a signal is ending exits 130 ("interrupted"), whatever further signals arrive.
+"""Which signals stop a command, and how: a process that a signal is ending exits 130
+("interrupted"), whatever further signals arrive.
 
-Used from the first instruction of the entry point (`guard_the_start`: a signal while a command
-starts is one line and exit 130), by a run that stopped for a signal (run/signals.py) and by the
-launcher once its ranks have stopped (distributed/launch.py). Signal handlers belong to the main
-thread: elsewhere these do nothing.
+One set for every command (HANDLED, and SIGQUIT): a run checkpoints and records for them
+(run/signals.py); another command is ended as Ctrl-C ends it, so that it cleans up what it was
+writing (`StoppedAtOnce`, raised by `_stop_command`); torchrun's agent passes them on to the ranks
+(distributed/launch.py). Used from the first instruction of the entry point (`guard_the_start`: a
+signal while a command starts is one line and exit 130), by a run that stopped for a signal and by
+the launcher once its ranks have stopped. Signal handlers belong to the main thread: elsewhere these
+do nothing.
 """
 
 from __future__ import annotations
