@@ -20,7 +20,7 @@ from pathlib import Path
 from gputrain.distributed.allocator import check_launch_setting
 from gputrain.distributed.endpoint import DEFAULT_WAIT_S, RendezvousFailed, check_rendezvous, check_wait, parse_endpoint
 from gputrain.distributed.orphans import LAUNCHER_ENV
-from gputrain.distributed.rank_failure import error_logs, judge, record_failure
+from gputrain.distributed.rank_failure import collective_errors, error_logs, judge, last_error_line, record_failure
 from gputrain.errors import Interrupted, RunError, UsageError
 
 LAUNCHER_SHARE_ENV = "GPUTRAIN_LAUNCHER_OMP_NUM_THREADS"
@@ -131,15 +131,19 @@ def torchrun_args(opts: LaunchOptions, child_argv: list[str], signals: str | Non
 def first_failed_rank(run_dir: Path | None, since: float) -> int | None:
     """The rank whose error log appeared first in this launch. A rank that raises writes its log
     before its connections close, so a peer that fails because of it always writes later; exit
-    order is no guide (the first to raise spends time writing, its peers exit at once)."""
+    order is no guide (the first to raise spends time writing, its peers exit at once). A log that
+    only says a collective broke (a peer went away: rank_failure.py) points at no one: the rank that
+    left may have left no log at all (killed, or exited outright)."""
     found = []
     for rank, path in error_logs(run_dir, since).items():
+        if collective_errors({rank: last_error_line(path)}):
+            continue
         with contextlib.suppress(OSError):
             found.append((path.stat().st_mtime_ns, rank))
     return min(found)[1] if found else None
 
 
-def culprit(failures: Mapping[int, tuple[int, float]], logged: int | None) -> int:
+def culprit(failures: Mapping[int, tuple[int, float]], logged: int | None, echoes: frozenset[int] = frozenset()) -> int:
     """The rank that failed first, from torchrun's failures (rank -> (exit code, when seen)) and the
     rank whose error log appeared first (`first_failed_rank`).
 
@@ -147,7 +151,8 @@ def culprit(failures: Mapping[int, tuple[int, float]], logged: int | None) -> in
     log, while its peers, whose collectives it breaks, do: so such a rank, seen in the first round
     of failures, is the one that failed first, whatever the logs say. SIGTERM is what torchrun itself
     sends the survivors, so it points at no one while another reason exists; nor do ranks seen later,
-    once torchrun had started stopping the rest."""
+    once torchrun had started stopping the rest. `echoes`: ranks whose only error was a broken
+    collective (they lost a peer); among ranks that exited, one that is not an echo left first."""
     first_seen = min(when for _, when in failures.values())
     early = {rank: code for rank, (code, when) in failures.items() if when <= first_seen + 1}
     killed = sorted(rank for rank, code in early.items() if code < 0 and -code != signal.SIGTERM)
@@ -156,7 +161,9 @@ def culprit(failures: Mapping[int, tuple[int, float]], logged: int | None) -> in
     if logged is not None and logged in failures:
         return logged
     exited = sorted(rank for rank, code in early.items() if code > 0 and code != 130)
-    return exited[0] if exited else min(early)
+    # a rank whose only error was a broken collective lost a peer: the one that left is the culprit
+    leavers = [rank for rank in exited if rank not in echoes]
+    return leavers[0] if leavers else exited[0] if exited else min(early)
 
 
 def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = None) -> int:
@@ -207,7 +214,8 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
             leave_130_on_further_signals()
             raise Interrupted(f"stopped by a signal: the ranks saved a checkpoint; {resume_hint}") from None
         seen = {rank: (failure.exitcode, float(failure.timestamp)) for rank, failure in err.failures.items()}
-        rank = culprit(seen, first_failed_rank(run_dir, started))
+        lines = {r: last_error_line(path) for r, path in error_logs(run_dir, started).items()}
+        rank = culprit(seen, first_failed_rank(run_dir, started), frozenset(collective_errors(lines)))
         code = err.failures[rank].exitcode
         retries = f" after {opts.max_restarts} restart(s)" if opts.max_restarts else ""
         # the peers' broken collectives (kept quiet on those ranks) fold into one line (rank_failure.py)

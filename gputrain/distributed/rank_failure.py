@@ -101,8 +101,10 @@ def failure_line(
         line += f" (its collective broke: {broken[rank]})"
     elif own_message:
         line += " (its message is above)"
-    else:
+    elif how.startswith("was killed"):
         line += " (no message: a signal ends a process at once)"
+    else:  # os._exit, a library's exit(): no traceback to point at
+        line += " (no message: it exited without an error of its own)"
     if others:
         folded = sorted({broken[r] for r in others if r in broken})
         why = f": their collectives with it broke ({'; '.join(folded)})" if folded else ""
@@ -224,7 +226,9 @@ def judge(
         )
         return Verdict(line, None, "a rank on another node")
     verb = f"was killed by {how}" if code < 0 else f"exited with code {code}"
-    return Verdict(failure_line(first, verb, step, others, broken, own_message=code > 0, retries=retries), first, how)
+    # a rank that raised wrote its error log (and printed its line); one that exited outright did not
+    own_message = code > 0 and first in lines
+    return Verdict(failure_line(first, verb, step, others, broken, own_message, retries=retries), first, how)
 
 
 def _signal_name(number: int) -> str:

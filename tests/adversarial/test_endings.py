@@ -10,7 +10,10 @@
   naming the signal, exit 130; by SIGQUIT: every thread's stack, summary.json naming it, exit 130 at
   once; GPUTRAIN_ON_SIGHUP=ignore keeps it going through a SIGHUP;
 * stdout a pipe whose reader has gone (`… | head -1`): the command ends quietly with 141, as a
-  coreutils tool does, no BrokenPipeError, nothing from the interpreter's exit.
+  coreutils tool does, no BrokenPipeError, nothing from the interpreter's exit;
+* the launcher's verdict on planted error logs (a rank killed, one exited outright, one that raised,
+  one on another node named or not, rank 0 dead): one line naming the rank that died, in summary.json
+  too (the real 2-rank jobs are tests/dist/test_rank_died.py).
 """
 
 from __future__ import annotations
@@ -291,3 +294,97 @@ def test_a_bad_sighup_choice_is_one_line_and_exit_2(tmp_path: Path, value: str) 
     )
     assert result.returncode == 2
     assert result.stderr == (f"gputrain config: {SIGHUP_ENV}={value!r}: choose stop or ignore (stop is the default)\n")
+
+
+# ----------------------------------------------------------------------------- the launcher's verdict
+_GLOO = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:54948: Connection reset by peer."
+# (failures: rank -> exit code, error logs: rank -> last line, several nodes, expected line)
+_VERDICTS = [
+    (
+        {0: 1, 1: -9},
+        {0: _GLOO},
+        False,
+        "rank 1 failed first: it was killed by SIGKILL after step 7 (no message: a signal ends a process at once); "
+        "ranks [0] stopped too: their collectives with it broke (Connection reset by peer)",
+    ),
+    (
+        {0: 1, 1: 17},
+        {0: _GLOO},
+        False,
+        "rank 1 failed first: it exited with code 17 after step 7 (no message: it exited without an error of its own); "
+        "ranks [0] stopped too: their collectives with it broke (Connection reset by peer)",
+    ),
+    (
+        {0: 1, 1: 1},
+        {1: "RuntimeError: test fault injected at forward 3", 0: _GLOO},
+        False,
+        "rank 1 failed first: it exited with code 1 after step 7 (its message is above); ranks [0] stopped too: "
+        "their collectives with it broke (Connection reset by peer)",
+    ),
+    (
+        {0: 1},
+        {0: _GLOO, 1: "RankDied: rank 1 was killed by SIGKILL (said by its launcher, pid 1: …)"},
+        True,
+        "rank 1 (on another node) failed first: it was killed by SIGKILL after step 7; ranks [0] here stopped too: "
+        "their collectives with it broke (Connection reset by peer)",
+    ),
+    (
+        {0: 1},
+        {0: _GLOO},
+        True,
+        "ranks [0] stopped after step 7: their collectives broke (Connection reset by peer); a rank on another node "
+        "failed first (that node's launcher names it)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("failures", "logs", "several_nodes", "expected"),
+    _VERDICTS,
+    ids=["killed", "exited-outright", "raised", "other-node-named", "other-node-unnamed"],
+)
+def test_the_launchers_line_names_the_rank_that_died(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    failures: dict[int, int],
+    logs: dict[int, str],
+    several_nodes: bool,
+    expected: str,
+) -> None:
+    from gputrain.distributed import launch, rank_failure
+    from gputrain.run.layout import error_log_name
+
+    monkeypatch.setattr(rank_failure, "OTHER_NODE_WAIT_S", 0.0)  # no other node's launcher will write
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text('{"status": "failed", "global_step": 7, "error": "' + "x" + '"}')
+    for rank, line in logs.items():
+        (run_dir / error_log_name(rank)).write_text(f"Traceback (most recent call last):\n  ...\n{line}\n")
+    seen = {rank: (code, 100.0) for rank, code in failures.items()}
+    echoes = frozenset(rank_failure.collective_errors(logs))
+    first = launch.culprit(seen, launch.first_failed_rank(run_dir, 0.0), echoes)
+    verdict = rank_failure.judge(failures, first, run_dir, 0.0, several_nodes)
+    assert verdict.line == expected
+    rank_failure.record_failure(run_dir, 0.0, verdict.line, verdict.rank, verdict.how, 2)
+    summary = read_summary(run_dir)
+    assert (summary["error"], summary["failed_rank"]) == (expected, verdict.rank)
+
+
+def test_where_rank_0_died_the_launcher_writes_summary_json(tmp_path: Path) -> None:
+    from gputrain.distributed import rank_failure
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.9}\n{"step": 3, "lo')
+    (run_dir / "error-rank1.log").write_text(f"Traceback (most recent call last):\n{_GLOO}\n")
+    verdict = rank_failure.judge({0: -9, 1: 1}, 0, run_dir, 0.0, several_nodes=False)
+    rank_failure.record_failure(run_dir, 0.0, verdict.line, verdict.rank, verdict.how, 2)
+    summary = read_summary(run_dir)
+    assert (summary["status"], summary["global_step"], summary["failed_rank"], summary["failed_how"]) == (
+        "failed",
+        2,
+        0,
+        "SIGKILL",
+    )  # the last whole row's step; the torn one is skipped
+    assert summary["error"].startswith("rank 0 failed first: it was killed by SIGKILL after step 2 ")
+    assert (run_dir / "error.log").read_text().startswith("RankDied: rank 0 was killed by SIGKILL")

@@ -23,16 +23,31 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 ARGS = [*TINY, "parallel.strategy=ddp", "parallel.timeout_s=30", "train.epochs=20"]  # runs until killed
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
-               "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS")
+LAUNCH_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+)
 
 
 def _launch(run_dir: Path, launch: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     out = open(log, "wb")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen([sys.executable, "-m", "gputrain", "train", "--run-dir", str(run_dir), *launch, *ARGS],
-                            cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, stdout=out,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gputrain", "train", "--run-dir", str(run_dir), *launch, *ARGS],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _ranks_of(launchers: list[subprocess.Popen[bytes]]) -> dict[int, int]:
@@ -80,9 +95,12 @@ def test_rank_0_killed_is_named_and_the_launcher_writes_the_summary(tmp_path: Pa
     assert _ended([launcher]) == [1]
     (line,) = _failure_lines(log)
     summary = read_summary(run_dir)  # rank 0 never wrote it: the launcher did
-    assert re.fullmatch(r"gputrain train: rank 0 failed first: it was killed by SIGKILL after step \d+ \(no message: a "
-                        r"signal ends a process at once\); ranks \[1\] stopped too: their collectives with it broke "
-                        r"\(.+\)", line), line
+    assert re.fullmatch(
+        r"gputrain train: rank 0 failed first: it was killed by SIGKILL after step \d+ \(no message: a "
+        r"signal ends a process at once\); ranks \[1\] stopped too: their collectives with it broke "
+        r"\(.+\)",
+        line,
+    ), line
     assert (summary["status"], summary["failed_rank"], summary["failed_how"]) == ("failed", 0, "SIGKILL")
     assert summary["error"] == line.removeprefix("gputrain train: ") and summary["global_step"] >= 3
 
@@ -91,12 +109,23 @@ def test_a_rank_killed_on_another_node_is_named_by_both_launchers(tmp_path: Path
     run_dir, port = tmp_path / "run", free_port()
     logs = [tmp_path / f"node{node}.log" for node in (0, 1)]
     launchers = [
-        _launch(run_dir, ["--nproc-per-node", "1", "--nnodes", "2", "--node-rank", str(node),
-                          "--rdzv-endpoint", f"localhost:{port}"], logs[node])
+        _launch(
+            run_dir,
+            [
+                "--nproc-per-node",
+                "1",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--rdzv-endpoint",
+                f"localhost:{port}",
+            ],
+            logs[node],
+        )
         for node in (0, 1)
     ]
-    wait_until(lambda: logged_step(run_dir) >= 3 or any(p.poll() is not None for p in launchers), 150,
-               what="step 3")
+    wait_until(lambda: logged_step(run_dir) >= 3 or any(p.poll() is not None for p in launchers), 150, what="step 3")
     ranks = _ranks_of(launchers)
     assert set(ranks) == {0, 1}, ranks
     os.kill(ranks[1], signal.SIGKILL)
@@ -107,9 +136,11 @@ def test_a_rank_killed_on_another_node_is_named_by_both_launchers(tmp_path: Path
     died_here = [node for node in (0, 1) if lines[node][0].startswith("gputrain train: rank 1 failed first")]
     assert len(died_here) == 1, lines
     elsewhere = lines[1 - died_here[0]]
-    assert elsewhere == [f"gputrain train: rank 1 (on another node) failed first: it was killed by SIGKILL after step "
-                         f"{step}; ranks [0] here stopped too: their collectives with it broke "
-                         f"({elsewhere[0].rsplit('(', 1)[1]}"], lines
+    assert elsewhere == [
+        f"gputrain train: rank 1 (on another node) failed first: it was killed by SIGKILL after step "
+        f"{step}; ranks [0] here stopped too: their collectives with it broke "
+        f"({elsewhere[0].rsplit('(', 1)[1]}"
+    ], lines
     summary = read_summary(run_dir)
     assert (summary["status"], summary["failed_rank"], summary["failed_how"]) == ("failed", 1, "SIGKILL")
 
