@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 import pytest
 
 import gputrain.interrupts
+from gputrain.interrupts import HANDLED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +29,7 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
                           text=True, timeout=timeout)
 
 
-_RUN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+_RUN_SIGNALS = (*HANDLED, signal.SIGQUIT)  # every signal a run handles
 
 
 @pytest.fixture(autouse=True)

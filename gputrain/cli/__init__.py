@@ -24,7 +24,15 @@ from typing import NoReturn
 
 from gputrain import __version__
 from gputrain.errors import GputrainError, Interrupted, UsageError
-from gputrain.interrupts import RUN_COMMANDS, end_of_the_start, guard_the_start, job_rank
+from gputrain.interrupts import (
+    RUN_COMMANDS,
+    StoppedAtOnce,
+    check_sighup_choice,
+    end_of_the_start,
+    guard_the_start,
+    job_rank,
+)
+from gputrain.pipes import STDOUT_CLOSED_EXIT, closed_stdout, stdout_closed
 from gputrain.run.fs_errors import check_working_directory
 from gputrain.terminal import printable
 
@@ -146,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _command_parser(name).parse_intermixed_args(args_list[1:])
     try:
         check_working_directory()  # deleted under the shell: torch's libraries would fail to load on it
+        check_sighup_choice()
         _check_config(args)
         module = importlib.import_module(SUBCOMMANDS[name][0])
         from gputrain.run.files import command_line_words
@@ -164,9 +173,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif job_rank() == 0 or not isinstance(err, Interrupted):
             print(printable(f"gputrain {name}: {err}"), file=sys.stderr)
         return err.exit_code
+    except StoppedAtOnce as stop:
+        if job_rank() == 0:  # every rank of a job met the same signal: rank 0 speaks for them
+            print(f"gputrain {name}: {_stopped_at_once(name, stop.signal_name)}", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         print(f"gputrain {name}: interrupted", file=sys.stderr)
         return 130
+    except OSError as err:
+        if closed_stdout(err):  # `gputrain predict ... | head -1`: ended quietly, as a Unix tool is
+            return stdout_closed()
+        raise
+
+
+def _stopped_at_once(command: str, signal_name: str) -> str:
+    if command in RUN_COMMANDS:  # SIGQUIT: no checkpoint now, summary.json says so
+        return f"stopped by {signal_name} at once (the last checkpoint stands: run the same command again to resume)"
+    return f"stopped by {signal_name} (run the command again)"
 
 
 def entry() -> NoReturn:
@@ -181,6 +204,13 @@ def entry() -> NoReturn:
     """
     guard_the_start()  # first: a signal while the command starts is one line and exit 130
     code = main()
+    try:
+        sys.stdout.flush()  # what is still buffered, while a closed pipe can still be told apart
+    except OSError as err:
+        if not closed_stdout(err):
+            raise
+        code = STDOUT_CLOSED_EXIT if code == 0 else code
+        stdout_closed()
     if "torch" in sys.modules and threading.active_count() == 1:
         atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):

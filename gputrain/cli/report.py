@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gputrain.pipes import closed_stdout
     from gputrain.report.build import report_output, write_report
 
     paths = [Path(p) for p in args.run_dirs]
@@ -40,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         written = write_report(paths, output, stream=sys.stdout if to_stdout else None)
     except OSError as err:
+        if to_stdout and closed_stdout(err):
+            raise  # `| head`: the entry ends the command quietly (gputrain/pipes.py)
         raise RunError(f"cannot write the report: {err.strerror or err} ({err.filename or output})") from None
     seconds = time.perf_counter() - started
     said = sys.stderr if to_stdout else sys.stdout  # the page itself is standard output's

@@ -8,6 +8,7 @@ restarts all ranks up to --max-restarts times when one fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 from gputrain.distributed.allocator import check_launch_setting
 from gputrain.distributed.endpoint import DEFAULT_WAIT_S, RendezvousFailed, check_rendezvous, check_wait, parse_endpoint
 from gputrain.distributed.orphans import LAUNCHER_ENV
+from gputrain.distributed.rank_failure import collective_errors, error_logs, judge, last_error_line, record_failure
 from gputrain.errors import Interrupted, RunError, UsageError
 
 LAUNCHER_SHARE_ENV = "GPUTRAIN_LAUNCHER_OMP_NUM_THREADS"
@@ -108,9 +110,12 @@ class LaunchOptions:
             check_rendezvous(self.rdzv_endpoint, node_rank=self.node_rank, wait_s=self.rdzv_timeout_s)
 
 
-def torchrun_args(opts: LaunchOptions, child_argv: list[str]) -> list[str]:
-    """Arguments for torch.distributed.run: the launch topology, then `-m gputrain <child_argv>`."""
+def torchrun_args(opts: LaunchOptions, child_argv: list[str], signals: str | None = None) -> list[str]:
+    """Arguments for torch.distributed.run: the launch topology, the signals its agent passes on to
+    the ranks (`signals`, comma-separated names; torch's default where None), then `-m gputrain <child_argv>`."""
     args = [f"--nproc-per-node={opts.nproc_per_node}", f"--max-restarts={opts.max_restarts}"]
+    if signals is not None:
+        args.append(f"--signals-to-handle={signals}")
     if opts.nnodes == 1 and opts.rdzv_endpoint is None:
         args.append("--standalone")  # a free local port, no endpoint to agree on
     else:
@@ -126,26 +131,19 @@ def torchrun_args(opts: LaunchOptions, child_argv: list[str]) -> list[str]:
 def first_failed_rank(run_dir: Path | None, since: float) -> int | None:
     """The rank whose error log appeared first in this launch. A rank that raises writes its log
     before its connections close, so a peer that fails because of it always writes later; exit
-    order is no guide (the first to raise spends time writing, its peers exit at once)."""
-    if run_dir is None or not run_dir.is_dir():
-        return None
+    order is no guide (the first to raise spends time writing, its peers exit at once). A log that
+    only says a collective broke (a peer went away: rank_failure.py) points at no one: the rank that
+    left may have left no log at all (killed, or exited outright)."""
     found = []
-    for path in run_dir.glob("error*.log"):
-        stem = path.stem.removeprefix("error").removeprefix("-rank")
-        rank = 0 if stem == "" else int(stem) if stem.isdigit() else None
-        if rank is not None and path.stat().st_mtime >= since:
+    for rank, path in error_logs(run_dir, since).items():
+        if collective_errors({rank: last_error_line(path)}):
+            continue
+        with contextlib.suppress(OSError):
             found.append((path.stat().st_mtime_ns, rank))
     return min(found)[1] if found else None
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def culprit(failures: Mapping[int, tuple[int, float]], logged: int | None) -> int:
+def culprit(failures: Mapping[int, tuple[int, float]], logged: int | None, echoes: frozenset[int] = frozenset()) -> int:
     """The rank that failed first, from torchrun's failures (rank -> (exit code, when seen)) and the
     rank whose error log appeared first (`first_failed_rank`).
 
@@ -153,7 +151,8 @@ def culprit(failures: Mapping[int, tuple[int, float]], logged: int | None) -> in
     log, while its peers, whose collectives it breaks, do: so such a rank, seen in the first round
     of failures, is the one that failed first, whatever the logs say. SIGTERM is what torchrun itself
     sends the survivors, so it points at no one while another reason exists; nor do ranks seen later,
-    once torchrun had started stopping the rest."""
+    once torchrun had started stopping the rest. `echoes`: ranks whose only error was a broken
+    collective (they lost a peer); among ranks that exited, one that is not an echo left first."""
     first_seen = min(when for _, when in failures.values())
     early = {rank: code for rank, (code, when) in failures.items() if when <= first_seen + 1}
     killed = sorted(rank for rank, code in early.items() if code < 0 and -code != signal.SIGTERM)
@@ -162,7 +161,9 @@ def culprit(failures: Mapping[int, tuple[int, float]], logged: int | None) -> in
     if logged is not None and logged in failures:
         return logged
     exited = sorted(rank for rank, code in early.items() if code > 0 and code != 130)
-    return exited[0] if exited else min(early)
+    # a rank whose only error was a broken collective lost a peer: the one that left is the culprit
+    leavers = [rank for rank in exited if rank not in echoes]
+    return leavers[0] if leavers else exited[0] if exited else min(early)
 
 
 def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = None) -> int:
@@ -175,7 +176,7 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
 
     from gputrain.child_python import check_not_shadowed, child_environment
     from gputrain.distributed.allocator import rank_environment
-    from gputrain.interrupts import leave_130_on_further_signals
+    from gputrain.interrupts import QUIT, handled, leave_130_on_further_signals
 
     opts.check()
     # CPU threads per rank: share the cores (torchrun would set 1 and print a warning banner). A share
@@ -187,7 +188,12 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     # the C allocator of the ranks (distributed/allocator.py): GPUTRAIN_ALLOCATOR=glibc's tunables or a
     # preload, in force from each rank's first allocation; torchrun passes this environment on to them
     os.environ.update(rank_environment(os.environ, torch.version.cuda is not None))
-    args = get_args_parser().parse_args(torchrun_args(opts, child_argv))
+    # torchrun's agent takes SIGTERM, SIGINT, SIGHUP and SIGQUIT by default (even a SIGHUP that nohup
+    # or GPUTRAIN_ON_SIGHUP=ignore left ignored) and passes each on to the ranks; it takes every signal
+    # a run stops for instead, and only those: a SIGUSR1/USR2/ALRM to the launcher ended it at once
+    # before, and its ranks with it (distributed/orphans.py), with no checkpoint and no record
+    passed_on = ",".join(signal.Signals(sig).name for sig in handled(with_quit=True))
+    args = get_args_parser().parse_args(torchrun_args(opts, child_argv, passed_on))
     os.environ[LAUNCHER_ENV] = str(os.getpid())  # the ranks die with this process (distributed/orphans.py)
     # the ranks run `python -m gputrain` here: this gputrain, not a folder of that name in the working directory
     check_not_shadowed()
@@ -205,20 +211,22 @@ def launch(opts: LaunchOptions, child_argv: list[str], run_dir: Path | None = No
     except SignalException as err:  # the agent passed the signal on to the ranks, which checkpointed
         name = signal.Signals(err.sigval).name
         leave_130_on_further_signals()  # not torchrun's handlers, nor the defaults (143) while this exits
-        raise Interrupted(f"stopped by {name}: the ranks saved a checkpoint; {resume_hint}") from None
+        what = "quit at once (the last checkpoint stands)" if err.sigval == QUIT else "saved a checkpoint"
+        raise Interrupted(f"stopped by {name}: the ranks {what}; {resume_hint}") from None
     except ChildFailedError as err:
         if all(failure.exitcode == 130 for failure in err.failures.values()):
             leave_130_on_further_signals()
             raise Interrupted(f"stopped by a signal: the ranks saved a checkpoint; {resume_hint}") from None
         seen = {rank: (failure.exitcode, float(failure.timestamp)) for rank, failure in err.failures.items()}
-        rank = culprit(seen, first_failed_rank(run_dir, started))
+        lines = {r: last_error_line(path) for r, path in error_logs(run_dir, started).items()}
+        rank = culprit(seen, first_failed_rank(run_dir, started), frozenset(collective_errors(lines)))
         code = err.failures[rank].exitcode
-        others = sorted(r for r in err.failures if r != rank)
-        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
-        tail = f"; ranks {others} stopped too" if others else ""
         retries = f" after {opts.max_restarts} restart(s)" if opts.max_restarts else ""
-        said = "(no message: a signal ends a process at once)" if code < 0 else "(its message is above)"
-        message = f"rank {rank} failed first: it {how}{retries}{tail} {said}"
+        # the peers' broken collectives (kept quiet on those ranks) fold into one line (rank_failure.py)
+        codes = {r: failure.exitcode for r, failure in err.failures.items()}
+        verdict = judge(codes, rank, run_dir, started, opts.nnodes > 1, retries)
+        message = verdict.line
+        record_failure(run_dir, started, message, verdict.rank, verdict.how, opts.nproc_per_node * opts.nnodes)
         # every rank refused the input (a checkpoint not this run's), or was stopped by torchrun while it
         # started (SIGTERM; 130 where gputrain's start-up handler caught it) before meeting it too
         stopped = (code, 130, -signal.SIGTERM)

@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gputrain.disk_full import removed_if_failed
 from gputrain.errors import DataError, Interrupted, UsageError
+from gputrain.interrupts import StoppedAtOnce
 from gputrain.prepare.encode import Batch, Encoding, draws, encoded
 from gputrain.prepare.manifest import (
     MANIFEST,
@@ -105,10 +107,11 @@ def _ours(folder: Path) -> bool:
 def _save_tokenizer(tokenizer: Tokenizer, out: Path) -> None:
     """OUT/tokenizer, whole or not at all (it marks OUT as prepare's before the first state is saved)."""
     staging = out / f".{TOKENIZER_DIR}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    folder = tokenizer.save(staging)
-    if (out / TOKENIZER_DIR).is_dir():  # a start killed before its first state: begun again
-        shutil.rmtree(out / TOKENIZER_DIR)
-    folder.replace(out / TOKENIZER_DIR)
+    with removed_if_failed(staging, TOKENIZER_DIR):  # a signal or a full disk meanwhile: no staging left
+        folder = tokenizer.save(staging)
+        if (out / TOKENIZER_DIR).is_dir():  # a start killed before its first state: begun again
+            shutil.rmtree(out / TOKENIZER_DIR)
+        folder.replace(out / TOKENIZER_DIR)
     staging.rmdir()
 
 
@@ -311,8 +314,9 @@ def _prepare(
     except DataError:
         _remove_work(out, created) if out.is_dir() else None
         raise
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; run the same command again to continue into {out}") from None
+    except KeyboardInterrupt as stop:  # Ctrl-C, or another signal (StoppedAtOnce names it)
+        what = f"stopped by {stop.signal_name}" if isinstance(stop, StoppedAtOnce) else "interrupted"
+        raise Interrupted(f"{what}; run the same command again to continue into {out}") from None
 
 
 def _work(

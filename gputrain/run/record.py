@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gputrain.distributed.rank_failure import leaves_it_to_the_launcher
 from gputrain.errors import GputrainError, Interrupted, RunError, UsageError, first_line
 from gputrain.interrupts import job_rank
 from gputrain.run import left_memory
@@ -150,7 +151,9 @@ class RunRecorder:
                 self.parts.checkpointer.wait()  # keep the last good checkpoint the failed run was writing
             if isinstance(exc, GputrainError) or not isinstance(exc, Exception):
                 raise
-            failure = RunError(f"training failed at {ending.error} ({kept})")
+            # a collective a dead peer broke: gputrain's launcher names that peer, this in its line
+            quiet = leaves_it_to_the_launcher(exc, dist.enabled)
+            failure = RunError(f"training failed at {ending.error} ({kept})", shown=quiet)
         finally:
             self._record(ending, time.perf_counter() - started)
         if failure is not None:
@@ -191,6 +194,9 @@ class RunRecorder:
             compile=figures.compile,
         )
         ending.summary.update(figures.blocks)
+        if status == "interrupted":  # which signal ended it (null where it reached another rank only)
+            requested = self.stop.requested
+            ending.summary["signal"] = requested if requested and requested.startswith("SIG") else None
         if place.dist.is_main and self._writes(ending):  # else no record, and no table of one
             _write_summary(parts.run_dir, ending.summary)
             parts.console.final_table(ending.summary, str(parts.run_dir))

@@ -1,4 +1,5 @@
-"""Ctrl-C / SIGTERM: finish the current step, checkpoint, exit 130. A second signal exits at once."""
+"""Ctrl-C, SIGTERM and the other signals of interrupts.HANDLED: finish the current step, checkpoint,
+exit 130. A second signal exits at once; SIGQUIT at once too, after every thread's stack."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch.distributed as dist
 
 from gputrain.distributed.context import DistContext
 from gputrain.errors import Interrupted
-from gputrain.interrupts import arm_exit_hook, handled, is_startup_handler, leave_now
+from gputrain.interrupts import QUIT, StoppedAtOnce, arm_exit_hook, dump_stacks, handled, is_startup_handler, leave_now
 from gputrain.observe.own_sync import own_sync
 
 Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
@@ -33,6 +34,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.requested: str | None = None
+        """The name of the signal that asked the run to stop (or "a signal to another rank"), or None."""
         self._previous: dict[int, Handler] = {}
         self.early: str | None = None
         """Why the loop asked itself to stop early on this rank (a callback's `request_stop`), or None."""
@@ -40,6 +42,11 @@ class StopRequest:
         """Set by `agreed` once every rank stops early: the reason (the first rank's that asked)."""
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == QUIT:  # quit now, with a record: where it was, and summary.json naming SIGQUIT
+            dump_stacks()
+            self.requested = self.requested or "SIGQUIT"
+            self.uninstall()
+            raise StoppedAtOnce("SIGQUIT")
         if self.requested is not None:  # second signal: stop now
             self.uninstall()
             raise KeyboardInterrupt
@@ -48,7 +55,7 @@ class StopRequest:
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in handled():
+        for sig in handled(with_quit=True):
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def uninstall(self) -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from gputrain.interrupts import HANDLED
+
 _GROUPS = {
     "test_config_values.py": "config values",
     "test_data_files.py": "data files",
@@ -52,6 +54,7 @@ _GROUPS = {
     "test_lm_inputs.py": "language-model inputs",
     "test_prepare.py": "prepared corpora",
     "test_tune.py": "tune",
+    "test_endings.py": "endings: signals and pipes",
 }
 _cases: Counter[str] = Counter()
 
@@ -59,7 +62,7 @@ _cases: Counter[str] = Counter()
 @pytest.fixture
 def handlers() -> Iterator[None]:
     """The handlers of the signals a run stops for, as they were before the test."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)}
+    saved = {sig: signal.getsignal(sig) for sig in (*HANDLED, signal.SIGQUIT)}
     try:
         yield
     finally:
