@@ -16,6 +16,9 @@ Models: the digits CNN (`gputrain train`'s default model, batch 64) and a tiny M
 
     python benchmarks/overhead_cpu.py [--repeats 9] [--threads 1]
 
+`--trackers`: only what the MLflow sink (issue 32) adds to the tiny MLP's step, a row logged every
+10 steps on both sides, alternating with the same loop without it.
+
 The last line is the foundation issue's figure: the wall time of a whole `Trainer.fit` (set-up,
 first-step FLOP count and all) against the hand loop over the default job's 380 steps.
 
@@ -68,12 +71,14 @@ def hand_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: 
 
 
 def gputrain_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int,
-                  on_nonfinite: str = "stop", callbacks: tuple = ()) -> None:
-    """The same training through the Trainer (with its default non-finite guard unless told)."""
+                  on_nonfinite: str = "stop", callbacks: tuple = (), log: dict | None = None) -> None:
+    """The same training through the Trainer (with its default non-finite guard unless told);
+    `log`: log.* settings over the default of one row at the end."""
     with tempfile.TemporaryDirectory() as run_dir:
         config = {"train.device": "cpu", "train.batch_size": batch, "train.max_steps": steps, "train.epochs": 10**6,
                   "train.seed": seed, "log.every_steps": 10**6, "log.progress": "none", "log.tensorboard": False,
-                  "checkpoint.enabled": False, "eval.every_epochs": 0, "train.on_nonfinite": on_nonfinite}
+                  "checkpoint.enabled": False, "eval.every_epochs": 0, "train.on_nonfinite": on_nonfinite,
+                  **(log or {})}
         summary = Trainer(model, data, loss_fn=F.cross_entropy, config=config, run_dir=run_dir,
                           callbacks=callbacks).fit()
     assert summary["global_step"] == steps
@@ -107,6 +112,50 @@ class NoOp:
 
 def callbacks_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int) -> None:
     gputrain_loop(model, data, batch, steps, seed, callbacks=(NoOp(), NoOp(), NoOp()))
+
+
+TRACKER_LOG = {"log.every_steps": 10}
+"""The trackers' comparison logs a row every 10 steps (the default) on both sides."""
+
+
+def measure_trackers(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: int, repeats: int) -> dict:
+    """What the MLflow sink (a SQLite store) adds to a step, both sides logging every 10 steps,
+    alternating: the median of paired differences of the slope of CPU time, the whole process's
+    (the tracker's own thread included) and the training thread's alone (what the step waits for)."""
+    import os
+
+    make_model, data = case
+    short = max(1, steps // 5)
+    with tempfile.TemporaryDirectory() as store:
+        here = os.getcwd()
+        os.chdir(store)  # the SQLite store's artifacts go to ./mlruns
+        try:
+            mlflow = {**TRACKER_LOG, "log.mlflow": f"sqlite:///{store}/mlflow.db"}
+            loops = (("log/10", TRACKER_LOG), ("log/10 + mlflow", mlflow))
+            times: dict[str, dict[str, list[float]]] = {label: {"process": [], "thread": []} for label, _ in loops}
+            for r in range(repeats + 1):  # the first round makes the database and warms up; dropped
+                for label, log in loops:
+                    spent: dict[str, list[float]] = {"process": [], "thread": []}
+                    for n in (short, steps):
+                        torch.manual_seed(r)
+                        process, thread = time.process_time(), time.thread_time()
+                        gputrain_loop(make_model(), data, 64, n, r, log=log)
+                        spent["process"].append(time.process_time() - process)
+                        spent["thread"].append(time.thread_time() - thread)
+                    if r > 0:
+                        for clock, (a, b) in spent.items():
+                            times[label][clock].append((b - a) / (steps - short))
+        finally:
+            os.chdir(here)
+    result: dict = {"case": name, "steps": steps}
+    for clock in ("process", "thread"):
+        base, ours = times["log/10"][clock], times["log/10 + mlflow"][clock]
+        growth = statistics.median(o - b for b, o in zip(base, ours))
+        result[f"mlflow_growth_{clock}_us"] = growth * 1e6
+        print(f"{name:12s} MLflow sink (SQLite, a row every 10 steps) adds {growth * 1e6:+.2f} µs/step of "
+              f"{'CPU, its thread included' if clock == 'process' else 'the training thread'} "
+              f"(log/10 alone {statistics.median(base) * 1e6:.1f} µs/step; median of {repeats} paired rounds)")
+    return result
 
 
 def unguarded_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int) -> None:
@@ -225,12 +274,16 @@ def main() -> None:
     parser.add_argument("--cnn-steps", type=int, default=300)
     parser.add_argument("--callbacks", action="store_true", help="also the tiny MLP with three no-op callbacks")
     parser.add_argument("--only-mlp", action="store_true", help="the tiny MLP's per-step figures only")
+    parser.add_argument("--trackers", action="store_true", help="only what the MLflow sink adds to the tiny MLP's step")
     parser.add_argument("--wall-steps", type=int, default=380, help="steps of the wall-time comparison "
                         "(380 = the default job: 20 epochs of digits at batch 64)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"{time.strftime('%Y-%m-%d')}")
+    if args.trackers:
+        measure_trackers("tiny MLP", mlp_case(), args.mlp_steps, args.repeats)
+        return
     measure("tiny MLP", mlp_case(), args.mlp_steps, args.repeats, guard_off=not args.only_mlp, callbacks=args.callbacks)
     if args.only_mlp:
         return

@@ -1,5 +1,7 @@
 """Every way a run ends leaves a record: summary.json on rank 0 (status, step, figures, and for a
-failure what failed) and, for failures, error.log with the traceback.
+failure what failed) and, for failures, error.log with the traceback. The experiment trackers'
+runs end here too, with the summary and the run's files (observe/trackers.py), and summary.json
+says what became of each.
 
 The loop runs inside `RunRecorder.recording()`; whatever leaves it (the end of training, early
 stop, a signal, NaN, a crash in the user's code, in a resume, in the test evaluation or in the
@@ -189,11 +191,26 @@ class RunRecorder:
             compile=figures.compile,
         )
         ending.summary.update(figures.blocks)
+        trackers = metrics.trackers  # rank 0's, once the run has begun writing
+        if trackers:  # the summary, the run's files; what became of each goes into summary.json
+            ending.summary["trackers"] = trackers.finish(ending.summary)
         if place.dist.is_main and self._writes(ending):  # else no record, and no table of one
-            with contextlib.suppress(OSError):
-                parts.run_dir.mkdir(parents=True, exist_ok=True)
-                write_json(parts.run_dir / SUMMARY, ending.summary)
+            self._write_summary(ending.summary)
+            if trackers:
+                told = ending.summary["trackers"]
+                ending.summary["trackers"] = trackers.store(parts.run_dir / SUMMARY, status)
+                if ending.summary["trackers"] != told:  # a tracker failed taking summary.json
+                    self._write_summary(ending.summary)
             parts.console.final_table(ending.summary, str(parts.run_dir))
+            for line in trackers.end_lines():
+                parts.console.command(line)
+        elif trackers:
+            trackers.store(parts.run_dir / SUMMARY, status)
+
+    def _write_summary(self, summary: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            self.parts.run_dir.mkdir(parents=True, exist_ok=True)
+            write_json(self.parts.run_dir / SUMMARY, summary)
 
     def _writes(self, ending: RunEnding) -> bool:
         """Whether this ending is recorded in the run directory: once the run has begun writing there;
