@@ -6,8 +6,9 @@ W&B's own console output (its banner, its capture of stdout) is kept out of gput
 console capture off, no system-metrics sampling, no git or code capture.
 
 A resumed run continues the W&B run id trackers.json keeps (a new offline-run folder with the
-same id); rows at steps W&B was already given in this process are not given again (W&B drops a
-step that goes back, with a warning of its own).
+same id: the console then names them all, `wandb sync RUN/wandb/offline-run-*`); a row at a step
+before the last one given is not given (W&B drops a step that goes back, with a warning of its own).
+A run resumed in the process that ran it (the Trainer API) is a new W&B run: see `_OPENED`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from gputrain.run.layout import WANDB
 
 PROJECT = "gputrain"
 """The W&B project where WANDB_PROJECT does not name one."""
+_OPENED: set[str] = set()
+"""W&B run ids opened in this process: W&B writes nothing for an id opened a second time in one
+process (a Trainer resumed in the process that ran it), so that run takes a new id instead."""
 
 
 class WandbSink(TrackerSink):
@@ -44,7 +48,7 @@ class WandbSink(TrackerSink):
 
         facts = self.facts
         saved = saved_run(facts.run_dir, self.name) if facts.resume_step is not None else {}
-        run_id = saved.get("id") if isinstance(saved.get("id"), str) else None
+        run_id = saved.get("id") if isinstance(saved.get("id"), str) and saved["id"] not in _OPENED else None
         (facts.run_dir / WANDB).mkdir(exist_ok=True)  # W&B writes beside `dir` otherwise (its tmp folder)
         settings = wandb.Settings(
             silent=True, console="off", x_disable_stats=True, disable_git=True, save_code=False, quiet=True
@@ -61,6 +65,7 @@ class WandbSink(TrackerSink):
             reinit="create_new",  # a second Trainer in one process is a run of its own
             settings=settings,
         )
+        _OPENED.add(self._run.id)
         self._run.summary.update(facts.tags())
         save_run(facts.run_dir, self.name, {"id": self._run.id, "mode": self.mode})
         self.info = {"mode": self.mode, "id": self._run.id}
@@ -93,4 +98,8 @@ class WandbSink(TrackerSink):
     def end_lines(self) -> list[str]:
         if self.mode != "offline" or self._run is None:
             return []
-        return [f"wandb: offline run saved; upload it with: wandb sync {shlex.quote(str(self.sync_dir()))}"]
+        folder = self.sync_dir()
+        # a resumed run left a folder per attempt, all of one W&B run: sync them all, in order
+        several = len(list(folder.parent.glob("offline-run-*"))) > 1
+        where = f"{shlex.quote(str(folder.parent))}/offline-run-*" if several else shlex.quote(str(folder))
+        return [f"wandb: offline run saved; upload it with: wandb sync {where}"]

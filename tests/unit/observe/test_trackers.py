@@ -294,3 +294,37 @@ def test_a_run_logged_to_wandb_offline_reads_back(cli, tmp_path: Path) -> None:
             final.update({_key(item): json.loads(item.value_json) for item in record.summary.update})
     assert final["status"] == "completed" and final["summary.global_step"] == 10
     assert kinds[-1] in ("exit", "footer", "final") or "exit" in kinds
+
+
+def test_a_resumed_run_continues_its_wandb_run(cli, tmp_path: Path) -> None:
+    """Trained longer (a new process, as after a kill), the run continues the same W&B id in a
+    second offline folder, whose rows start after the resumed step; the console's sync command
+    names both folders."""
+    pytest.importorskip("wandb", reason="wandb is in the test extra: pip install 'gputrain[test]'")
+    run_dir, env = tmp_path / "run", {"WANDB_MODE": "offline"}
+    args = ("train", "--run-dir", str(run_dir), *BASE, "log.wandb=offline", "log.progress=plain")
+    assert cli(*args, env=env, cwd=tmp_path).returncode == 0
+    run_id = json.loads((run_dir / "summary.json").read_text())["trackers"]["wandb"]["id"]
+    result = cli(*args, "train.epochs=3", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    state = json.loads((run_dir / "summary.json").read_text())["trackers"]["wandb"]
+    assert state["status"] == "logged" and state["id"] == run_id
+    folders = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(folders) == 2 and all((f / f"run-{run_id}.wandb").is_file() for f in folders)
+    records = wandb_records(folders[1] / f"run-{run_id}.wandb")
+    steps = [r.history.step.num for r in records if r.HasField("history")]
+    assert steps == [12, 14, 15]
+    said = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("wandb:")]
+    assert said == [f"wandb: offline run saved; upload it with: wandb sync {run_dir / 'wandb'}/offline-run-*"]
+
+
+def test_a_run_resumed_in_its_own_process_is_a_new_wandb_run(tmp_path: Path, monkeypatch) -> None:
+    """W&B writes nothing for an id opened twice in one process: the second fit takes a new id."""
+    pytest.importorskip("wandb", reason="wandb is in the test extra: pip install 'gputrain[test]'")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run_dir = tmp_path / "run"
+    first = train(run_dir, "log.wandb=offline")["trackers"]["wandb"]
+    second = train(run_dir, "log.wandb=offline", "train.epochs=3")["trackers"]["wandb"]
+    assert second["status"] == "logged" and second["id"] != first["id"]
+    records = wandb_records(Path(second["sync_dir"]) / f"run-{second['id']}.wandb")
+    assert [r.history.step.num for r in records if r.HasField("history")] == [12, 14, 15]
