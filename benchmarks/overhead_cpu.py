@@ -152,9 +152,40 @@ def measure_trackers(name: str, case: tuple[Callable[[], nn.Module], TensorData]
                     print(f"{name:12s} MLflow sink (SQLite), {what}: {growth * 1e6:+.2f} µs/step of {whose} "
                           f"(without it {statistics.median(times['base'][clock]) * 1e6:.1f} µs/step; "
                           f"median of {repeats} paired rounds)")
+            result["hot_path_us"] = tracker_hot_path_us(f"sqlite:///{store}/mlflow.db")
         finally:
             os.chdir(here)
     return result
+
+
+def tracker_hot_path_us(uri: str, number: int = 100_000) -> float:
+    """What the training thread does for the MLflow sink per logged row, free of the machine's
+    noise: the row appended (`write`), and every 100th row the list handed to the tracker's
+    thread (`flush`), timeit's best of 5. A step that logs no row calls no sink at all."""
+    import timeit
+
+    from gputrain.config import load_config
+    from gputrain.observe.mlflow_sink import MlflowSink
+    from gputrain.observe.trackers import RunFacts, Trackers
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        sink = MlflowSink(uri, RunFacts(load_config(None, {}), Path(run_dir), "cpu", "fp32", 1, None))
+        sink.log_rows = lambda rows: None  # type: ignore[method-assign]  # the thread's side is not measured here
+        row = {"step": 1, "epoch": 1, "loss": 0.5, "lr": 1e-3, "grad_norm": 1.0, "samples_per_s": 1e5}
+        count = [0]
+
+        def logged_row() -> None:
+            sink.write(row)
+            count[0] += 1
+            if count[0] % 100 == 0:
+                sink.flush()
+
+        best = min(timeit.repeat(logged_row, number=number, repeat=5)) / number
+        sink.close()
+        Trackers([sink]).store(Path(run_dir) / "none.json", "completed")
+    print(f"{'':12s} the MLflow sink's work on the training thread: {best * 1e6:.3f} µs a logged row "
+          f"(timeit, best of 5 × {number}); a step that logs no row calls no sink")
+    return best * 1e6
 
 
 def unguarded_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int) -> None:
