@@ -16,6 +16,10 @@ Models: the digits CNN (`gputrain train`'s default model, batch 64) and a tiny M
 
     python benchmarks/overhead_cpu.py [--repeats 9] [--threads 1]
 
+`--trackers`: only what the MLflow sink (issue 32) adds to the tiny MLP's step, alternating with
+the same loop without it: with a row at the end only (every step that logs no row) and with a row
+every 10 steps.
+
 The last line is the foundation issue's figure: the wall time of a whole `Trainer.fit` (set-up,
 first-step FLOP count and all) against the hand loop over the default job's 380 steps.
 
@@ -68,12 +72,14 @@ def hand_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: 
 
 
 def gputrain_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int,
-                  on_nonfinite: str = "stop", callbacks: tuple = ()) -> None:
-    """The same training through the Trainer (with its default non-finite guard unless told)."""
+                  on_nonfinite: str = "stop", callbacks: tuple = (), log: dict | None = None) -> None:
+    """The same training through the Trainer (with its default non-finite guard unless told);
+    `log`: log.* settings over the default of one row at the end."""
     with tempfile.TemporaryDirectory() as run_dir:
         config = {"train.device": "cpu", "train.batch_size": batch, "train.max_steps": steps, "train.epochs": 10**6,
                   "train.seed": seed, "log.every_steps": 10**6, "log.progress": "none", "log.tensorboard": False,
-                  "checkpoint.enabled": False, "eval.every_epochs": 0, "train.on_nonfinite": on_nonfinite}
+                  "checkpoint.enabled": False, "eval.every_epochs": 0, "train.on_nonfinite": on_nonfinite,
+                  **(log or {})}
         summary = Trainer(model, data, loss_fn=F.cross_entropy, config=config, run_dir=run_dir,
                           callbacks=callbacks).fit()
     assert summary["global_step"] == steps
@@ -107,6 +113,79 @@ class NoOp:
 
 def callbacks_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int) -> None:
     gputrain_loop(model, data, batch, steps, seed, callbacks=(NoOp(), NoOp(), NoOp()))
+
+
+def measure_trackers(name: str, case: tuple[Callable[[], nn.Module], TensorData], steps: int, repeats: int) -> dict:
+    """What the MLflow sink (a SQLite store) adds to a step, alternating with the same loop without
+    it, twice: with the other loops' logging (a row at the end only: what every step that logs no
+    row pays) and with a row every 10 steps (the default; MLflow's SQLite store takes ~1 ms of CPU a
+    row, on the tracker's own thread). The median of paired differences of the slope of CPU time,
+    the whole process's (the tracker's thread included) and the training thread's alone."""
+    import os
+
+    make_model, data = case
+    short = max(1, steps // 5)
+    result: dict = {"case": name, "steps": steps}
+    with tempfile.TemporaryDirectory() as store:
+        here = os.getcwd()
+        os.chdir(store)  # the SQLite store's artifacts go to ./mlruns
+        try:
+            for every, what in ((10**6, "a row at the end only"), (10, "a row every 10 steps")):
+                base = {"log.every_steps": every}
+                loops = (("base", base), ("mlflow", {**base, "log.mlflow": f"sqlite:///{store}/mlflow.db"}))
+                times: dict[str, dict[str, list[float]]] = {label: {"process": [], "thread": []} for label, _ in loops}
+                for r in range(repeats + 1):  # the first round makes the database and warms up; dropped
+                    for label, log in loops:
+                        spent: dict[str, list[float]] = {"process": [], "thread": []}
+                        for n in (short, steps):
+                            torch.manual_seed(r)
+                            process, thread = time.process_time(), time.thread_time()
+                            gputrain_loop(make_model(), data, 64, n, r, log=log)
+                            spent["process"].append(time.process_time() - process)
+                            spent["thread"].append(time.thread_time() - thread)
+                        if r > 0:
+                            for clock, (a, b) in spent.items():
+                                times[label][clock].append((b - a) / (steps - short))
+                for clock, whose in (("process", "CPU, its thread included"), ("thread", "the training thread's CPU")):
+                    growth = statistics.median(m - b for b, m in zip(times["base"][clock], times["mlflow"][clock]))
+                    result[f"every_{every}_{clock}_us"] = growth * 1e6
+                    print(f"{name:12s} MLflow sink (SQLite), {what}: {growth * 1e6:+.2f} µs/step of {whose} "
+                          f"(without it {statistics.median(times['base'][clock]) * 1e6:.1f} µs/step; "
+                          f"median of {repeats} paired rounds)")
+            result["hot_path_us"] = tracker_hot_path_us(f"sqlite:///{store}/mlflow.db")
+        finally:
+            os.chdir(here)
+    return result
+
+
+def tracker_hot_path_us(uri: str, number: int = 100_000) -> float:
+    """What the training thread does for the MLflow sink per logged row, free of the machine's
+    noise: the row appended (`write`), and every 100th row the list handed to the tracker's
+    thread (`flush`), timeit's best of 5. A step that logs no row calls no sink at all."""
+    import timeit
+
+    from gputrain.config import load_config
+    from gputrain.observe.mlflow_sink import MlflowSink
+    from gputrain.observe.trackers import RunFacts, Trackers
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        sink = MlflowSink(uri, RunFacts(load_config(None, {}), Path(run_dir), "cpu", "fp32", 1, None))
+        sink.log_rows = lambda rows: None  # type: ignore[method-assign]  # the thread's side is not measured here
+        row = {"step": 1, "epoch": 1, "loss": 0.5, "lr": 1e-3, "grad_norm": 1.0, "samples_per_s": 1e5}
+        count = [0]
+
+        def logged_row() -> None:
+            sink.write(row)
+            count[0] += 1
+            if count[0] % 100 == 0:
+                sink.flush()
+
+        best = min(timeit.repeat(logged_row, number=number, repeat=5)) / number
+        sink.close()
+        Trackers([sink]).store(Path(run_dir) / "none.json", "completed")
+    print(f"{'':12s} the MLflow sink's work on the training thread: {best * 1e6:.3f} µs a logged row "
+          f"(timeit, best of 5 × {number}); a step that logs no row calls no sink")
+    return best * 1e6
 
 
 def unguarded_loop(model: nn.Module, data: TensorData, batch: int, steps: int, seed: int) -> None:
@@ -225,12 +304,16 @@ def main() -> None:
     parser.add_argument("--cnn-steps", type=int, default=300)
     parser.add_argument("--callbacks", action="store_true", help="also the tiny MLP with three no-op callbacks")
     parser.add_argument("--only-mlp", action="store_true", help="the tiny MLP's per-step figures only")
+    parser.add_argument("--trackers", action="store_true", help="only what the MLflow sink adds to the tiny MLP's step")
     parser.add_argument("--wall-steps", type=int, default=380, help="steps of the wall-time comparison "
                         "(380 = the default job: 20 epochs of digits at batch 64)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"{time.strftime('%Y-%m-%d')}")
+    if args.trackers:
+        measure_trackers("tiny MLP", mlp_case(), args.mlp_steps, args.repeats)
+        return
     measure("tiny MLP", mlp_case(), args.mlp_steps, args.repeats, guard_off=not args.only_mlp, callbacks=args.callbacks)
     if args.only_mlp:
         return

@@ -25,7 +25,14 @@ if TYPE_CHECKING:
     from gputrain.train.lr_find import LRCurve, Suggestion, Sweep
 
 # what the sweep never does, whatever the config says: it saves, resumes and logs nothing
-_FORCED = ("checkpoint.enabled=false", "checkpoint.resume=never", "log.tensorboard=false", "log.breakdown_every=0")
+_FORCED = (
+    "checkpoint.enabled=false",
+    "checkpoint.resume=never",
+    "log.tensorboard=false",
+    'log.mlflow=""',
+    "log.wandb=off",
+    "log.breakdown_every=0",
+)
 _STOPPED = {
     "completed": "ran every step",
     "diverged": "stopped: the running average of the loss rose past 4× its lowest",

@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         "checkpoint.enabled=false",
         "checkpoint.resume=never",
         "log.tensorboard=false",
+        'log.mlflow=""',  # a profile is no run to track
+        "log.wandb=off",
         f"log.every_steps={args.steps}",
         "log.breakdown_every=1",
     ]

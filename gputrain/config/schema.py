@@ -17,6 +17,7 @@ from gputrain.config.durations import duration_seconds
 from gputrain.config.limits import RANK_DEGREE, check_values
 from gputrain.config.names import ENV_ACTIONS
 from gputrain.config.presets import GPTPreset, gpt_size
+from gputrain.config.tracking import tracking_uri_problem
 from gputrain.errors import ConfigError
 
 Activation = Literal["auto", "relu", "leaky_relu", "gelu", "silu", "tanh", "sigmoid"]
@@ -314,9 +315,16 @@ class LogConfig:
     """auto: a progress bar in a terminal, plain lines otherwise."""
     breakdown_every: int = 25
     """Time every N-th step's parts (data, copy, forward+backward, optimizer, comm) with device events; 0: off."""
+    mlflow: str = ""
+    """Also log the run to MLflow at this tracking URI: a folder, sqlite:///PATH, or http://HOST:PORT of an mlflow server (pip install 'gputrain[mlflow]'); empty: off."""
+    wandb: Literal["off", "offline", "online"] = "off"
+    """Also log the run to Weights & Biases: offline writes into <run-dir>/wandb (sync later with `wandb sync`), online sends it (pip install 'gputrain[wandb]')."""
 
     def __post_init__(self) -> None:
         check_values("log", self)
+        problem = tracking_uri_problem(self.mlflow)
+        if problem:
+            raise ConfigError("log.mlflow", problem, self.mlflow)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -110,6 +110,11 @@ class RunConsole:
         if self.enabled:
             self.console.print(text)
 
+    def command(self, text: str) -> None:
+        """A line that ends in a command to copy (a long path in it): one line, never wrapped."""
+        if self.mode != "none":
+            self.console.print(text, markup=False, soft_wrap=True)
+
     def start(self, total_steps: int, done: int) -> None:
         if self.mode != "bar":
             return

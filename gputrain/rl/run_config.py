@@ -36,6 +36,8 @@ READS = (
     "log.every_steps",
     "log.progress",
     "log.tensorboard",
+    "log.mlflow",
+    "log.wandb",
     "parallel.strategy",  # data parallelism only (check_layout)
     "parallel.timeout_s",
     "parallel.cpu_offload",

@@ -17,6 +17,9 @@ judges `checkpoint.resume` as a config field, in messages naming it.
       env.json               the machine's facts and the start's device, precision and ranks (run/files.py)
       metrics.jsonl          one JSON line per logged step and evaluation (train/metrics.py, rank 0)
       tensorboard/           the same figures for TensorBoard, with train.tensorboard (train/metrics.py)
+      trackers.json          the MLflow run (tracking URI, run id) and W&B run id this run logs to, so a
+                             resumed run continues them (observe/trackers.py, rank 0)
+      wandb/                 W&B's offline run files, with log.wandb (observe/wandb_sink.py)
       checkpoints/step-N/    a checkpoint per save (checkpoint/io.py, by way of train/checkpointer.py):
         COMMITTED              written last: the checkpoint is whole
         manifest.json          each file's SHA-256 and size
@@ -77,12 +80,18 @@ EXPORT = "export"
 EXPORT_RECORD = "export.json"
 """What an export folder holds: its format, its files (and nothing else is there) and their verification."""
 
+TRACKERS = "trackers.json"
+"""The experiment trackers' runs this run logs to (MLflow's tracking URI and run id, W&B's run id):
+a resumed run continues the same ones."""
+
 # ----------------------------------------------------------------- folders
 
 CHECKPOINTS = "checkpoints"
 """The run's checkpoints, one `step-N` folder each."""
 TENSORBOARD = "tensorboard"
 """TensorBoard's event files (train.tensorboard)."""
+WANDB = "wandb"
+"""Weights & Biases' run files (log.wandb): offline-run-*/ folders that `wandb sync` uploads."""
 TOKENIZER = "tokenizer"
 """The tokenizer the run's ids mean, as text/tokenizer.py's `Tokenizer.save` writes it (also in a
 prepared data folder and beside an export)."""
@@ -158,9 +167,9 @@ def memory_snapshot_name(rank: int | None) -> str:
 
 # ----------------------------------------------------------------- the groups the code needs
 
-RUN_DIRS = (CHECKPOINTS, TENSORBOARD, TOKENIZER)
+RUN_DIRS = (CHECKPOINTS, TENSORBOARD, TOKENIZER, WANDB)
 """Entries a run writes as directories (checked for their kind and for links leading out)."""
-RUN_FILES = (CONFIG, ENV, SUMMARY, METRICS, ERROR_LOG, FINAL_WEIGHTS, EMA_WEIGHTS)
+RUN_FILES = (CONFIG, ENV, SUMMARY, METRICS, ERROR_LOG, FINAL_WEIGHTS, EMA_WEIGHTS, TRACKERS)
 """Entries a training run writes as regular files under fixed names: what run/files.py checks
 before a run writes there, and what run/prior.py calls foreign where no run wrote them."""
 RUN_FILE_PATTERNS = (

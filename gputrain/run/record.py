@@ -1,5 +1,7 @@
 """Every way a run ends leaves a record: summary.json on rank 0 (status, step, figures, and for a
-failure what failed) and, for failures, error.log with the traceback.
+failure what failed) and, for failures, error.log with the traceback. The experiment trackers'
+runs end here too, with the summary and the run's files (observe/trackers.py), and summary.json
+says what became of each.
 
 The loop runs inside `RunRecorder.recording()`; whatever leaves it (the end of training, early
 stop, a signal, NaN, a crash in the user's code, in a resume, in the test evaluation or in the
@@ -197,9 +199,21 @@ class RunRecorder:
         if status == "interrupted":  # which signal ended it (null where it reached another rank only)
             requested = self.stop.requested
             ending.summary["signal"] = requested if requested and requested.startswith("SIG") else None
+        trackers = metrics.trackers  # rank 0's, once the run has begun writing
+        if trackers:  # the summary, the run's files; what became of each goes into summary.json
+            ending.summary["trackers"] = trackers.finish(ending.summary)
         if place.dist.is_main and self._writes(ending):  # else no record, and no table of one
             _write_summary(parts.run_dir, ending.summary)
+            if trackers:
+                told = ending.summary["trackers"]
+                ending.summary["trackers"] = trackers.store(parts.run_dir / SUMMARY, status)
+                if ending.summary["trackers"] != told:  # a tracker failed taking summary.json
+                    _write_summary(parts.run_dir, ending.summary)
             parts.console.final_table(ending.summary, str(parts.run_dir))
+            for line in trackers.end_lines():
+                parts.console.command(line)
+        elif trackers:
+            trackers.store(parts.run_dir / SUMMARY, status)
         if late is not None:
             raise late
 

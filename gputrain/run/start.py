@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gputrain.config import Config
+from gputrain.observe.tracker_sink import RunFacts
 from gputrain.run.files import write_run_files
 from gputrain.run.prior import (
     PriorRun,
@@ -90,7 +91,14 @@ def start_run(
         # env.json: the kind, the start's device, precision, ranks
         kept = store_tokenizer(run_dir, tokenizer) if tokenizer is not None else None
         write_run_files(run_dir, config, parts.place, kind, config_note, kept)
-    parts.metrics.open(state, resumed=path is not None)
+    place = parts.place
+    parts.metrics.open(
+        state,
+        resumed=path is not None,
+        facts=lambda resume_step: RunFacts(
+            config, run_dir, str(place.device), place.precision, place.dist.world_size, resume_step
+        ),
+    )
     console.start(total, state.global_step)
     return True
 

@@ -1,5 +1,5 @@
 """The record of a run as it goes: one row per logged step and per evaluation, written to
-metrics.jsonl (and TensorBoard) by rank 0 and shown on its console.
+metrics.jsonl (and TensorBoard, MLflow, W&B: observe/trackers.py) by rank 0 and shown on its console.
 
 The loss and gradient norm are device tensors until a logging step: only then are they read,
 so the steps between logging steps never wait for the device on our account.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from gputrain.observe.console import RunConsole
 from gputrain.observe.own_sync import own_sync
 from gputrain.observe.sinks import JsonlSink, Sinks, TensorBoardSink, check_tensorboard
 from gputrain.observe.speed import SpeedMeter
+from gputrain.observe.trackers import RunFacts, Trackers, check_trackers, open_trackers
 from gputrain.run.layout import METRICS, TENSORBOARD
 from gputrain.train.state import LoopState
 from gputrain.train.step import StepResult
@@ -80,24 +82,31 @@ class MetricsLogger:
         self.tokens_per_sample = tokens_per_sample
         if config.tensorboard and dist.is_main:
             check_tensorboard()  # where open() will write, so a broken install fails now, not at step 1
+        check_trackers(config)  # every rank: a missing package stops them all, before training
         self.last_loss: float | None = None
         """The loss of the last logged step, the mean over all ranks (what summary.json reports)."""
         self.last_logged_step: int | None = None
         self._sinks = Sinks([])
         self._jsonl: JsonlSink | None = None
+        self.trackers = Trackers([])
+        """The experiment trackers among the sinks (rank 0): run/record.py ends their runs."""
         self._flushed_at = time.monotonic()
         self._since: tuple[float, int, int] = (time.perf_counter(), 0, 0)
         """(time, samples seen, step) at the last logged step: the rates of the next row run from there."""
 
-    def open(self, state: LoopState, resumed: bool) -> None:
+    def open(self, state: LoopState, resumed: bool, facts: Callable[[int | None], RunFacts] | None = None) -> None:
         """Start writing: a fresh metrics.jsonl, or, after a resume, one cut back to the rows the
-        checkpoint holds (`state.metrics_rows`; its step, for a checkpoint older than that count)."""
+        checkpoint holds (`state.metrics_rows`; its step, for a checkpoint older than that count).
+        `facts`, given the resumed step: what the trackers record of the run (None: no trackers)."""
         if self.dist.is_main:
             resume_step = state.global_step if resumed else None
             self._jsonl = JsonlSink(self.run_dir / METRICS, resume_step, state.metrics_rows if resumed else None)
             sinks: list[Any] = [self._jsonl]
             if self.config.tensorboard:
                 sinks.append(TensorBoardSink(self.run_dir / TENSORBOARD, resume_step))
+            if facts is not None:
+                self.trackers = Trackers(open_trackers(self.config, facts(resume_step)))
+                sinks += self.trackers.trackers
             self._sinks = Sinks(sinks)
         self._since = (time.perf_counter(), state.samples_seen, state.global_step)
 
