@@ -13,7 +13,7 @@ import argparse
 import signal
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from gputrain.cli.launching import add_launch_arguments
 from gputrain.errors import UsageError
@@ -132,7 +132,7 @@ def _sweep_dir(args: argparse.Namespace, study: str) -> Path:
     """
     from gputrain.run.layout import CONFIG
     from gputrain.run.output import read_json
-    from gputrain.sweep.layout import SWEEP_RECORD, is_sweep_dir
+    from gputrain.sweep.layout import STUDY_DB, SWEEP_RECORD, is_sweep_dir
 
     path = Path(args.sweep_dir) if args.sweep_dir else Path("runs") / f"sweep-{study}"
     option = "--sweep-dir" if args.sweep_dir else "the sweep directory"
@@ -147,7 +147,8 @@ def _sweep_dir(args: argparse.Namespace, study: str) -> Path:
             raise UsageError(
                 f"{option} {path} holds study {theirs!r}, not {study!r}: give another --sweep-dir or --study {theirs}"
             )
-    elif path.is_dir() and any(path.iterdir()):
+    elif path.is_dir() and not all(p.name.startswith(STUDY_DB) for p in path.iterdir()):
+        # a study.db alone: a sweep stopped before it wrote sweep.json
         raise UsageError(f"{option} {path} holds other files and no sweep: give a new or empty directory")
     return path
 
@@ -170,6 +171,12 @@ def run(args: argparse.Namespace) -> int:
     from gputrain.sweep.trial import Launch, overrides_of
     from gputrain.train.tasks import metric_mode
 
+    try:
+        import optuna  # noqa: F401 - the extra, said before anything else is read
+    except ImportError:
+        raise UsageError("gputrain sweep needs Optuna: pip install 'gputrain[optuna]'") from None
+    if args.storage is not None and not args.storage.strip():
+        raise UsageError("--storage is empty: give a SQLAlchemy URL, or leave it out for SQLite in the sweep directory")
     space_path = Path(args.space)
     space = read_space(space_path)
     _check_overrides(space, args.overrides, str(space_path))
@@ -181,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(config_file, fixed)
     metric = metric_name(args.metric)
     check_metric(metric, config)
-    direction = args.direction or ("minimize" if metric_mode(metric, config.eval.mode) == "min" else "maximize")
+    lower_is_better = metric_mode(metric, config.eval.mode) == "min"
+    direction: Literal["minimize", "maximize"] = args.direction or ("minimize" if lower_is_better else "maximize")
     study_name = args.study or space_path.stem
     sweep_dir = _sweep_dir(args, study_name)
     settings = Settings(
@@ -199,9 +207,9 @@ def run(args: argparse.Namespace) -> int:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     url = args.storage or default_storage(sweep_dir)
     study = open_study(open_storage(url, HEARTBEAT_S), study_name, settings, chosen)
+    _write_record(sweep_dir, study_name, url, settings, args)  # the study is this directory's now
     if args.show:
         return _show(study, sweep_dir, settings)
-    _write_record(sweep_dir, study_name, url, settings, args)
     launch = Launch(sweep_dir.resolve(), study_name, url, settings, args.nproc_per_node, HEARTBEAT_S)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a checkpoint in the trial, then exit 130
     try:

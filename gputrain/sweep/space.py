@@ -41,8 +41,16 @@ class Param:
     """(low, high) for the ranges, the candidates for a choice."""
 
     def corners(self) -> tuple[Any, ...]:
-        """The values that bound what a trial may get: checked against the config before any trial."""
-        return self.values
+        """The values that bound what a trial may get, checked against the config before any trial:
+        a choice's every value; a range's ends, and for a float range a value inside it that is no
+        whole number (a float range over an int key fails there, not in the fifth trial)."""
+        if self.kind in ("choice", "int"):
+            return self.values
+        low, high = float(self.values[0]), float(self.values[1])
+        inside = math.exp(math.log(low) + 0.37 * (math.log(high) - math.log(low))) if self.kind == "log_uniform" else 0
+        if self.kind == "uniform":
+            inside = low + 0.37 * (high - low)
+        return (*self.values, inside)
 
     def describe(self) -> dict[str, Any]:
         """As sweep.json and the study record it (the space file's own form)."""
@@ -160,6 +168,10 @@ def check_space(space: Space, where: str, config_file: str | None, overrides: Se
     from gputrain.config.load import load_config, parse_override
 
     fixed = {**space.base, **dict(map(parse_override, overrides))}
+    try:
+        load_config(config_file, fixed)
+    except UsageError as err:
+        raise UsageError(f"{where}: [{BASE}]: {str(err).removeprefix('config error: ').splitlines()[0]}") from None
     for param in space.params:
         for value in param.corners():
             try:
@@ -167,7 +179,3 @@ def check_space(space: Space, where: str, config_file: str | None, overrides: Se
             except UsageError as err:
                 text = str(err).removeprefix("config error: ").splitlines()[0]
                 raise UsageError(f"{where}: {param.key} = {value!r} is not a value the config takes: {text}") from None
-    try:
-        load_config(config_file, fixed)
-    except UsageError as err:
-        raise UsageError(f"{where}: [{BASE}]: {str(err).removeprefix('config error: ').splitlines()[0]}") from None

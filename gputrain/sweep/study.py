@@ -195,7 +195,7 @@ def load_settings(study: optuna.Study) -> Settings:
 
 # ----------------------------------------------------------------- the budget
 def _retried(trials: list[FrozenTrial]) -> set[int]:
-    """Numbers of the failed trials a copy repeats (RetryFailedTrialCallback's `retry_history`)."""
+    """Numbers of the failed trials a copy repeats (RetryHeartbeatStaleTrialCallback's `retry_history`)."""
     return {n for t in trials for n in t.system_attrs.get("retry_history", ())}
 
 
@@ -263,9 +263,9 @@ def _dead_here(trial: FrozenTrial) -> bool:
 
 def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
     """Queue a copy of a failed `trial` (its parameters, intermediate values and run directory)."""
-    from optuna.storages import RetryFailedTrialCallback
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-    RetryFailedTrialCallback(max_retry=None, inherit_intermediate_values=True)(study, trial)
+    RetryHeartbeatStaleTrialCallback(max_retry=None, inherit_intermediate_values=True)(study, trial)
 
 
 def recover_dead(study: optuna.Study) -> list[int]:
@@ -294,13 +294,13 @@ def recover_dead(study: optuna.Study) -> list[int]:
 @contextlib.contextmanager
 def heartbeat(study: optuna.Study, trial: optuna.Trial, every_s: float) -> Iterator[None]:
     """Beat for `trial` while its process runs (a thread: the wait for the process blocks)."""
-    storage = study._storage
+    record = getattr(study._storage, "record_heartbeat", None)  # RDB storages beat; others have none
     stop = threading.Event()
 
     def beat() -> None:
-        while True:
+        while record is not None:
             with contextlib.suppress(Exception):  # a storage briefly away: the next beat tries again
-                storage.record_heartbeat(trial._trial_id)
+                record(trial._trial_id)
             if stop.wait(every_s):
                 return
 

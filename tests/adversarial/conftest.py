@@ -50,6 +50,7 @@ _GROUPS = {
     "test_token_shards.py": "token shards",
     "test_lm_inputs.py": "language-model inputs",
     "test_prepare.py": "prepared corpora",
+    "test_sweep.py": "sweeps",
 }
 _cases: Counter[str] = Counter()
 
