@@ -10,6 +10,7 @@ metric against what the run logs, the storage by opening it.
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 from pathlib import Path
 from types import FrameType
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from gputrain.sweep.trial import Launch
 
 _VAL_PREFIXES = ("val_", "val/")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
+"""A study's name: it names the sweep directory (runs/sweep-NAME), so no path and no leading dot."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -190,7 +193,12 @@ def run(args: argparse.Namespace) -> int:
     check_metric(metric, config)
     lower_is_better = metric_mode(metric, config.eval.mode) == "min"
     direction: Literal["minimize", "maximize"] = args.direction or ("minimize" if lower_is_better else "maximize")
-    study_name = args.study or space_path.stem
+    study_name = args.study if args.study is not None else space_path.stem
+    if not _NAME.fullmatch(study_name):
+        option = "--study" if args.study is not None else f"the study's name (the space file's, {space_path.name})"
+        raise UsageError(
+            f"{option} {study_name!r}: give a name of letters, digits, '.', '_' and '-' (it names runs/sweep-NAME)"
+        )
     sweep_dir = _sweep_dir(args, study_name)
     settings = Settings(
         metric=metric,
@@ -247,7 +255,7 @@ def _optimize(study: optuna.Study, space: Space, launch: Launch, budget: int) ->
     many this process ran."""
     import optuna
 
-    from gputrain.sweep.study import counted, distributions, give_back, recover_dead, within_budget
+    from gputrain.sweep.study import counted, distributions, give_back, is_retry, recover_dead, within_budget
     from gputrain.sweep.trial import TrialFailed, describe, run_trial
 
     shape = distributions(space)
@@ -260,7 +268,8 @@ def _optimize(study: optuna.Study, space: Space, launch: Launch, budget: int) ->
         if len(counted(trials)) >= budget and not waiting:
             return ran
         trial = study.ask(shape)
-        if not within_budget(study, trial, budget):
+        # a queued copy of a dead trial stands in for one the budget counted already: it always runs
+        if not is_retry(study, trial) and not within_budget(study, trial, budget):
             give_back(study, trial)
             return ran
         ran += 1

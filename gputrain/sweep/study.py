@@ -10,7 +10,8 @@ processes asking at once never run more than N between them.
 A trial whose sweep process died stays RUNNING in the storage. It is failed and queued again (a
 copy with its parameters, its intermediate values and its run directory, which the copy resumes):
 at once where the dead process ran on this machine (its pid is gone), else once its heartbeat is
-older than the grace period (Optuna's heartbeat, for processes on other machines). The failed
+older than the grace period (Optuna's heartbeat, for processes on other machines); the copy runs
+whatever the budget says, as it stands in for a trial the budget counted already. The failed
 original and over-budget trials are bookkeeping: `finished` and the report leave them out.
 """
 
@@ -221,6 +222,11 @@ def within_budget(study: optuna.Study, trial: optuna.Trial, budget: int) -> bool
     """Whether `trial`, just taken, is one of the study's first `budget` (by number)."""
     trials = study.get_trials(deepcopy=False)
     return sum(t.number <= trial.number for t in counted(trials)) <= budget
+
+
+def is_retry(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """Whether `trial` is a queued copy of a trial whose process died (`requeue`)."""
+    return bool(study._storage.get_trial(trial._trial_id).system_attrs.get("retry_history"))
 
 
 def give_back(study: optuna.Study, trial: optuna.Trial) -> None:

@@ -71,6 +71,10 @@ CASES: list[tuple[str, str | None, list[str], list[str]]] = [
     ("several nodes", None, ["--nnodes", "2"], ["--nnodes"]),
     ("unknown sampler", None, ["--sampler", "cmaes"], ["--sampler"]),
     ("unknown override key", None, ["train.epochz=1"], ["train.epochz"]),
+    ("study name a path", None, ["--study", "../../etc"], ["--study", "letters, digits"]),
+    ("study name hidden", None, ["--study", ".hidden"], ["--study"]),
+    ("study name empty", None, ["--study", ""], ["--study"]),
+    ("study name with a newline", None, ["--study", "a\nb"], ["--study"]),
 ]
 
 

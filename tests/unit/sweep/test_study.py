@@ -24,6 +24,7 @@ from gputrain.sweep.study import (  # noqa: E402
     counted,
     finished,
     give_back,
+    is_retry,
     open_storage,
     owner_attrs,
     recover_dead,
@@ -81,6 +82,7 @@ def test_a_trial_whose_process_died_here_is_failed_and_queued_once_with_its_run_
     assert dead.number not in [t.number for t in counted(trials)]  # the failed original is bookkeeping
     taken = study.ask(SHAPE)  # the next ask takes the copy
     assert taken.number == copy.number and taken.params == copy.params
+    assert is_retry(study, taken) and not is_retry(study, study.ask(SHAPE))  # a copy runs whatever the budget
 
 
 def test_a_pid_reused_by_another_process_is_dead_to_the_sweep(tmp_path: Path) -> None:
