@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gputrain.run.layout import REPORT  # a sweep's page takes the name a run's has
+
+__all__ = ["BEST", "REPORT", "STUDY_DB", "SWEEP_RECORD", "TRIAL_PREFIX", "default_storage", "is_sweep_dir", "trial_dir"]
+
 SWEEP_RECORD = "sweep.json"
 STUDY_DB = "study.db"
 BEST = "best.toml"
-REPORT = "report.html"
 TRIAL_PREFIX = "trial-"
 
 
