@@ -183,8 +183,12 @@ def run(args: argparse.Namespace) -> int:
     space_path = Path(args.space)
     space = read_space(space_path)
     _check_overrides(space, args.overrides, str(space_path))
-    if args.nnodes > 1:
-        raise UsageError("--nnodes: a sweep's trials run on this node; start a sweep on each node instead")
+    if args.nnodes > 1 or args.node_rank or args.rdzv_endpoint is not None:
+        option = "--nnodes" if args.nnodes > 1 else "--node-rank" if args.node_rank else "--rdzv-endpoint"
+        raise UsageError(
+            f"{option}: a sweep's trials run on this node (--nproc-per-node ranks each); start a sweep on each "
+            "node instead, all naming one --storage"
+        )
     config_file = str(Path(args.config).resolve()) if args.config else None
     check_space(space, str(space_path), config_file, args.overrides)
     fixed = [*overrides_of(space.base), *args.overrides]  # the space's base, the command line's over it

@@ -69,6 +69,8 @@ CASES: list[tuple[str, str | None, list[str], list[str]]] = [
     ("no trials", None, ["--trials", "0"], ["--trials"]),
     ("negative warmup", None, ["--prune-warmup", "-1"], ["--prune-warmup"]),
     ("several nodes", None, ["--nnodes", "2"], ["--nnodes"]),
+    ("a node rank", None, ["--node-rank", "1"], ["--node-rank"]),
+    ("an endpoint", None, ["--rdzv-endpoint", "localhost:29500"], ["--rdzv-endpoint"]),
     ("unknown sampler", None, ["--sampler", "cmaes"], ["--sampler"]),
     ("unknown override key", None, ["train.epochz=1"], ["train.epochz"]),
     ("study name a path", None, ["--study", "../../etc"], ["--study", "letters, digits"]),
