@@ -104,3 +104,21 @@ def test_two_processes_finding_one_dead_trial_queue_one_copy(tmp_path: Path, mon
     assert recover_dead(study) == []  # the storage refuses to fail it again: no second copy
     monkeypatch.undo()
     assert sum(t.state == TrialState.WAITING for t in study.get_trials()) == 1
+
+
+def test_another_machines_trial_is_failed_and_queued_once_its_heartbeat_is_stale(tmp_path: Path) -> None:
+    import sqlite3
+
+    study = _study(tmp_path)
+    trial = study.ask(SHAPE)
+    for key, value in {HOST: "another-machine", PID: 1, PID_STARTED: "1", RUN_DIR: "/sweep/trial-0000"}.items():
+        trial.set_user_attr(key, value)
+    study._storage.record_heartbeat(trial._trial_id)
+    assert recover_dead(study) == [] and study.get_trials()[0].state == TrialState.RUNNING  # beating: alive
+    with sqlite3.connect(tmp_path / "study.db") as db:  # its last beat long ago: that machine's sweep is gone
+        db.execute("update trial_heartbeats set heartbeat = '2000-01-01 00:00:00'")
+    recover_dead(study)
+    trials = study.get_trials()
+    assert trials[0].state == TrialState.FAIL
+    (copy,) = [t for t in trials if t.state == TrialState.WAITING]
+    assert copy.user_attrs[RUN_DIR] == "/sweep/trial-0000" and copy.params == trials[0].params
