@@ -311,7 +311,8 @@ def _show(study: optuna.Study, sweep_dir: Path, settings: Settings) -> int:
     if best is None:
         print("no complete trial yet")
         return 0
-    print(printable(f"best: trial {best.number}, {settings.metric} {best.value:.6g}: {describe(best.params)}"))
+    where = f" ({best.run_dir})" if best.run_dir is not None else ""  # a retried trial's is its original's
+    print(printable(f"best: trial {best.number}{where}, {settings.metric} {best.value:.6g}: {describe(best.params)}"))
     written = write_best(sweep_dir, best, settings.metric)
     if written is not None:
         print(printable(f"wrote {written}: gputrain train --config {written}"))

@@ -127,7 +127,7 @@ def test_two_sweeps_share_a_study_survive_a_kill_and_the_best_config_reproduces(
 
     # best.toml trains again to its trial's value exactly (same seed, CPU)
     best = min(complete, key=lambda t: (t.value, t.number))
-    assert f"best: trial {best.number}," in out
+    assert f"best: trial {best.number} ({best.user_attrs[RUN_DIR]})," in out
     again_dir = tmp_path / "again"
     subprocess.run(
         [
