@@ -104,7 +104,7 @@ class StoppedAtOnce(KeyboardInterrupt):
         self.signal_name = signal_name
 
 
-RUN_COMMANDS = frozenset({"train", "rl", "profile"})
+RUN_COMMANDS = frozenset({"train", "rl", "profile", "sweep-trial"})
 """The commands that start a run: the start-up guard armed at the entry point stays armed until the
 run arms its own handler (`startup_signals`, then run/signals.py); another command has it until its
 own code runs, which then meets signals as it always did."""

@@ -55,6 +55,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench-infer": ("gputrain.cli.bench_infer", "inference latency and throughput: eager, compiled, exported, ONNX"),
     "prepare": ("gputrain.cli.prepare", "a corpus into token shards and a manifest for data.name=tokens (resumable)"),
     "rl": ("gputrain.cli.rl", "reinforcement learning: PPO on environments stepped as tensors"),
+    "sweep": ("gputrain.cli.sweep", "a hyperparameter search over Optuna: trials are runs, the study is shared"),
+    "sweep-trial": ("gputrain.cli.sweep_trial", "one trial of a sweep (`gputrain sweep` starts it)"),
 }
 
 

@@ -1,8 +1,10 @@
 """A test-only fault: make one rank die or raise at a chosen training forward pass, to test failure handling.
 
 Off unless GPUTRAIN_TEST_FAULT is set, and then only a forward pre-hook is added (nothing in the
-step itself). Format: "rank=1,forward=5,action=exit|raise[,once=/path/marker]". `exit` ends the
-process at once (as a kill would); `raise` raises an exception inside the forward. With `once`,
+step itself). Format: "rank=1,forward=5,action=exit|raise|stop[,once=/path/marker]". `exit` ends the
+process at once (as a kill would); `raise` raises an exception inside the forward; `stop`
+freezes the process (SIGSTOP) mid-training, for a test to act while it is held (kill its parent,
+then SIGCONT). With `once`,
 the fault fires only while the marker file does not exist (it is created first), so a restarted
 job runs through.
 """
@@ -10,6 +12,7 @@ job runs through.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 from torch import nn
@@ -41,6 +44,9 @@ def install_test_fault(model: nn.Module, rank: int) -> None:
             marker.touch()
         if action == "exit":
             os._exit(17)
+        if action == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
         raise RuntimeError(f"test fault injected at forward {at}")
 
     model.register_forward_pre_hook(hook)

@@ -410,9 +410,11 @@ class Trainer:
         run_dir: str | Path | None = None,
         overrides: Mapping[str, Any] | list[str] | None = None,
         evaluate: bool = True,
+        callbacks: Iterable[Any] | None = None,
     ) -> Trainer:
         """Build model and data from the registries (what `gputrain train` does); `evaluate=False`
-        leaves the validation and test splits out (a profile times training steps only)."""
+        leaves the validation and test splits out (a profile times training steps only); `callbacks`
+        as for Trainer(...) (a sweep's trial reports to its study)."""
         cfg = config if isinstance(config, Config) and not overrides else load_config(config, overrides or ())
         if not evaluate and cfg.eval.every_steps:  # no validation split: no cadence of validations to keep
             cfg = load_config(cfg, {"eval.every_steps": 0})
@@ -429,6 +431,7 @@ class Trainer:
             spec=data.spec,
             names=names,
             tokenizer=tokenizer_for(cfg, data),
+            callbacks=callbacks,
         )
 
     def profile(self, top: int = 10) -> ProfileReport:

@@ -55,6 +55,7 @@ _GROUPS = {
     "test_prepare.py": "prepared corpora",
     "test_tune.py": "tune",
     "test_endings.py": "endings: signals and pipes",
+    "test_sweep.py": "sweeps",
 }
 _cases: Counter[str] = Counter()
 
