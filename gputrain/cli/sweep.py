@@ -108,14 +108,14 @@ def check_metric(metric: str, config: Config) -> None:
     Raises:
         UsageError: naming --metric and the metrics there are.
     """
-    from gputrain.report.rundir import _TASK_OF_DATA
+    from gputrain.report.rundir import TASK_OF_DATA
     from gputrain.train.tasks import DEFAULT_METRICS
 
     listed = config.eval.metrics
     if isinstance(listed, list):
         logged = sorted({*listed, "loss"})
-    elif config.data.name in _TASK_OF_DATA:
-        logged = DEFAULT_METRICS[_TASK_OF_DATA[config.data.name]]
+    elif config.data.name in TASK_OF_DATA:
+        logged = DEFAULT_METRICS[TASK_OF_DATA[config.data.name]]
     else:  # a source of either task: its task is known once its data is read
         logged = sorted({m for names in DEFAULT_METRICS.values() for m in names})
     if metric not in logged:

@@ -308,7 +308,7 @@ def _toml_char(ch: str) -> str:
     return f"\\u{code:04X}" if code < 0x20 or 0x7F <= code <= 0x9F else ch
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
     """`value` as a TOML literal that `tomllib` reads back equal (floats included, via repr)."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -319,7 +319,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return '"' + "".join(map(_toml_char, value)) + '"'
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     raise TypeError(value)
 
 
@@ -329,6 +329,6 @@ def config_to_toml(config: Config) -> str:
     for section, values in config_to_dict(config).items():
         lines.append(f"[{section}]")
         for key, value in values.items():
-            lines.append(f"# {key} = (unset)" if value is None else f"{key} = {_toml_value(value)}")
+            lines.append(f"# {key} = (unset)" if value is None else f"{key} = {toml_value(value)}")
         lines.append("")
     return "\n".join(lines)

@@ -67,7 +67,7 @@ _TASK_OF_METRIC = {
 }
 
 
-_TASK_OF_DATA = {
+TASK_OF_DATA = {
     "digits": "classification",
     "mnist": "classification",
     "image_folder": "classification",
@@ -206,7 +206,7 @@ class Run:
             return self.scores.task
         if (self.config or {}).get("model", {}).get("name") == "gpt":
             return "lm"
-        return _TASK_OF_DATA.get(str((self.config or {}).get("data", {}).get("name")))
+        return TASK_OF_DATA.get(str((self.config or {}).get("data", {}).get("name")))
 
     def resolved(self, key: str) -> Any:
         """device, precision, world_size or layout as the run resolved them (None where unknown):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gputrain.config.load import _toml_value as toml_literal
+from gputrain.config.load import toml_value as toml_literal
 from gputrain.run.layout import CONFIG, METRICS, SUMMARY
 from gputrain.sweep.layout import trial_dir
 from gputrain.sweep.pruning import PRUNED, STORAGE_ENV

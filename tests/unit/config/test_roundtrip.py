@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gputrain.config import config_to_toml, load_config
-from gputrain.config.load import _toml_value
+from gputrain.config.load import toml_value
 from gputrain.config.names import DATA_NAMES, MODEL_NAMES
 from gputrain.config.limits import LIMITS, Range
 from gputrain.config.schema import SECTIONS
@@ -88,4 +88,4 @@ def test_saved_config_reloads_equal(tmp_path_factory: pytest.TempPathFactory, ov
     0.1, 1e-300, 5e-324, -0.0, 1e16, 123456789.125, 2**53 + 1, -(2**63), [1, 2], ["a", 'b"'], [],
 ])
 def test_toml_literal_reads_back_equal(value: Any) -> None:
-    assert tomllib.loads(f"v = {_toml_value(value)}")["v"] == value
+    assert tomllib.loads(f"v = {toml_value(value)}")["v"] == value
