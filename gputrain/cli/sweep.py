@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 from gputrain.cli.launching import add_launch_arguments
 from gputrain.errors import UsageError
 from gputrain.terminal import printable
+from gputrain.use.options import non_negative_int, positive_int
 
 if TYPE_CHECKING:
     import optuna
@@ -36,7 +37,7 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("space", metavar="SPACE.toml", help="the search space: config keys and their distributions")
     parser.add_argument("--config", metavar="FILE.toml", help="TOML config file every trial starts from")
-    parser.add_argument("--trials", type=_positive, default=20, metavar="N", help="trials of the study (default 20)")
+    parser.add_argument("--trials", type=positive_int, default=20, metavar="N", help="trials of the study (default 20)")
     parser.add_argument("--study", metavar="NAME", help="the study's name (default: the space file's name)")
     parser.add_argument(
         "--storage",
@@ -63,10 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--pruner", choices=("median", "none"), default="median", help="default median")
     parser.add_argument(
-        "--prune-startup", type=_non_negative, default=5, metavar="K", help="finished trials before pruning (default 5)"
+        "--prune-startup",
+        type=non_negative_int,
+        default=5,
+        metavar="K",
+        help="finished trials before pruning (default 5)",
     )
     parser.add_argument(
-        "--prune-warmup", type=_non_negative, default=0, metavar="STEPS", help="steps before a trial may be pruned"
+        "--prune-warmup", type=non_negative_int, default=0, metavar="STEPS", help="steps before a trial may be pruned"
     )
     parser.add_argument(
         "--show", action="store_true", help="print the study's trials and best trial, write best.toml, run nothing"
@@ -75,23 +80,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "overrides", nargs="*", metavar="section.key=value", help="fixed config overrides for every trial"
     )
-
-
-def _positive(text: str) -> int:
-    value = _non_negative(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, not {value}")
-    return value
 
 
 def metric_name(given: str) -> str:
