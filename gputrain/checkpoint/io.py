@@ -95,7 +95,7 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, state: dict[str, An
     with removed_if_failed(tmp, f"the checkpoint of step {step}"):
         tmp.mkdir()
         _phase()
-        save_model(model, str(tmp / CHECKPOINT_WEIGHTS))
+        _save_safetensors(model, tmp / CHECKPOINT_WEIGHTS)
         _phase()
         torch.save(state, tmp / CHECKPOINT_STATE)
         _phase()
@@ -147,12 +147,34 @@ def _digest_of(file: Path, reported: FileDigest | None) -> dict[str, Any]:
     return file_digest(file)
 
 
+def _save_safetensors(model: nn.Module, path: Path) -> None:
+    """safetensors' `save_model` (tied weights saved once), with the mode every other file of the run
+    gets: safetensors creates its file 0600, so a colleague who can read a run could not read its
+    weights, and a one-process run's weights differed from a sharded run's (final_weights.py: 0644)."""
+    save_model(model, str(path))
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (os.umask sets as it reads:
+    a window in which another thread's new file would get the wrong mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def save_weights(model: nn.Module, path: Path) -> None:
     """Write a module's final weights as safetensors via a temporary name, so `path` is never half
     a file (a sharded model's: final_weights.py, byte for byte the same layout)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with removed_if_failed(tmp, f"the weights ({path.name})"):
-        save_model(model, str(tmp))  # handles tied weights (one copy saved)
+        _save_safetensors(model, tmp)
         _fsync_file(tmp)
         tmp.replace(path)
 

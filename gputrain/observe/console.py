@@ -55,7 +55,7 @@ def speed_rows(train: dict[str, Any]) -> list[tuple[str, str]]:
     if train.get("mfu_formula") is not None:
         rows.append(("MFU (6N+12LHQT)", f"{100 * train['mfu_formula']:.1f}%"))
     if train.get("mfu_peak_source"):
-        rows.append(("peak from", str(train["mfu_peak_source"])[:60]))
+        rows.append(("peak from", str(train["mfu_peak_source"])))  # whole: a cut sentence misleads
     split = train.get("time_breakdown")
     if split:
         rows.append(("time split", format_split(split)))
@@ -83,8 +83,11 @@ its time, for changes faster than the eye follows."""
 class RunConsole:
     """Rank 0's terminal output. `mode`: bar, plain, none, or auto (bar in a terminal)."""
 
-    def __init__(self, mode: str, enabled: bool = True) -> None:
+    def __init__(self, mode: str, enabled: bool = True, run_dir_kept: bool = True) -> None:
         self.console = rich_console(sys.stdout)
+        self.run_dir_kept = run_dir_kept
+        """False for a smoke run, whose directory is removed at its end: the final table then points
+        at no directory (a `see it:` line would name one that is gone)."""
         if mode == "auto":
             mode = "bar" if sys.stdout.isatty() else "plain"
         self.mode = mode if enabled else "none"
@@ -226,6 +229,8 @@ class RunConsole:
         table.add_row("wall time", f"{summary['wall_s']:.1f} s")
         table.add_row("device", f"{summary['device']} ({summary['precision']})")
         self.console.print(table)
+        if not self.run_dir_kept:
+            return
         self.console.print(f"run directory: {run_dir}")
         # one unwrapped line, so a long path can be copied as the command it is
         self.console.print(f"see it: gputrain report {shlex.quote(run_dir)}", markup=False, soft_wrap=True)

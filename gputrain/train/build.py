@@ -251,7 +251,7 @@ def build_training(
     place = place_run(cfg, model, train_data)
     cfg, device, dist, dims = place.config, place.device, place.dist, place.dims
     check_instance_early(user_optimizer, dims, on_meta=meta_init is not None)
-    console = RunConsole(cfg.log.progress, enabled=dist.is_main)
+    console = RunConsole(cfg.log.progress, enabled=dist.is_main, run_dir_kept=cfg.train.smoke_steps is None)
     for line in place.lines:
         console.info(line)
     task = resolve_task(model, train_data, spec=spec, loss_fn=loss_fn, step_fn=step_fn)

@@ -382,3 +382,18 @@ def test_the_standard_calls_restore_every_weight(trained: tuple[Path, dict[str, 
     assert model.lm_head.weight is model.wte.weight  # still tied
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, weights[name], rtol=0, atol=0, msg=name)
+
+
+def test_weights_files_get_the_mode_every_other_file_of_the_run_gets(tmp_path: Path) -> None:
+    """safetensors creates its file 0600: a colleague who could read the run could not read its
+    weights. Both writers (a checkpoint's, the final weights') give them the umask's mode instead."""
+    from gputrain.checkpoint.io import save_weights
+
+    model = nn.Linear(3, 2)
+    checkpoint = save_checkpoint(tmp_path / "checkpoints", 1, model, {"step": 1})
+    save_weights(model, tmp_path / "model.safetensors")
+    (tmp_path / "other.json").write_text("{}")  # as every other run file is written
+    expected = (tmp_path / "other.json").stat().st_mode & 0o777
+    assert expected & 0o044  # the test's point: a umask that lets others read
+    for weights in (tmp_path / "model.safetensors", *checkpoint.glob("*.safetensors")):
+        assert weights.stat().st_mode & 0o777 == expected, weights

@@ -286,13 +286,15 @@ def test_max_batches_evaluates_the_first_batches_of_a_dataloader(tmp_path: Path)
 
 def test_a_smoke_run_trains_evaluates_saves_reads_back_and_keeps_nothing(tmp_path: Path, capsys) -> None:
     given = tmp_path / "given"
-    trainer = linear(given, **{"train.smoke_steps": 3, "train.epochs": 5})
+    trainer = linear(given, **{"train.smoke_steps": 3, "train.epochs": 5, "log.progress": "plain"})
     summary = trainer.fit()
     assert summary["status"] == "completed" and summary["global_step"] == 3
     assert summary["val"] and summary["test"]
     assert not trainer.run_dir.exists() and not given.exists()
     out = capsys.readouterr().out
     assert "smoke run passed: 3 training steps" in " ".join(out.split())
+    # the final table points at no directory: the one the run wrote in is gone
+    assert "see it: gputrain report" not in out and "run directory:" not in out
 
 
 def test_a_smoke_run_whose_checkpoint_does_not_read_back_fails(tmp_path: Path, monkeypatch) -> None:
