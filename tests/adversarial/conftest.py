@@ -56,6 +56,9 @@ _GROUPS = {
     "test_tune.py": "tune",
     "test_endings.py": "endings: signals and pipes",
     "test_sweep.py": "sweeps",
+    "test_trackers.py": "trackers",
+    "test_first_hour.py": "first hour",
+    "test_first_hour_output.py": "first-hour output",
 }
 _cases: Counter[str] = Counter()
 
