@@ -27,7 +27,7 @@ class Fits(Protocol):
     def fit(self) -> dict[str, Any]: ...
 
 
-def _whole_number(least: int) -> Callable[[str], int]:
+def whole_number(least: int) -> Callable[[str], int]:
     """argparse type: a whole number >= `least`. Checked as the command line is read, before any
     config check divides by it (rl's envs per rank) or a process is started."""
 
@@ -47,7 +47,7 @@ def _ranks_per_node(text: str) -> int:
     """argparse type of --nproc-per-node: a whole number >= 1 that this node's memory can start."""
     from gputrain.distributed.launch import check_ranks_per_node
 
-    count = _whole_number(1)(text)
+    count = whole_number(1)(text)
     try:
         check_ranks_per_node(count)
     except UsageError as err:
@@ -58,8 +58,8 @@ def _ranks_per_node(text: str) -> int:
 def add_launch_arguments(parser: argparse.ArgumentParser, restarts: bool = True) -> None:
     group = parser.add_argument_group("several processes (starts torchrun; one process per GPU)")
     group.add_argument("--nproc-per-node", type=_ranks_per_node, metavar="N", help="processes on this node")
-    group.add_argument("--nnodes", type=_whole_number(1), default=1, metavar="M", help="number of nodes (default 1)")
-    group.add_argument("--node-rank", type=_whole_number(0), default=0, metavar="R", help="this node's index, 0..M-1")
+    group.add_argument("--nnodes", type=whole_number(1), default=1, metavar="M", help="number of nodes (default 1)")
+    group.add_argument("--node-rank", type=whole_number(0), default=0, metavar="R", help="this node's index, 0..M-1")
     group.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="node 0's address and a free port (M > 1)")
     group.add_argument(
         "--rdzv-timeout",
@@ -72,7 +72,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser, restarts: bool = True)
     if restarts:
         group.add_argument(
             "--max-restarts",
-            type=_whole_number(0),
+            type=whole_number(0),
             default=0,
             metavar="K",
             help="restart all ranks up to K times when one fails; they resume from the last checkpoint",

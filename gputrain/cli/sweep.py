@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import signal
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Literal
 
-from gputrain.cli.launching import add_launch_arguments
+from gputrain.cli.launching import add_launch_arguments, whole_number
 from gputrain.errors import UsageError
 from gputrain.terminal import printable
-from gputrain.use.options import non_negative_int, positive_int
 
 if TYPE_CHECKING:
     import optuna
@@ -37,7 +34,9 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("space", metavar="SPACE.toml", help="the search space: config keys and their distributions")
     parser.add_argument("--config", metavar="FILE.toml", help="TOML config file every trial starts from")
-    parser.add_argument("--trials", type=positive_int, default=20, metavar="N", help="trials of the study (default 20)")
+    parser.add_argument(
+        "--trials", type=whole_number(1), default=20, metavar="N", help="trials of the study (default 20)"
+    )
     parser.add_argument("--study", metavar="NAME", help="the study's name (default: the space file's name)")
     parser.add_argument(
         "--storage",
@@ -65,13 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pruner", choices=("median", "none"), default="median", help="default median")
     parser.add_argument(
         "--prune-startup",
-        type=non_negative_int,
+        type=whole_number(0),
         default=5,
         metavar="K",
         help="finished trials before pruning (default 5)",
     )
     parser.add_argument(
-        "--prune-warmup", type=non_negative_int, default=0, metavar="STEPS", help="steps before a trial may be pruned"
+        "--prune-warmup", type=whole_number(0), default=0, metavar="STEPS", help="steps before a trial may be pruned"
     )
     parser.add_argument(
         "--show", action="store_true", help="print the study's trials and best trial, write best.toml, run nothing"
@@ -211,17 +210,11 @@ def run(args: argparse.Namespace) -> int:
     if args.show:
         return _show(study, sweep_dir, settings)
     launch = Launch(sweep_dir.resolve(), study_name, url, settings, args.nproc_per_node, HEARTBEAT_S)
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # a checkpoint in the trial, then exit 130
-    try:
-        ran = _optimize(study, space, launch, args.trials)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    # SIGTERM, SIGHUP, ... end this command as Ctrl-C does (interrupts.end_of_the_start): a
+    # KeyboardInterrupt here, so the running trial checkpoints and is requeued, then exit 130
+    ran = _optimize(study, space, launch, args.trials)
     print(printable(f"this process ran {ran} trial(s)"))
     return _show(study, sweep_dir, settings)
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 def _write_record(sweep_dir: Path, study: str, url: str, settings: Settings, args: argparse.Namespace) -> None:

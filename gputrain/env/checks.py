@@ -17,6 +17,7 @@ from typing import Any, Literal
 from gputrain.distributed.allocator import ALLOCATOR_ENV, CUDA_ALLOC_SETTING, choose_allocator, launched_rank_choice
 from gputrain.env.facts import EnvReport, GpuFacts
 from gputrain.errors import UsageError
+from gputrain.torch_builds import PYTORCH_INDEX
 
 __all__ = [
     "CHECKS",
@@ -140,7 +141,7 @@ def install_cuda_build(driver_cuda: str | None) -> str:
             )
         cuda = fitting[0]
     tag = "cu" + cuda.replace(".", "")
-    return f"install a CUDA build: pip install torch --index-url https://download.pytorch.org/whl/{tag}"
+    return f"install a CUDA build: pip install torch --index-url {PYTORCH_INDEX}/{tag}"
 
 
 def check_torch_build(f: EnvReport) -> Check:

@@ -45,21 +45,12 @@ def use_device(text: str) -> torch.device:
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
-    return _int_at_least(text, 1)
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    return _int_at_least(text, 0)
-
-
-def _int_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < least:
-        raise argparse.ArgumentTypeError(f"{value} must be at least {least}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
     return value
 
 
